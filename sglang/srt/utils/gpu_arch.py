@@ -171,7 +171,10 @@ def device_capability(device=None) -> Capability:
     Raises RuntimeError when no CUDA device is visible, rather than returning a
     made-up capability that gating would then trust.
     """
-    import torch
+    try:
+        import torch
+    except ImportError as e:
+        raise RuntimeError(f"torch is not importable ({e}); no CUDA device") from e
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device is available to query its capability")
