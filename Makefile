@@ -1,0 +1,23 @@
+# One command to set up, one to test. See README.md.
+VPY := .venv/bin/python
+
+.PHONY: setup test apply check-patches bump-reports gpu-test
+
+setup:
+	bash scripts/setup_dev.sh
+
+# Re-applies the series first (a no-op when nothing changed) so the tests see the repo as it is.
+# pytest exits 5 when it collected nothing: that is a failure here, not a pass.
+test: apply
+	@$(VPY) -m pytest tests/cpu -q -p no:cacheprovider; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+apply:
+	@test -x $(VPY) || { echo "error: .venv missing: run 'make setup' first" >&2; exit 1; }
+	@PYTHON=$(VPY) bash scripts/apply_patches.sh --python $(VPY) --quiet
+
+check-patches:
+	PYTHON=$(VPY) bash scripts/apply_patches.sh --target .cache/upstream/sglang-0.5.17 --check
+
+bump-reports:
+	for v in 0.5.16 0.5.18 0.5.23; do PYTHON=$(VPY) bash scripts/bump_upstream.sh $$v || true; done

@@ -1,0 +1,1 @@
+"""Tooling for the ddtree-sglang patch series (stdlib only: it runs where nothing is installed)."""
