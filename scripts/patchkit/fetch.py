@@ -63,10 +63,10 @@ def download_wheel(version: str, dest: pathlib.Path, python: str = sys.executabl
 
 
 def verify(wheel: pathlib.Path, expected: dict[str, str]) -> str:
-    digest = sha256_of(wheel)
     want = expected.get(wheel.name)
     if want is None:
         raise FetchError(f"{wheel.name} has no recorded sha256 (known: {', '.join(sorted(expected)) or 'none'})")
+    digest = sha256_of(wheel)
     if digest != want:
         raise FetchError(f"{wheel.name}: sha256 {digest} does not match the recorded {want}; refusing to use it")
     return digest

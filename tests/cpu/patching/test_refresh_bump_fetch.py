@@ -1,0 +1,123 @@
+"""refresh_patches.sh, bump_upstream.sh and the hash-checked fetch, on real upstream files."""
+
+import zipfile
+
+import pytest
+from conftest import replace_text
+from test_apply import synthetic
+
+from patchkit import apply_cli, bump_cli, fetch, refresh_cli
+from patchkit.series import read_lock
+
+
+def apply(capsys, patches, overlay, target):
+    rc = apply_cli.main([str(a) for a in synthetic(patches, overlay, target)])
+    capsys.readouterr()
+    assert rc == 0
+
+
+def refresh(capsys, patches, overlay, edited, pristine, *extra):
+    rc = refresh_cli.main(["--edited", str(edited), "--pristine", str(pristine),
+                           "--patches", str(patches), "--overlay", str(overlay), *extra])
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+def test_refresh_unchanged_tree_changes_nothing(capsys, upstream_copy, synthetic_series, pristine):
+    patches, overlay = synthetic_series
+    apply(capsys, patches, overlay, upstream_copy)
+    before = {p.name: p.read_bytes() for p in patches.iterdir()}
+    rc, out = refresh(capsys, patches, overlay, upstream_copy, pristine)
+    assert rc == 0 and "0 of 2 patches changed" in out
+    assert {p.name: p.read_bytes() for p in patches.iterdir()} == before
+
+
+def test_refresh_takes_edits_and_keeps_header(capsys, upstream_copy, synthetic_series, pristine, tmp_path):
+    patches, overlay = synthetic_series
+    apply(capsys, patches, overlay, upstream_copy)
+    edited_file = upstream_copy / "sglang/version.py"
+    replace_text(edited_file, "# ddtree test", "# ddtree test, refreshed")
+    rc, out = refresh(capsys, patches, overlay, upstream_copy, pristine)
+    assert rc == 0 and "1 of 2 patches changed" in out
+    text = (patches / "0001-version-note.patch").read_text()
+    assert text.startswith("Description: test patch\nAuthor: test\nForwarded: no\nLast-Update: ")
+    assert "+            __version__ = \"0.0.0.dev0\"  # ddtree test, refreshed" in text
+    # the refreshed series reproduces the edited tree on a fresh pristine copy
+    import os, shutil
+    fresh = tmp_path / "fresh"
+    shutil.copytree(pristine / "sglang", fresh / "sglang", copy_function=os.link,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    apply(capsys, patches, overlay, fresh)
+    assert (fresh / "sglang/version.py").read_text() == edited_file.read_text()
+    # and refreshing again is a no-op, byte for byte
+    again = {p.name: p.read_bytes() for p in patches.iterdir()}
+    assert refresh(capsys, patches, overlay, upstream_copy, pristine)[0] == 0
+    assert {p.name: p.read_bytes() for p in patches.iterdir()} == again
+
+
+def test_refresh_unowned_edit_needs_a_new_patch(capsys, upstream_copy, synthetic_series, pristine):
+    patches, overlay = synthetic_series
+    apply(capsys, patches, overlay, upstream_copy)
+    replace_text(upstream_copy / "sglang/srt/speculative/spec_registry.py", "\n", "\n# new hook\n")
+    rc, out = refresh(capsys, patches, overlay, upstream_copy, pristine)
+    assert rc == 2 and "sglang/srt/speculative/spec_registry.py" in out and "--new" in out
+    rc, out = refresh(capsys, patches, overlay, upstream_copy, pristine,
+                      "--new", "0003-hook.patch", "--description", "Add a hook")
+    assert rc == 0 and "created" in out
+    assert (patches / "series").read_text().splitlines()[-1] == "0003-hook.patch"
+    assert (patches / "0003-hook.patch").read_text().startswith("Description: Add a hook\n")
+
+
+def test_bump_report_classifies_each_patch(capsys, upstream_copy, synthetic_series, tmp_path):
+    patches, overlay = synthetic_series
+    # a "new release": lines inserted above patch 0001's hunk, patch 0002's context changed
+    replace_text(upstream_copy / "sglang/version.py", "try:\n", "# moved down\n# by two lines\ntry:\n")
+    replace_text(upstream_copy / "sglang/srt/speculative/spec_info.py", "from enum import", "from enum  import")
+    report = tmp_path / "report.md"
+    rc = bump_cli.main(["9.9.9", "--tree", str(upstream_copy), "--report", str(report),
+                        "--patches", str(patches), "--overlay", str(overlay)])
+    out = capsys.readouterr().out
+    assert rc == 1 and "FAILS" in out
+    md = report.read_text()
+    assert "| `0001-version-note.patch` | applies with offset |" in md
+    assert "hunk #1 offset +2" in md
+    assert "| `0002-lang-init-note.patch` | fails |" in md
+    assert "from enum  import" in md  # the report shows what was found instead
+    assert "1 of 2 patches apply; 1 fail" in md
+
+
+def test_bump_clean_tree(capsys, upstream_copy, synthetic_series, tmp_path):
+    patches, overlay = synthetic_series
+    report = tmp_path / "r.md"
+    rc = bump_cli.main(["0.5.17", "--tree", str(upstream_copy), "--report", str(report),
+                        "--patches", str(patches), "--overlay", str(overlay)])
+    assert rc == 0 and "2 of 2 patches apply" in report.read_text()
+    assert "| `0001-version-note.patch` | clean |" in report.read_text()
+
+
+def test_bump_reports_overlay_collision(capsys, upstream_copy, synthetic_series, tmp_path):
+    patches, overlay = synthetic_series
+    (upstream_copy / "sglang/srt/ddtree_probe").mkdir()
+    (upstream_copy / "sglang/srt/ddtree_probe/__init__.py").write_text("upstream now has it\n")
+    rc = bump_cli.main(["9.9.9", "--tree", str(upstream_copy), "--report", str(tmp_path / "r.md"),
+                        "--patches", str(patches), "--overlay", str(overlay)])
+    assert rc == 1 and "sglang/srt/ddtree_probe/__init__.py" in (tmp_path / "r.md").read_text()
+
+
+def test_fetch_refuses_a_wheel_with_the_wrong_hash(tmp_path):
+    lock = read_lock()
+    name = next(iter(lock["sha256"]))
+    fake = tmp_path / name
+    with zipfile.ZipFile(fake, "w") as z:
+        z.writestr("sglang/__init__.py", "tampered = True\n")
+    with pytest.raises(fetch.FetchError, match="does not match the recorded"):
+        fetch.verify(fake, lock["sha256"])
+    with pytest.raises(fetch.FetchError, match="no recorded sha256"):
+        fetch.verify(tmp_path / "sglang-0.0.1-py3-none-any.whl", lock["sha256"])
+
+
+def test_pristine_tree_is_the_locked_wheel(pristine):
+    lock = read_lock()
+    digest = (pristine / ".wheel-sha256").read_text().strip()
+    assert digest in lock["sha256"].values()
+    assert lock["version"] == "0.5.17" and lock["pins"]["torch"] == "2.11.0"
