@@ -1,0 +1,17 @@
+"""DDTree speculative decoding (Ringel & Romano, arXiv 2604.12989).
+
+One DFlash draft forward yields L independent per-depth distributions; DDTree
+turns them into the best token tree of at most B nodes under the draft, verifies
+it in one target forward and keeps the longest path the target agrees with.
+
+Algorithm core (pure tensor code, no scheduler state):
+
+- ``tree_build``   best-first top-B prefix selection, one Triton program per request
+- ``tree_compile`` tokens, positions, ancestor bitmask, ``retrive_*`` links
+- ``accept``       lossless greedy / target-only sampling acceptance
+- ``kv_commit``    which KV slots the accepted path keeps, which are freed
+- ``reference``    plain-Python references the tests compare against
+
+The package ``__init__`` imports nothing so that importing one submodule never
+drags in the server.
+"""

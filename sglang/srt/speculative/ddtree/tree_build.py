@@ -1,0 +1,306 @@
+"""DDTree construction: best-first selection of the top-B draft prefixes.
+
+The DFlash drafter gives, per request, L independent distributions (one per
+depth). A prefix's score is the sum of its tokens' draft log-probs; the B
+highest-scoring prefixes form a prefix-closed tree that maximises the expected
+accepted length under the draft. They are found best-first:
+
+    frontier = {(depth 1, rank 0, parent root)}
+    repeat B times:
+        pop the best candidate -> it becomes node n (n = 1, 2, ...)
+        push its next sibling (same parent, rank + 1)
+        push its first child  (depth + 1, rank 0, parent n)
+
+Pop order numbers the nodes, so ``parent < child`` always holds; node 0 is the
+root (the bonus token) and is not part of the output.
+
+Tie-break (deterministic, shared with ``reference.build_tree_ref``): among equal
+scores the candidate with the smaller depth wins, then the smaller parent
+index, then the smaller rank. ``(depth, parent, rank)`` identifies a candidate
+uniquely, so the order is total. NaN log-probs are treated as ``-inf``.
+
+The Triton kernel runs one program per request, keeps the frontier in
+registers and never leaves the device, so it is CUDA-graph capturable. Frontier
+slots are assigned statically: slot 0 holds the first candidate, a popped slot
+is reused by that node's next sibling and slot n receives node n's first child,
+so B slots suffice and no compaction is needed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+
+#: Largest supported tree budget (nodes besides the root).
+MAX_BUDGET = 256
+
+
+@dataclass
+class DraftTree:
+    """Selected nodes per request, in pop order (node n is column n - 1).
+
+    Requests whose draft offers fewer than B distinct prefixes (only possible
+    when the vocabulary is smaller than B) are padded: a padded node has
+    ``parent == -1``, ``depth == 0``, ``token == 0`` and ``score == -inf``;
+    ``num_nodes`` counts the real ones. Real nodes always come first.
+    """
+
+    node_token: torch.Tensor  # [bs, B] int64 token ids
+    node_parent: torch.Tensor  # [bs, B] int32, index into 0..B (0 = root), -1 = padding
+    node_depth: torch.Tensor  # [bs, B] int32 in 1..L, 0 = padding
+    node_rank: torch.Tensor  # [bs, B] int32 rank of the token among its depth's top-K
+    node_score: torch.Tensor  # [bs, B] float32 accumulated path log-prob
+    num_nodes: torch.Tensor  # [bs] int32
+
+    @property
+    def budget(self) -> int:
+        return self.node_token.shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.node_token.shape[0]
+
+
+def draft_topk(
+    draft_logits: torch.Tensor, budget: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-depth top-K (K = min(budget, vocab)) of the full-vocab log-softmax.
+
+    ``draft_logits`` is ``[bs, L, V]``; returns ``(logprobs [bs, L, K] float32
+    sorted descending, token_ids [bs, L, K] int64)``.
+    """
+    if draft_logits.dim() != 3:
+        raise ValueError(
+            f"draft_logits must be [bs, L, V], got shape {tuple(draft_logits.shape)}"
+        )
+    _check_budget(budget)
+    k = min(budget, draft_logits.shape[-1])
+    logprobs = torch.log_softmax(draft_logits.float(), dim=-1)
+    values, ids = torch.topk(logprobs, k, dim=-1, largest=True, sorted=True)
+    return values, ids
+
+
+def build_tree(
+    logprobs: torch.Tensor,
+    token_ids: torch.Tensor,
+    budget: int,
+    *,
+    out: Optional[DraftTree] = None,
+) -> DraftTree:
+    """Select the top-``budget`` prefixes for every request of the batch.
+
+    ``logprobs``/``token_ids`` are ``[bs, L, K]`` per-depth top-K candidates,
+    log-probs sorted descending along K (``draft_topk`` produces them). Only the
+    first ``min(K, budget)`` ranks can ever be selected. Runs the Triton kernel
+    on CUDA tensors (or anywhere under ``TRITON_INTERPRET=1``) and the
+    plain-Python reference otherwise. ``out`` lets a caller reuse buffers
+    (e.g. inside a captured CUDA graph).
+    """
+    _check_inputs(logprobs, token_ids, budget)
+    bs, num_depths, k = logprobs.shape
+    k = min(k, budget)
+    device = logprobs.device
+    if out is not None:
+        _check_out(out, bs, budget, device)
+    tree = out if out is not None else _empty_tree(bs, budget, device)
+    if bs == 0:
+        return tree
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        from sglang.srt.speculative.ddtree.reference import build_tree_ref_batched
+
+        ref = build_tree_ref_batched(logprobs[..., :k], token_ids[..., :k], budget)
+        for name in _FIELDS:
+            getattr(tree, name).copy_(getattr(ref, name))
+        return tree
+
+    lp = logprobs if logprobs.dtype == torch.float32 else logprobs.float()
+    lp = lp.contiguous()
+    ids = token_ids.contiguous()
+    frontier = max(16, triton.next_power_of_2(budget))
+    _ddtree_build_kernel[(bs,)](
+        lp,
+        ids,
+        tree.node_token,
+        tree.node_parent,
+        tree.node_depth,
+        tree.node_rank,
+        tree.node_score,
+        tree.num_nodes,
+        lp.stride(0),
+        lp.stride(1),
+        ids.stride(0),
+        ids.stride(1),
+        tree.node_token.stride(0),
+        num_depths,
+        k,
+        budget,
+        FRONTIER=frontier,
+        num_warps=1 if frontier <= 128 else 4,
+    )
+    return tree
+
+
+def build_tree_from_logits(
+    draft_logits: torch.Tensor, budget: int, *, out: Optional[DraftTree] = None
+) -> DraftTree:
+    """``draft_topk`` followed by ``build_tree``."""
+    logprobs, token_ids = draft_topk(draft_logits, budget)
+    return build_tree(logprobs, token_ids, budget, out=out)
+
+
+_FIELDS = ("node_token", "node_parent", "node_depth", "node_rank", "node_score", "num_nodes")
+
+
+def _check_out(out: DraftTree, bs: int, budget: int, device) -> None:
+    reference = _empty_tree(0, budget, device)
+    for name in _FIELDS:
+        t, want = getattr(out, name), getattr(reference, name)
+        shape = (bs, budget) if want.dim() == 2 else (bs,)
+        if tuple(t.shape) != shape or t.dtype != want.dtype or not t.is_contiguous() or t.device != device:
+            raise ValueError(
+                f"out.{name} must be a contiguous {want.dtype} tensor of shape {shape} on {device}, "
+                f"got {t.dtype} {tuple(t.shape)} on {t.device}"
+            )
+
+
+def _empty_tree(bs: int, budget: int, device) -> DraftTree:
+    return DraftTree(
+        node_token=torch.empty((bs, budget), dtype=torch.int64, device=device),
+        node_parent=torch.empty((bs, budget), dtype=torch.int32, device=device),
+        node_depth=torch.empty((bs, budget), dtype=torch.int32, device=device),
+        node_rank=torch.empty((bs, budget), dtype=torch.int32, device=device),
+        node_score=torch.empty((bs, budget), dtype=torch.float32, device=device),
+        num_nodes=torch.empty((bs,), dtype=torch.int32, device=device),
+    )
+
+
+def _check_budget(budget: int) -> None:
+    if not isinstance(budget, int) or not 1 <= budget <= MAX_BUDGET:
+        raise ValueError(
+            f"DDTree budget must be an int in 1..{MAX_BUDGET}, got {budget!r}"
+        )
+
+
+def _check_inputs(logprobs: torch.Tensor, token_ids: torch.Tensor, budget: int) -> None:
+    _check_budget(budget)
+    if logprobs.dim() != 3 or token_ids.shape != logprobs.shape:
+        raise ValueError(
+            "logprobs and token_ids must both be [bs, L, K]; got "
+            f"{tuple(logprobs.shape)} and {tuple(token_ids.shape)}"
+        )
+    if logprobs.shape[1] < 1 or logprobs.shape[2] < 1:
+        raise ValueError(
+            f"need at least one depth and one candidate, got {tuple(logprobs.shape)}"
+        )
+    if not logprobs.is_floating_point():
+        raise TypeError(f"logprobs must be floating point, got {logprobs.dtype}")
+    if token_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"token_ids must be int32 or int64, got {token_ids.dtype}")
+    if token_ids.device != logprobs.device:
+        raise ValueError(
+            f"logprobs on {logprobs.device} but token_ids on {token_ids.device}"
+        )
+
+
+@triton.jit
+def _ddtree_build_kernel(
+    lp_ptr,  # [bs, L, K] float32, descending along K
+    ids_ptr,  # [bs, L, K] int32/int64
+    out_token_ptr,  # [bs, B] int64
+    out_parent_ptr,  # [bs, B] int32
+    out_depth_ptr,  # [bs, B] int32
+    out_rank_ptr,  # [bs, B] int32
+    out_score_ptr,  # [bs, B] float32
+    out_num_ptr,  # [bs] int32
+    stride_lp_b,
+    stride_lp_d,
+    stride_ids_b,
+    stride_ids_d,
+    stride_out_b,
+    num_depths,
+    k,
+    budget,
+    FRONTIER: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    lp_row = lp_ptr + pid.to(tl.int64) * stride_lp_b
+    neg_inf = float("-inf")
+    no_key = 2147483647
+
+    slot = tl.arange(0, FRONTIER)
+    first = tl.load(lp_row)
+    first = tl.where(first == first, first, neg_inf)
+
+    # Frontier: one candidate per slot; see the module docstring for the layout.
+    s_valid = slot == 0
+    s_score = tl.where(slot == 0, first, neg_inf)
+    s_base = tl.zeros([FRONTIER], dtype=tl.float32)  # parent's score
+    s_depth = tl.full([FRONTIER], 1, tl.int32)
+    s_parent = tl.zeros([FRONTIER], dtype=tl.int32)
+    s_rank = tl.zeros([FRONTIER], dtype=tl.int32)
+
+    # Selected nodes (column n - 1 holds node n).
+    n_depth = tl.zeros([FRONTIER], dtype=tl.int32)
+    n_parent = tl.full([FRONTIER], -1, tl.int32)
+    n_rank = tl.zeros([FRONTIER], dtype=tl.int32)
+    n_score = tl.full([FRONTIER], neg_inf, tl.float32)
+    count = tl.full([], 0, tl.int32)
+
+    key_depth = (budget + 1) * k
+    for n in range(1, budget + 1):
+        best = tl.max(tl.where(s_valid, s_score, neg_inf), axis=0)
+        tied = s_valid & (s_score == best)
+        key = (s_depth * (budget + 1) + s_parent) * k + s_rank
+        key = tl.where(tied, key, no_key)
+        kmin = tl.min(key, axis=0)
+        found = kmin != no_key
+        sel = tied & (key == kmin)
+        d = kmin // key_depth
+        p = (kmin % key_depth) // k
+        r = kmin % k
+        base = tl.sum(tl.where(sel, s_base, 0.0), axis=0)
+
+        rec = slot == (n - 1)
+        n_depth = tl.where(rec & found, d, n_depth)
+        n_parent = tl.where(rec & found, p, n_parent)
+        n_rank = tl.where(rec & found, r, n_rank)
+        n_score = tl.where(rec & found, best, n_score)
+        count += found.to(tl.int32)
+
+        # The popped slot now holds the next sibling (same parent, rank + 1).
+        sib_ok = found & (r + 1 < k)
+        sib_lp = tl.load(lp_row + (d - 1) * stride_lp_d + r + 1, mask=sib_ok, other=neg_inf)
+        sib_lp = tl.where(sib_lp == sib_lp, sib_lp, neg_inf)
+        s_valid = tl.where(sel, sib_ok, s_valid)
+        s_score = tl.where(sel, base + sib_lp, s_score)
+        s_rank = tl.where(sel, r + 1, s_rank)
+
+        # Slot n receives the first child (depth + 1, rank 0, parent n).
+        child_ok = found & (d < num_depths) & (n < budget)
+        child_lp = tl.load(lp_row + d * stride_lp_d, mask=child_ok, other=neg_inf)
+        child_lp = tl.where(child_lp == child_lp, child_lp, neg_inf)
+        cs = slot == n
+        s_valid = tl.where(cs, child_ok, s_valid)
+        s_score = tl.where(cs, best + child_lp, s_score)
+        s_base = tl.where(cs, best, s_base)
+        s_depth = tl.where(cs, d + 1, s_depth)
+        s_parent = tl.where(cs, n, s_parent)
+        s_rank = tl.where(cs, 0, s_rank)
+
+    real = n_parent >= 0
+    in_budget = slot < budget
+    ids_off = pid.to(tl.int64) * stride_ids_b + (n_depth - 1) * stride_ids_d + n_rank
+    tok = tl.load(ids_ptr + ids_off, mask=real & in_budget, other=0).to(tl.int64)
+
+    out = pid.to(tl.int64) * stride_out_b + slot
+    tl.store(out_token_ptr + out, tok, mask=in_budget)
+    tl.store(out_parent_ptr + out, n_parent, mask=in_budget)
+    tl.store(out_depth_ptr + out, n_depth, mask=in_budget)
+    tl.store(out_rank_ptr + out, n_rank, mask=in_budget)
+    tl.store(out_score_ptr + out, n_score, mask=in_budget)
+    tl.store(out_num_ptr + pid, count)

@@ -1,0 +1,195 @@
+"""Compile a DDTree into what the verify forward and acceptance consume.
+
+Node i of a request's tree (N = B + 1 nodes, node 0 = root = bonus token):
+
+- ``tokens[i]``     the token fed to the target
+- ``positions[i]``  ``committed_len + depth[i]``: siblings share a position, so
+  RoPE sees every root-to-leaf path as an ordinary sequence
+- ``tree_mask[i]``  ancestor bitmask, ``int32 [N, ceil(N/32)]``: bit ``j % 32``
+  of word ``j // 32`` is set iff node j is node i or one of its ancestors (the
+  committed prefix is visible to every node and is not in the mask)
+- ``retrive_*``     the linked-list layout of sglang-kernel's tree verify ops:
+  ``retrive_index = b * N + i`` (row into flattened target outputs),
+  ``retrive_next_token`` = first child, ``retrive_next_sibling`` = next child
+  of the same parent in index order, -1 for none (int64, as the ops require)
+
+Everything is a handful of batched torch ops with static shapes: no host sync,
+capturable in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+import torch
+
+from sglang.srt.speculative.ddtree.tree_build import DraftTree
+
+
+@dataclass
+class CompiledTree:
+    tokens: torch.Tensor  # [bs, N] int64
+    positions: torch.Tensor  # [bs, N] int64
+    depth: torch.Tensor  # [bs, N] int32, root 0 (padding 0)
+    parent: torch.Tensor  # [bs, N] int64, root -1 (padding -1)
+    tree_mask: torch.Tensor  # [bs, N, ceil(N/32)] int32 ancestor bitmask
+    retrive_index: torch.Tensor  # [bs, N] int64
+    retrive_next_token: torch.Tensor  # [bs, N] int64
+    retrive_next_sibling: torch.Tensor  # [bs, N] int64
+    max_depth: int  # static bound on any node's depth; acceptance width = max_depth + 1
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokens.shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+
+def max_tree_depth(budget: int, num_depths: int) -> int:
+    """Deepest node a tree of ``budget`` nodes over ``num_depths`` depths can have."""
+    return min(budget, num_depths)
+
+
+def mask_words(num_tokens: int) -> int:
+    return (num_tokens + 31) // 32
+
+
+def compile_tree(
+    tree: DraftTree,
+    bonus: torch.Tensor,
+    committed_len: torch.Tensor,
+    max_depth: int,
+) -> CompiledTree:
+    """Tokens, positions, ancestor bitmask and ``retrive_*`` links for a batch.
+
+    ``bonus`` ``[bs]`` is the root token, ``committed_len`` ``[bs]`` the number
+    of tokens whose KV is already committed (the root's position).
+    ``max_depth`` (use ``max_tree_depth``) bounds the ancestor walk statically.
+    """
+    bs, budget = tree.node_token.shape
+    n = budget + 1
+    device = tree.node_token.device
+    if bonus.shape != (bs,) or committed_len.shape != (bs,):
+        raise ValueError(
+            f"bonus and committed_len must be [bs={bs}], got "
+            f"{tuple(bonus.shape)} and {tuple(committed_len.shape)}"
+        )
+    if not 1 <= max_depth <= budget:
+        raise ValueError(f"max_depth must be in 1..{budget}, got {max_depth}")
+
+    tokens = torch.cat([bonus.view(bs, 1).to(torch.int64), tree.node_token.to(torch.int64)], dim=1)
+    parent = torch.cat(
+        [torch.full((bs, 1), -1, dtype=torch.int64, device=device), tree.node_parent.to(torch.int64)],
+        dim=1,
+    )
+    depth = torch.cat(
+        [torch.zeros((bs, 1), dtype=torch.int32, device=device), tree.node_depth.to(torch.int32)],
+        dim=1,
+    )
+    positions = committed_len.view(bs, 1).to(torch.int64) + depth.to(torch.int64)
+
+    tree_mask = ancestor_bitmask(parent, max_depth)
+    next_token, next_sibling = child_links(parent)
+    retrive_index = _row_offsets(bs, n, device) + torch.arange(n, device=device)
+    return CompiledTree(
+        tokens=tokens,
+        positions=positions,
+        depth=depth,
+        parent=parent,
+        tree_mask=tree_mask,
+        retrive_index=retrive_index,
+        retrive_next_token=next_token,
+        retrive_next_sibling=next_sibling,
+        max_depth=max_depth,
+    )
+
+
+def ancestor_bitmask(parent: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """``int32 [bs, N, W]`` self-or-ancestor bits from parent pointers.
+
+    Pointer doubling on the packed rows: after step k a row holds every
+    ancestor within 2^k hops, so ``ceil(log2(max_depth + 1))`` steps cover the
+    deepest node. The root points at itself; padding (parent -1) at the root.
+    """
+    bs, n = parent.shape
+    words = mask_words(n)
+    jump = parent.clamp(min=0)
+    rows = _self_bits(n, parent.device).expand(bs, n, words)
+    steps = max(1, (max_depth).bit_length())  # 2**steps > max_depth
+    for _ in range(steps):
+        rows = rows | torch.gather(rows, 1, jump.unsqueeze(-1).expand(bs, n, words))
+        jump = torch.gather(jump, 1, jump)
+    return rows.contiguous()
+
+
+def child_links(parent: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """First child and next sibling (index order) from parent pointers.
+
+    A stable sort by parent groups each node's children in index order; the
+    first of a group is the parent's first child, each next entry of the same
+    group is the next sibling. Root and padding (parent -1) get no links.
+    """
+    bs, n = parent.shape
+    device = parent.device
+    idx = torch.arange(n, device=device).expand(bs, n)
+    order = torch.sort(parent, dim=1, stable=True).indices
+    sorted_parent = torch.gather(parent, 1, order)
+    nxt_parent = torch.cat([sorted_parent[:, 1:], torch.full((bs, 1), -2, device=device, dtype=parent.dtype)], 1)
+    nxt_idx = torch.cat([order[:, 1:], torch.full((bs, 1), -1, device=device, dtype=order.dtype)], 1)
+    sib_sorted = torch.where((nxt_parent == sorted_parent) & (sorted_parent >= 0), nxt_idx, -1)
+    next_sibling = torch.empty_like(sib_sorted).scatter_(1, order, sib_sorted)
+
+    # First child: the smallest child index, scattered into the parent's row.
+    # Nodes without a parent write into a spare column that is dropped.
+    target = torch.where(parent >= 0, parent, n)
+    first = torch.full((bs, n + 1), n, dtype=torch.int64, device=device)
+    first.scatter_reduce_(1, target, idx.to(torch.int64), reduce="amin", include_self=True)
+    first = first[:, :n]
+    next_token = torch.where(first < n, first, -1)
+    return next_token, next_sibling
+
+
+def tree_mask_to_dense(tree_mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Unpack ``[bs, N, W]`` bits into a ``bool [bs, N, N]`` visibility matrix."""
+    bits = torch.arange(32, device=tree_mask.device, dtype=torch.int32)
+    dense = ((tree_mask.unsqueeze(-1) >> bits) & 1).bool()
+    return dense.flatten(-2)[..., :num_tokens]
+
+
+def pack_bits(flags: torch.Tensor) -> torch.Tensor:
+    """``bool [..., N]`` -> ``int32 [..., ceil(N/32)]`` in the tree-mask layout."""
+    n = flags.shape[-1]
+    words = mask_words(n)
+    pad = words * 32 - n
+    if pad:
+        flags = torch.nn.functional.pad(flags, (0, pad))
+    weights = torch.ones(32, dtype=torch.int64, device=flags.device) << torch.arange(
+        32, dtype=torch.int64, device=flags.device
+    )
+    packed = (flags.view(*flags.shape[:-1], words, 32).to(torch.int64) * weights).sum(-1)
+    return _to_int32_bits(packed)
+
+
+def _to_int32_bits(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(x >= (1 << 31), x - (1 << 32), x).to(torch.int32)
+
+
+_SELF_BITS: Dict[Tuple[int, str], torch.Tensor] = {}
+
+
+def _self_bits(n: int, device: torch.device) -> torch.Tensor:
+    """``int32 [1, N, W]`` with only bit i of row i set (cached per device)."""
+    key = (n, str(device))
+    cached = _SELF_BITS.get(key)
+    if cached is None:
+        eye = torch.eye(n, dtype=torch.bool, device=device)
+        cached = pack_bits(eye).unsqueeze(0)
+        _SELF_BITS[key] = cached
+    return cached
+
+
+def _row_offsets(bs: int, n: int, device) -> torch.Tensor:
+    return (torch.arange(bs, device=device, dtype=torch.int64) * n).unsqueeze(1)
