@@ -1,0 +1,188 @@
+"""Server-argument resolution for ``--speculative-algorithm DDTREE``.
+
+DDTREE rides on the DFlash drafter: the draft checkpoint, its block size and
+its target-layer capture are DFlash's, so the DFlash startup handling runs
+first. What differs is the verify width. DFlash verifies its whole draft block
+as a chain; DDTREE verifies a tree of ``budget`` draft nodes plus the root, so
+``speculative_num_draft_tokens`` (the width every generic piece of the server
+sizes verify buffers, KV headroom and CUDA graphs by) becomes ``budget + 1``
+and the draft block size moves to ``speculative_dflash_block_size``.
+
+Everything DDTREE cannot serve correctly is refused here, at startup, rather
+than at the first forward.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+# Default tree budget. 64 draft nodes (a 65-token verify) is where the DDTree
+# paper's acceptance curve flattens for 16-token DFlash blocks, and 65 query rows
+# still fit one 64/128-row attention tile pair. It is a starting point, not a
+# measured optimum for this fork's verify kernels: re-measure with
+# benchmarks/ once the fused tree-verify attention lands (docs/ddtree.md).
+DEFAULT_BUDGET = 64
+MIN_BUDGET = 1
+MAX_BUDGET = 256
+
+# Verify attention backends that can apply a tree mask in TARGET_VERIFY, and the
+# attention architectures each one does it for. Triton's extend kernel takes the
+# dense custom mask for MHA and MLA alike; FlashInfer's paged prefill takes one
+# for MHA only (its MLA path on sm_120 is FA2 without custom-mask support).
+TREE_VERIFY_BACKENDS = {
+    "triton": frozenset({"mha", "mla"}),
+    "flashinfer": frozenset({"mha"}),
+}
+
+
+def _verify_backend(view) -> Optional[str]:
+    """The attention backend TARGET_VERIFY runs on (see HybridAttnBackend)."""
+    from sglang.srt.arg_groups.overrides import attention_backends_of
+
+    prefill, decode = attention_backends_of(view)
+    if getattr(view, "speculative_attention_mode", "prefill") == "decode":
+        return decode
+    return prefill
+
+
+def _attention_arch(server_args: ServerArgs) -> str:
+    return "mla" if server_args.use_mla_backend() else "mha"
+
+
+def _check_int(name: str, value, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"DDTREE {name} must be an integer, got {value!r}.")
+    if not lo <= value <= hi:
+        raise ValueError(f"DDTREE {name} must be in [{lo}, {hi}], got {value}.")
+    return value
+
+
+def resolve_budget(budget: Optional[int]) -> int:
+    if budget is None:
+        return DEFAULT_BUDGET
+    return _check_int("--speculative-ddtree-budget", budget, MIN_BUDGET, MAX_BUDGET)
+
+
+def resolve_topk(topk: Optional[int], budget: int, vocab_size: int) -> int:
+    """Candidates per depth. More than ``budget`` can never be used (the tree
+    has ``budget`` nodes) and more than the vocabulary does not exist."""
+    limit = min(budget, vocab_size)
+    if topk is None:
+        return limit
+    return _check_int(
+        f"--speculative-ddtree-topk (at most min(budget={budget}, vocab={vocab_size}))",
+        topk,
+        1,
+        limit,
+    )
+
+
+def resolve_draft_block_size(checkpoint_block_size: int, budget: int) -> int:
+    """Draft block used per step: ``[bonus, MASK x L]``.
+
+    A tree of ``budget`` nodes is at most ``budget`` deep, so positions beyond
+    ``budget`` are never used. Truncating the block to ``budget + 1`` keeps the
+    per-step KV headroom (sized by the verify width ``budget + 1``) sufficient
+    for the draft block too.
+    """
+    if checkpoint_block_size < 2:
+        raise ValueError(
+            "DDTREE needs a DFlash draft block of at least 2 tokens "
+            f"(bonus + one MASK position), got block_size={checkpoint_block_size}."
+        )
+    return min(checkpoint_block_size, budget + 1)
+
+
+def _check_supported_combination(server_args: ServerArgs) -> None:
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    view = resolved_view(server_args)
+
+    if view.page_size not in (None, 1):
+        raise ValueError(
+            "DDTREE requires --page-size 1: the accepted tree nodes' KV is kept by "
+            f"remapping token slots, which needs one token per page (got page_size={view.page_size})."
+        )
+    if view.tp_size != 1:
+        raise ValueError(
+            "DDTREE currently supports --tp-size 1 only (the per-depth top-K over the "
+            f"drafter's vocabulary is not TP-sharded yet); got tp_size={view.tp_size}."
+        )
+    if server_args.speculative_adaptive:
+        raise ValueError("DDTREE does not support --speculative-adaptive.")
+    if server_args.speculative_draft_window_size is not None:
+        raise ValueError(
+            "DDTREE does not support --speculative-draft-window-size yet "
+            "(the compact draft cache is not wired into the tree step)."
+        )
+
+    backend = _verify_backend(view)
+    arch = _attention_arch(server_args)
+    archs = TREE_VERIFY_BACKENDS.get(backend)
+    if archs is None or arch not in archs:
+        supported = ", ".join(
+            f"{name} ({'/'.join(sorted(a)).upper()})"
+            for name, a in TREE_VERIFY_BACKENDS.items()
+        )
+        raise ValueError(
+            f"DDTREE needs a tree-masked verify attention; the verify backend "
+            f"{backend!r} does not provide one for {arch.upper()} models. "
+            f"Supported: {supported}. Pass e.g. --attention-backend triton."
+        )
+
+
+def handle_ddtree_server_args(server_args: ServerArgs) -> None:
+    """Validate and resolve DDTREE flags in place (ServerArgs time)."""
+    from sglang.srt.arg_groups.speculative_hook import _handle_dflash
+
+    budget = resolve_budget(server_args.speculative_ddtree_budget)
+    verify_width = budget + 1
+
+    # For DDTREE --speculative-num-draft-tokens is the verify width; DFlash's
+    # handler reads it as the draft block size, so take it out of its way.
+    requested_width = server_args.speculative_num_draft_tokens
+    if requested_width is not None and int(requested_width) != verify_width:
+        raise ValueError(
+            "For DDTREE, --speculative-num-draft-tokens is the verify width "
+            f"(--speculative-ddtree-budget + 1 = {verify_width}), got {requested_width}. "
+            "Set --speculative-ddtree-budget instead."
+        )
+    server_args.speculative_num_draft_tokens = None
+
+    _check_supported_combination(server_args)
+
+    # Device / dp-attention / pp / draft path checks, num_steps = topk = 1,
+    # block size from the draft checkpoint, draft attention backend.
+    _handle_dflash(server_args)
+    checkpoint_block = int(server_args.speculative_num_draft_tokens)
+    block_size = resolve_draft_block_size(checkpoint_block, budget)
+    if block_size != checkpoint_block:
+        logger.info(
+            "DDTREE: budget %d limits the tree depth to %d; drafting %d-token blocks "
+            "instead of the checkpoint's %d.",
+            budget,
+            budget,
+            block_size,
+            checkpoint_block,
+        )
+
+    vocab_size = int(server_args.get_model_config().vocab_size)
+    topk = resolve_topk(server_args.speculative_ddtree_topk, budget, vocab_size)
+
+    server_args.speculative_ddtree_budget = budget
+    server_args.speculative_ddtree_topk = topk
+    server_args.speculative_dflash_block_size = block_size
+    server_args.speculative_num_draft_tokens = verify_width
+    logger.info(
+        "DDTREE: budget=%d (verify width %d), topk=%d, draft block=%d.",
+        budget,
+        verify_width,
+        topk,
+        block_size,
+    )

@@ -1,0 +1,143 @@
+"""The real patched ServerArgs accepts DDTREE and refuses what it cannot serve.
+
+No GPU is faked: ``device="cuda"`` is passed explicitly, which is all the
+speculative startup checks look at; ServerArgs resolves on a CPU machine.
+"""
+
+import argparse
+
+import pytest
+
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative.ddtree import flags
+
+# Must match conftest.py's tiny configs.
+VOCAB = 512
+DRAFT_BLOCK = 16
+
+
+def _make(model_dirs, target="mla", **kw):
+    kw.setdefault("speculative_draft_model_path", model_dirs["draft"])
+    return ServerArgs(
+        model_path=model_dirs[target],
+        speculative_algorithm=kw.pop("speculative_algorithm", "DDTREE"),
+        device="cuda",
+        skip_tokenizer_init=True,
+        **kw,
+    )
+
+
+def test_defaults(model_dirs):
+    sa = _make(model_dirs)
+    assert sa.speculative_algorithm == "DDTREE"
+    assert sa.speculative_ddtree_budget == flags.DEFAULT_BUDGET
+    assert sa.speculative_ddtree_topk == min(flags.DEFAULT_BUDGET, VOCAB)
+    # Verify width is the tree (budget + root); the draft block stays DFlash's.
+    assert sa.speculative_num_draft_tokens == flags.DEFAULT_BUDGET + 1
+    assert sa.speculative_dflash_block_size == DRAFT_BLOCK
+    assert sa.speculative_num_steps == 1
+    assert sa.speculative_eagle_topk == 1
+    assert sa.page_size == 1
+    assert sa.attention_backend == "triton"
+
+
+def test_lowercase_name_and_explicit_flags(model_dirs):
+    sa = _make(
+        model_dirs,
+        speculative_algorithm="ddtree",
+        speculative_ddtree_budget=32,
+        speculative_ddtree_topk=4,
+        speculative_num_draft_tokens=33,
+    )
+    assert sa.speculative_algorithm == "DDTREE"
+    assert (sa.speculative_ddtree_budget, sa.speculative_ddtree_topk) == (32, 4)
+    assert sa.speculative_num_draft_tokens == 33
+
+
+def test_small_budget_truncates_draft_block(model_dirs):
+    # A tree of 4 nodes is at most 4 deep: the drafter runs [bonus, MASK x 4].
+    sa = _make(model_dirs, speculative_ddtree_budget=4)
+    assert sa.speculative_num_draft_tokens == 5
+    assert sa.speculative_dflash_block_size == 5
+    assert sa.speculative_ddtree_topk == 4
+
+
+def test_max_budget_and_topk_bounded_by_vocab(model_dirs):
+    sa = _make(model_dirs, speculative_ddtree_budget=256)
+    assert sa.speculative_num_draft_tokens == 257
+    assert sa.speculative_ddtree_topk == 256
+
+
+def test_flashinfer_allowed_for_mha(model_dirs):
+    sa = _make(model_dirs, target="mha", attention_backend="flashinfer")
+    assert sa.speculative_num_draft_tokens == flags.DEFAULT_BUDGET + 1
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(speculative_ddtree_budget=0), r"budget must be in \[1, 256\], got 0"),
+        (dict(speculative_ddtree_budget=257), r"budget must be in \[1, 256\], got 257"),
+        (dict(speculative_ddtree_topk=0), r"topk .* must be in \[1, 64\], got 0"),
+        (dict(speculative_ddtree_topk=65), r"topk .* must be in \[1, 64\], got 65"),
+        (
+            dict(speculative_ddtree_budget=8, speculative_ddtree_topk=9),
+            r"topk .* must be in \[1, 8\], got 9",
+        ),
+        (
+            dict(speculative_num_draft_tokens=16),
+            r"--speculative-num-draft-tokens is the verify width .* = 65\), got 16",
+        ),
+        (dict(page_size=16), r"requires --page-size 1"),
+        (dict(tp_size=2), r"supports --tp-size 1 only"),
+        (dict(attention_backend="flashinfer"), r"'flashinfer' does not provide one for MLA"),
+        (dict(attention_backend="fa3"), r"'fa3' does not provide one for MLA"),
+        (
+            dict(prefill_attention_backend="flashmla", decode_attention_backend="triton"),
+            r"'flashmla' does not provide one",
+        ),
+        (dict(speculative_draft_window_size=64), r"does not support --speculative-draft-window-size"),
+        (dict(speculative_draft_model_path=None), r"requires setting --speculative-draft-model-path"),
+    ],
+)
+def test_refused_at_startup(model_dirs, kw, message):
+    with pytest.raises(ValueError, match=message):
+        _make(model_dirs, **kw)
+
+
+def test_cli_flags_parse(model_dirs):
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(
+        [
+            "--model-path",
+            model_dirs["mla"],
+            "--speculative-algorithm",
+            "DDTREE",
+            "--speculative-draft-model-path",
+            model_dirs["draft"],
+            "--speculative-ddtree-budget",
+            "16",
+            "--speculative-ddtree-topk",
+            "3",
+            "--device",
+            "cuda",
+            "--skip-tokenizer-init",
+        ]
+    )
+    sa = ServerArgs.from_cli_args(args)
+    assert (sa.speculative_ddtree_budget, sa.speculative_ddtree_topk) == (16, 3)
+    assert sa.speculative_num_draft_tokens == 17
+
+
+def test_dflash_unchanged(model_dirs):
+    # The DDTREE flags are inert for DFLASH: its verify width is the block.
+    sa = _make(model_dirs, speculative_algorithm="DFLASH")
+    assert sa.speculative_num_draft_tokens == DRAFT_BLOCK
+    assert sa.speculative_ddtree_budget is None
+
+
+@pytest.mark.parametrize("bad", [True, 1.5, "8"])
+def test_budget_type_checked(bad):
+    with pytest.raises(ValueError, match="must be an integer"):
+        flags.resolve_budget(bad)
