@@ -28,7 +28,6 @@ so B slots suffice and no compaction is needed.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -91,6 +90,7 @@ def build_tree(
     budget: int,
     *,
     out: Optional[DraftTree] = None,
+    use_triton: Optional[bool] = None,
 ) -> DraftTree:
     """Select the top-``budget`` prefixes for every request of the batch.
 
@@ -98,8 +98,8 @@ def build_tree(
     log-probs sorted descending along K (``draft_topk`` produces them). Only the
     first ``min(K, budget)`` ranks can ever be selected. Runs the Triton kernel
     on CUDA tensors (or anywhere under ``TRITON_INTERPRET=1``) and the
-    plain-Python reference otherwise. ``out`` lets a caller reuse buffers
-    (e.g. inside a captured CUDA graph).
+    plain-Python reference otherwise (``use_triton`` forces a choice). ``out``
+    lets a caller reuse buffers (e.g. inside a captured CUDA graph).
     """
     _check_inputs(logprobs, token_ids, budget)
     bs, num_depths, k = logprobs.shape
@@ -110,7 +110,13 @@ def build_tree(
     tree = out if out is not None else _empty_tree(bs, budget, device)
     if bs == 0:
         return tree
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    runnable = device.type == "cuda" or triton_interpreted()
+    if use_triton and not runnable:
+        raise RuntimeError(
+            "the DDTree build kernel needs CUDA tensors or TRITON_INTERPRET=1 "
+            f"set before import; got tensors on {device}"
+        )
+    if not (runnable if use_triton is None else use_triton):
         from sglang.srt.speculative.ddtree.reference import build_tree_ref_batched
 
         ref = build_tree_ref_batched(logprobs[..., :k], token_ids[..., :k], budget)
@@ -166,6 +172,11 @@ def _check_out(out: DraftTree, bs: int, budget: int, device) -> None:
                 f"out.{name} must be a contiguous {want.dtype} tensor of shape {shape} on {device}, "
                 f"got {t.dtype} {tuple(t.shape)} on {t.device}"
             )
+
+
+def triton_interpreted() -> bool:
+    """Whether the build kernel was decorated under ``TRITON_INTERPRET=1``."""
+    return type(_ddtree_build_kernel).__name__ == "InterpretedFunction"
 
 
 def _empty_tree(bs: int, budget: int, device) -> DraftTree:
