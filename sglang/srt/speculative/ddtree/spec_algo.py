@@ -22,6 +22,10 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
     layer capture, same draft KV pool and scheduler paths. Only the verify
     (a tree instead of a chain) and its width differ."""
 
+    # Read by the decode CUDA-graph runner (patch 0053): capture the
+    # TARGET_VERIFY graphs with the custom-mask path.
+    verify_uses_tree_mask = True
+
     def is_dflash_family(self) -> bool:
         return True
 

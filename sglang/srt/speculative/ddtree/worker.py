@@ -1,0 +1,380 @@
+"""DDTREE speculative decoding worker (spec-v2, overlap and non-overlap).
+
+Rides on ``DFlashWorkerV2``: same drafter, draft KV pool, prefill path, idle
+path and context-KV materialisation. Only the decode step differs:
+
+1. draft: one DFlash forward over ``[bonus, MASK x L]``;
+2. per-depth top-K log-probs of the drafter's L distributions;
+3. tree build + compile (``tree_build`` / ``tree_compile``) on the GPU;
+4. target verify over the N = B + 1 tree tokens with the tree mask;
+5. acceptance, greedy or target-only sampling (``accept``);
+6. commit: permute the tree's KV window so the kept path comes first
+   (``kv_commit``), feed the kept nodes' verify hidden states to the drafter.
+
+No step syncs the host, so the overlap scheduler keeps the GPU busy.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional, Tuple
+
+import torch
+
+from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+)
+from sglang.srt.speculative.ddtree import commit as ddtree_commit
+from sglang.srt.speculative.ddtree.accept import greedy_accept, sample_accept, target_probs_from_logits
+from sglang.srt.speculative.ddtree.info import (
+    DDTreeVerifyInput,
+    dense_mask_numel_bound,
+    dense_verify_mask,
+)
+from sglang.srt.speculative.ddtree.kv_commit import plan_kv_remap
+from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats
+from sglang.srt.speculative.ddtree.tree_build import build_tree
+from sglang.srt.speculative.ddtree.tree_compile import compile_tree, max_tree_depth
+from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+from sglang.srt.speculative.dflash_utils import (
+    apply_dflash_verify_logits_adjustments,
+    build_dflash_verify_target_probs,
+    is_dflash_sampling_verify_available,
+)
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
+
+logger = logging.getLogger(__name__)
+
+# Rows of draft logits materialised at once for the per-depth top-K
+# (rows * vocab fp32 values): bounds the transient memory at large vocabularies.
+_TOPK_CHUNK_ELEMS = 1 << 26
+
+
+class DDTreeWorker(DFlashWorkerV2):
+    def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
+        super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
+        self.budget = int(server_args.speculative_ddtree_budget)
+        self.topk = int(server_args.speculative_ddtree_topk)
+        self.verify_width = self.budget + 1
+        if int(server_args.speculative_num_draft_tokens) != self.verify_width:
+            raise ValueError(
+                "DDTREE expects speculative_num_draft_tokens == budget + 1 "
+                f"({self.verify_width}), got {server_args.speculative_num_draft_tokens}."
+            )
+        self.max_depth = max_tree_depth(self.budget, int(self.block_size) - 1)
+        self._algo = SpeculativeAlgorithm.from_string("DDTREE")
+        self._context_len = int(self.model_runner.model_config.context_len)
+        self.stats = DDTreeStepStats(budget=self.budget, tp_rank=self.ps.tp_rank)
+        if self.ps.tp_rank == 0:
+            logger.info(
+                "DDTREE worker: budget=%d (verify width %d), topk=%d, draft block=%d, max depth=%d.",
+                self.budget,
+                self.verify_width,
+                self.topk,
+                self.block_size,
+                self.max_depth,
+            )
+
+    def init_attention_backends(self):
+        super().init_attention_backends()
+        if self._need_mamba_verify_commit:
+            raise ValueError("DDTREE does not support hybrid linear-attention models.")
+
+    def _maybe_build_draft_sampler(self):
+        # The folded greedy head emits one argmax per depth; the tree needs
+        # each depth's top-K log-probs, so the draft graph returns hidden states.
+        return None
+
+    @property
+    def war_fastpath_runner(self):
+        return self.target_worker.model_runner
+
+    # ------------------------------------------------------------------ step
+
+    def forward_batch_generation(
+        self,
+        batch: ScheduleBatch,
+        on_publish=None,
+        grammar_barrier=None,
+    ) -> GenerationBatchResult:
+        if (
+            batch.forward_mode.is_extend()
+            or batch.is_extend_in_batch
+            or batch.forward_mode.is_idle()
+        ):
+            # Prefill (context KV for the drafter) and idle are DFlash's.
+            return super().forward_batch_generation(
+                batch, on_publish=on_publish, grammar_barrier=grammar_barrier
+            )
+        if getattr(batch, "return_logprob", False):
+            raise ValueError("DDTREE speculative decoding does not support return_logprob yet.")
+        self._validate_phase1_sampling_support(batch)
+
+        draft_input = batch.spec_info
+        if not isinstance(draft_input, DFlashDraftInputV2):
+            raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
+        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+
+        bs = len(batch.seq_lens)
+        n = self.verify_width
+        prefix_lens = batch.seq_lens
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+
+        # 1-3) draft, per-depth top-K, tree.
+        draft_hidden = self._draft_block_hidden(batch, draft_input, bs)
+        logprobs, token_ids = self._draft_topk(draft_hidden[:, 1:, :])
+        tree = build_tree(logprobs, token_ids, self.budget)
+        compiled = compile_tree(
+            tree,
+            bonus=draft_input.bonus_tokens.view(bs).to(torch.int64),
+            committed_len=prefix_lens.view(bs),
+            max_depth=self.max_depth,
+        )
+        grammar_tree = (
+            GrammarTree.from_device(
+                compiled.retrive_next_token, compiled.retrive_next_sibling, compiled.tokens
+            )
+            if batch.has_grammar
+            else None
+        )
+
+        # 4) verify.
+        cache_loc_2d = ddtree_commit.tree_cache_locs(
+            req_to_token, batch.req_pool_indices, prefix_lens, n
+        )
+        batch.out_cache_loc = cache_loc_2d.reshape(-1)
+        logits_output, can_run_cuda_graph = self._verify(batch, draft_input, compiled, bs)
+
+        sampling_info = batch.sampling_info
+        if batch.has_grammar:
+            grammar_mask = build_grammar_vocab_mask(
+                reqs=batch.reqs,
+                tree=grammar_tree,
+                sampling_info=sampling_info,
+                device=logits_output.next_token_logits.device,
+                barrier=grammar_barrier,
+            )
+        else:
+            grammar_mask = None
+        if sampling_info is not None:
+            apply_dflash_verify_logits_adjustments(
+                next_token_logits=logits_output.next_token_logits,
+                sampling_info=sampling_info,
+                draft_token_num=n,
+            )
+        if grammar_mask is not None:
+            grammar_mask.apply(logits_output.next_token_logits)
+
+        # 5) accept.
+        res = self._accept(compiled, logits_output.next_token_logits, sampling_info, draft_input, bs)
+        commit_lens = (res.num_accepted.to(torch.int32) + 1).contiguous()
+        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+
+        # 6) commit: the kept path's KV first in the window, then the drafter's context.
+        kv = plan_kv_remap(cache_loc_2d, res.accept_index, res.num_accepted)
+        ddtree_commit.write_tree_window(
+            req_to_token, batch.req_pool_indices, prefix_lens, kv.new_cache_loc
+        )
+        self._publish_req_to_token_done()
+
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTREE verify requires target hidden states, but got None.")
+        ctx_hidden, ctx_positions, ctx_loc_2d, ctx_commit_lens = ddtree_commit.draft_context_inputs(
+            hidden, res, kv.new_cache_loc, prefix_lens
+        )
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=ctx_hidden,
+            cache_loc=ctx_loc_2d.reshape(-1),
+            cache_loc_2d=ctx_loc_2d,
+            positions=ctx_positions,
+            commit_lens=ctx_commit_lens,
+        )
+        logits_output.hidden_states = None
+        self.stats.record(res.num_accepted, compiled.depth)
+
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=ddtree_commit.output_tokens(res, n).reshape(-1),
+            accept_lens=commit_lens,
+            can_run_cuda_graph=can_run_cuda_graph,
+            next_draft_input=make_draft_input_v2(
+                bonus_tokens=res.next_bonus, new_seq_lens=new_seq_lens
+            ),
+            speculative_num_draft_tokens=n,
+            new_seq_lens=new_seq_lens,
+        )
+
+    # ----------------------------------------------------------------- draft
+
+    def _draft_block_hidden(
+        self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2, bs: int
+    ) -> torch.Tensor:
+        """One DFlash forward over ``[bonus, MASK x L]``: ``[bs, block, H]``."""
+        block = int(self.block_size)
+        self._ensure_draft_block_buffers(bs)
+        block_ids = self._draft_block_ids_buf[:bs]
+        positions_2d = self._draft_block_positions_buf[:bs]
+        cache_loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
+        prefix_lens = batch.seq_lens
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        if self._use_triton_prepare_block:
+            _prepare_dflash_draft_block_unchecked(
+                bonus_tokens=draft_input.bonus_tokens.view(-1),
+                prefix_lens=prefix_lens.view(-1),
+                req_pool_indices=batch.req_pool_indices.view(-1),
+                req_to_token=req_to_token,
+                block_ids_out=block_ids,
+                positions_out=positions_2d,
+                cache_loc_out=cache_loc_2d,
+                mask_token_id=int(self._mask_token_id),
+            )
+        else:
+            block_ids.fill_(int(self._mask_token_id))
+            block_ids[:, 0].copy_(draft_input.bonus_tokens)
+            torch.add(prefix_lens.unsqueeze(1), self._block_pos_offsets, out=positions_2d)
+            cache_loc_2d.copy_(
+                ddtree_commit.tree_cache_locs(req_to_token, batch.req_pool_indices, prefix_lens, block)
+            )
+
+        embed = self.target_worker.model_runner.model.get_input_embeddings()
+        input_embeds = embed(block_ids).view(bs * block, -1)
+
+        # Host upper bound of the prefix lengths for backend planning: the host
+        # copy may lag the device by one step (at most one block of tokens).
+        seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
+        if batch.seq_lens_cpu is not None:
+            seq_lens_cpu.copy_(batch.seq_lens_cpu)
+            seq_lens_cpu.add_(block)
+            seq_lens_sum = int(seq_lens_cpu.sum())
+        elif draft_input.reserved_seq_lens_cpu is not None:
+            seq_lens_cpu.copy_(draft_input.reserved_seq_lens_cpu)
+            seq_lens_sum = int(draft_input.reserved_seq_lens_sum)
+        else:
+            seq_lens_cpu.copy_(prefix_lens.to("cpu", dtype=torch.int32))
+            seq_lens_sum = int(seq_lens_cpu.sum())
+
+        forward_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            out_cache_loc=cache_loc_2d.reshape(-1),
+            seq_lens_sum=seq_lens_sum,
+            seq_lens_cpu=seq_lens_cpu,
+            positions=positions_2d.reshape(-1),
+            input_embeds=input_embeds,
+            spec_algorithm=self._algo,
+            spec_info=self._draft_block_spec_info,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+        )
+        with torch.inference_mode():
+            out = self.draft_model_runner.forward(forward_batch)
+        hidden = out.logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTREE draft model returned no hidden states.")
+        return hidden.view(bs, block, -1)
+
+    def _draft_topk(self, hidden: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Per-depth top-K of the drafter's full-vocab log-softmax.
+
+        The DFlash drafter has no head; like DFlash we use the target's LM
+        head (tp 1, checked at startup). Returns ``[bs, L, K]`` log-probs
+        (float32, descending) and token ids (int64).
+        """
+        bs, depths, width = hidden.shape
+        lm_head = self.target_worker.model_runner.model.lm_head
+        weight = lm_head.weight
+        shard = getattr(lm_head, "shard_indices", None)
+        vocab = int(shard.num_org_elements) if shard is not None else int(weight.shape[0])
+        vocab = min(vocab, int(self.model_runner.model_config.vocab_size))
+        weight = weight[:vocab]
+        rows = hidden.reshape(bs * depths, width).to(weight.dtype)
+        k = min(self.topk, vocab)
+        logprobs = torch.empty((bs * depths, k), dtype=torch.float32, device=rows.device)
+        ids = torch.empty((bs * depths, k), dtype=torch.int64, device=rows.device)
+        chunk = max(1, _TOPK_CHUNK_ELEMS // vocab)
+        for start in range(0, rows.shape[0], chunk):
+            end = min(rows.shape[0], start + chunk)
+            lp = torch.log_softmax(torch.matmul(rows[start:end], weight.T).float(), dim=-1)
+            torch.topk(lp, k, dim=-1, largest=True, sorted=True, out=(logprobs[start:end], ids[start:end]))
+        return logprobs.view(bs, depths, k), ids.view(bs, depths, k)
+
+    # ---------------------------------------------------------------- verify
+
+    def _verify(self, batch, draft_input, compiled, bs):
+        n = self.verify_width
+        seq_lens_cpu_backup = batch.seq_lens_cpu
+        seq_lens_sum_backup = batch.seq_lens_sum
+        if seq_lens_cpu_backup is not None:
+            # Host bound = committed prefix + the most one step can commit.
+            verify_host_seq_lens = seq_lens_cpu_backup + n
+            batch.seq_lens_cpu = verify_host_seq_lens
+            batch.seq_lens_sum = int(verify_host_seq_lens.sum())
+        elif draft_input.reserved_seq_lens_cpu is not None:
+            batch.seq_lens_cpu = draft_input.reserved_seq_lens_cpu
+            batch.seq_lens_sum = int(draft_input.reserved_seq_lens_sum)
+        prefix_sum_bound = (
+            int(batch.seq_lens_sum) if batch.seq_lens_sum is not None else bs * self._context_len
+        )
+        numel = min(
+            dense_mask_numel_bound(prefix_sum_bound, bs, n),
+            bs * n * (self._context_len + n),
+        )
+        custom_mask = dense_verify_mask(compiled.tree_mask, batch.seq_lens, numel)
+        verify_input = DDTreeVerifyInput.from_compiled(compiled, custom_mask=custom_mask)
+        try:
+            verify_forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+        finally:
+            batch.seq_lens_cpu = seq_lens_cpu_backup
+            batch.seq_lens_sum = seq_lens_sum_backup
+        out = self.target_worker.forward_batch_generation(
+            batch=None,
+            forward_batch=verify_forward_batch,
+            is_verify=True,
+            skip_attn_backend_init=True,
+        )
+        return out.logits_output, out.can_run_cuda_graph
+
+    def _accept(self, compiled, logits, sampling_info, draft_input, bs):
+        n = self.verify_width
+        if sampling_info is None or sampling_info.is_all_greedy:
+            return greedy_accept(compiled, torch.argmax(logits, dim=-1).view(bs, n))
+        if is_dflash_sampling_verify_available():
+            probs = build_dflash_verify_target_probs(
+                next_token_logits=logits,
+                sampling_info=sampling_info,
+                draft_token_num=n,
+                bs=bs,
+                max_top_k=draft_input.max_top_k,
+                uniform_top_k_value=draft_input.uniform_top_k_value,
+            )
+        else:
+            probs = target_probs_from_logits(
+                logits.view(bs, n, -1),
+                sampling_info.temperatures.view(bs),
+                sampling_info.top_ks if sampling_info.need_top_k_sampling else None,
+                sampling_info.top_ps if sampling_info.need_top_p_sampling else None,
+            )
+        return sample_accept(compiled, probs.view(bs, n, -1))
+
+    def _publish_req_to_token_done(self) -> None:
+        """The scheduler's WAR barrier may let result processing (which frees
+        finished requests' slots through ``req_to_token``) run once this event
+        fires: record it after the step's last ``req_to_token`` write."""
+        if not torch.cuda.is_available():
+            return
+        event = torch.cuda.Event()
+        event.record()
+        self.target_worker.model_runner.war_fastpath_read_done_event = event
