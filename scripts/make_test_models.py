@@ -1,0 +1,771 @@
+#!/usr/bin/env python3
+"""Generate the seeded, offline test models for the GPU end-to-end tests.
+
+Random weights give degenerate text and a drafter that never agrees with its
+target, so the tiny models here are *constructed*: every weight that decides a
+greedy token is placed by hand, the rest is small seeded noise, and the result
+is an ordinary HF checkpoint (safetensors + config + tokenizer) that upstream
+SGLang loads through its normal code paths.
+
+The greedy rule of both tiny targets is ``y[i+1] = tau(y[i-1])``: layer 0 has
+two attention heads whose RoPE queries/keys peak sharply at relative distance 1
+and copy the previous token's code, and the LM head maps that code through the
+signed permutation ``tau``.  Attention therefore decides every token (a wrong
+KV slot or a wrong mask changes the output), and every greedy step wins by a
+wide logit margin (about 20), so greedy output is numerically stable across
+attention backends.  ``tau`` has one long cycle, so continuations are long and
+non-repeating.
+
+The DFlash drafter predicts block offset ``k`` as ``tau^ceil(k/2)`` of the last
+committed token (odd ``k``) or of the bonus token (even ``k``).  Its layer 1
+turns each MASK position's offset into a one-hot (RoPE heads peaked at the
+bonus distance), layer 2 uses that one-hot to aim one head per offset at the
+right source token and maps its code through ``tau^m``.  At depth 5 the drafter
+is deliberately wrong (its top-1 is a decoy, the right token is its top-2), so
+the chain stops there while a tree with two branches goes on.
+
+Outputs (``OUTDIR/<name>``):
+  tiny-mla, tiny-mla-dflash        DeepSeek-V2 MLA target and its DFlash drafter
+  tiny-qwen3, tiny-qwen3-dflash    Qwen3 (GQA) target and its DFlash drafter
+  v2lite-shape, v2lite-shape-dflash  config-only, for ``--load-format dummy``
+  manifest.json                    the construction facts tests rely on
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+# ----------------------------------------------------------------------------
+# Vocabulary and residual-stream layout shared by every tiny model.
+
+SPECIAL_TOKENS = [
+    "<|pad|>", "<|bos|>", "<|eos|>", "<|unk|>", "<|MASK|>", "<|system|>",
+    "<|user|>", "<|assistant|>", "<|end|>",
+] + [f"<|reserved_{i}|>" for i in range(7)]
+NUM_SPECIAL = len(SPECIAL_TOKENS)  # 16
+MASK_ID = SPECIAL_TOKENS.index("<|MASK|>")
+VOCAB = 512
+NUM_ROWS = (VOCAB - NUM_SPECIAL) // 2  # 248 code rows, each used with both signs
+CODE_DIM = 256
+HIDDEN = 768
+MAX_POS = 4096
+ROPE_THETA = 10000.0
+BLOCK_SIZE = 16
+DECOY_OFFSET = 5  # the drafter's top-1 is wrong at this block offset
+
+A = slice(0, 256)  # code of the current token
+B = slice(256, 512)  # code copied from the previous token (what the LM head reads)
+U, N_TOK, M_MASK, C_CTX, SP = 512, 513, 514, 515, 516  # marker dimensions
+O_BASE = 520  # offset one-hot written by drafter layer 1: dims O_BASE + k
+# dims 536.. carry only noise
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|{{ message['role'] }}|> {{ message['content'] }} <|end|> "
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def words(rng: np.random.Generator) -> list[str]:
+    """496 distinct two-syllable words for the normal tokens."""
+    syl = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+    all_words = sorted({a + b for a in syl for b in syl})
+    pick = rng.choice(len(all_words), size=VOCAB - NUM_SPECIAL, replace=False)
+    return [all_words[i] for i in sorted(pick)]
+
+
+def hadamard(n: int) -> np.ndarray:
+    h = np.array([[1.0]])
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+class Codes:
+    """Token codes and the signed permutation ``tau`` acting on them.
+
+    Normal token ``16 + r + 248*s`` has code ``(-1)^s * h[r+1] / 16`` (rows of a
+    256 Hadamard matrix): any two codes are orthogonal or antipodal, so a logit
+    read through a code is exactly +1, -1 or 0 times its scale.  ``tau`` maps
+    row r to row rho(r) with sign eps[r]; it is linear on codes (``matrix``).
+    Special tokens reuse the code of one normal token (scaled by 1/sqrt 2).
+    """
+
+    def __init__(self, rng: np.random.Generator):
+        h = hadamard(CODE_DIM) / math.sqrt(CODE_DIM)
+        self.rows = h[1 : NUM_ROWS + 1]  # [248, 256], orthonormal
+        cycle = rng.permutation(NUM_ROWS)
+        self.rho = np.empty(NUM_ROWS, dtype=np.int64)
+        self.rho[cycle] = np.roll(cycle, -1)  # a single 248-cycle
+        self.eps = rng.choice([-1.0, 1.0], size=NUM_ROWS)
+        self.special_alias = {t: NUM_SPECIAL + 3 * t for t in range(NUM_SPECIAL) if t != MASK_ID}
+        # Decoy map for the drafter's wrong depth: a signed shift, no fixed row.
+        self.decoy_rho = (np.arange(NUM_ROWS) + 1) % NUM_ROWS
+        self.decoy_eps = rng.choice([-1.0, 1.0], size=NUM_ROWS)
+
+    @staticmethod
+    def row_sign(tok: int) -> tuple[int, float]:
+        i = tok - NUM_SPECIAL
+        return i % NUM_ROWS, (-1.0 if i >= NUM_ROWS else 1.0)
+
+    @staticmethod
+    def token(row: int, sign: float) -> int:
+        return NUM_SPECIAL + row + (NUM_ROWS if sign < 0 else 0)
+
+    def code(self, tok: int) -> np.ndarray:
+        if tok < NUM_SPECIAL:
+            if tok == MASK_ID:
+                return np.zeros(CODE_DIM)
+            return self.code(self.special_alias[tok]) / math.sqrt(2.0)
+        r, s = self.row_sign(tok)
+        return s * self.rows[r]
+
+    def tau(self, tok: int) -> int:
+        """The target's greedy rule: y[i+1] = tau(y[i-1])."""
+        if tok < NUM_SPECIAL:
+            return self.tau(self.special_alias[tok]) if tok != MASK_ID else -1
+        r, s = self.row_sign(tok)
+        return self.token(int(self.rho[r]), s * self.eps[r])
+
+    def _perm_matrix(self, rho, eps, power: int) -> np.ndarray:
+        m = np.eye(CODE_DIM)
+        step = np.eye(CODE_DIM) - self.rows.T @ self.rows  # rows outside the code set stay
+        step = step + (self.rows[rho].T * eps) @ self.rows
+        for _ in range(power):
+            m = step @ m
+        return m
+
+    def matrix(self, power: int) -> np.ndarray:
+        """Linear map sending code(t) to code(tau^power(t))."""
+        return self._perm_matrix(self.rho, self.eps, power)
+
+    def decoy_matrix(self) -> np.ndarray:
+        return self._perm_matrix(self.decoy_rho, self.decoy_eps, 1)
+
+    @staticmethod
+    def greedy_from(tau: list[int], prompt: list[int], n: int) -> list[int]:
+        """The target's greedy continuation of ``prompt`` (tau as a table)."""
+        seq = list(prompt)
+        for _ in range(n):
+            seq.append(tau[seq[-2]])
+        return seq[len(prompt) :]
+
+
+# ----------------------------------------------------------------------------
+# RoPE heads that look at one relative distance.
+
+
+def rope_freqs(dim: int, theta: float = ROPE_THETA) -> np.ndarray:
+    return theta ** (-np.arange(dim // 2) * 2.0 / dim)
+
+
+def peak_amplitudes(omegas: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, float]:
+    """Non-negative pair weights A (sum 1) maximising min_x f(0) - f(x).
+
+    f(x) = sum_i A_i cos(w_i x); an attention score built from these pairs
+    peaks at the wanted distance and stays ``margin`` below it at every other
+    distance in ``offsets`` (a linear program).
+    """
+    from scipy.optimize import linprog
+
+    n = len(omegas)
+    gap = 1.0 - np.cos(np.outer(offsets, omegas))
+    c = np.zeros(n + 1)
+    c[-1] = -1.0
+    res = linprog(
+        c,
+        A_ub=np.hstack([-gap, np.ones((len(offsets), 1))]),
+        b_ub=np.zeros(len(offsets)),
+        A_eq=np.hstack([np.ones((1, n)), np.zeros((1, 1))]),
+        b_eq=[1.0],
+        bounds=[(0, None)] * n + [(None, None)],
+        method="highs",
+    )
+    if not res.success:
+        raise RuntimeError(f"positional LP failed: {res.message}")
+    return np.clip(res.x[:n], 0, None), float(res.x[-1])
+
+
+def pair_index(i: int, dim: int, neox: bool) -> tuple[int, int]:
+    return (i, i + dim // 2) if neox else (2 * i, 2 * i + 1)
+
+
+def positional_qk(amps, omegas, peak: int, dim: int, neox: bool):
+    """Query/key vectors with q . R(delta) k = sum_i amps_i cos(w_i (delta - peak)).
+
+    delta = query position - key position; both vectors have norm sqrt(sum amps).
+    """
+    q, k = np.zeros(dim), np.zeros(dim)
+    for i, (a, w) in enumerate(zip(amps, omegas)):
+        x, y = pair_index(i, dim, neox)
+        r = math.sqrt(a)
+        k[x] = r
+        q[x], q[y] = r * math.cos(peak * w), -r * math.sin(peak * w)
+    return q, k
+
+
+def const_pair(i: int, dim: int, neox: bool) -> np.ndarray:
+    """Unit vector on a low-frequency pair: nearly position-independent."""
+    v = np.zeros(dim)
+    v[pair_index(i, dim, neox)[0]] = 1.0
+    return v
+
+
+def unit(v):
+    return v / np.linalg.norm(v)
+
+
+# ----------------------------------------------------------------------------
+# Tokenizer
+
+
+def save_tokenizer(out: Path, vocab_words: list[str]) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + vocab_words)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|bos|>",
+        eos_token="<|eos|>",
+        unk_token="<|unk|>",
+        pad_token="<|pad|>",
+        mask_token="<|MASK|>",
+        model_max_length=MAX_POS,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out))
+
+
+# ----------------------------------------------------------------------------
+# Weight construction helpers
+
+
+class Weights(dict):
+    def __init__(self, rng: np.random.Generator, noise: float):
+        super().__init__()
+        self.rng, self.noise = rng, noise
+
+    def rand(self, name, shape, std=None):
+        std = self.noise if std is None else std
+        self[name] = self.rng.standard_normal(shape) * std
+        return self[name]
+
+    def ones(self, name, n, value=1.0):
+        self[name] = np.full(n, value)
+        return self[name]
+
+
+def embeddings(codes: Codes) -> np.ndarray:
+    """Every embedding has norm sqrt(3), so RMSNorm scales all tokens alike."""
+    emb = np.zeros((VOCAB, HIDDEN))
+    for t in range(VOCAB):
+        emb[t, U] = 1.0
+        if t == MASK_ID:
+            emb[t, M_MASK] = math.sqrt(2.0)
+            continue
+        emb[t, N_TOK] = 1.0
+        emb[t, A] = codes.code(t)  # specials: an alias code scaled by 1/sqrt2 ...
+        if t < NUM_SPECIAL:
+            emb[t, SP] = 1.0 / math.sqrt(2.0)  # ... plus a marker, keeping norm sqrt3
+    return emb
+
+
+# Output projections of the noise paths are this much smaller than their inputs,
+# so the residual stream carries about 0.1 of noise next to unit-norm codes.
+OUT_NOISE = 0.05
+LOGIT_SCALE = 1.45  # LM head gain: the greedy logit margin is about 20
+
+
+def lm_head(codes: Codes) -> np.ndarray:
+    head = np.zeros((VOCAB, HIDDEN))
+    for s in range(NUM_SPECIAL, VOCAB):
+        r, sign = Codes.row_sign(s)
+        # preimage of s under tau
+        src_row = int(np.nonzero(codes.rho == r)[0][0])
+        src_sign = sign * codes.eps[src_row]
+        head[s, B] = LOGIT_SCALE * src_sign * codes.rows[src_row]
+    return head
+
+
+def rms_scale(norm_sq: float) -> float:
+    """Factor RMSNorm applies to a hidden vector of the given squared norm."""
+    return math.sqrt(HIDDEN / norm_sq)
+
+
+# ----------------------------------------------------------------------------
+# Targets
+
+
+MLA = dict(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+TARGET_LAYERS = 4
+TARGET_LAYER_IDS = [0, 2]  # DFlash features; DeepSeek needs ids < num_layers - 1
+PREV_MARGIN = 24.0  # score gap of the previous-token heads
+PREV_OFFSETS = np.array([-1] + list(range(1, MAX_POS)))  # delta - 1 for delta != 1
+
+
+def mla_target(codes: Codes, rng: np.random.Generator, noise: float):
+    H, nh = HIDDEN, 16
+    nope, rope, vd, lora = (MLA[k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"))
+    qk = nope + rope
+    scaling = qk**-0.5
+    w = Weights(rng, noise)
+    emb = embeddings(codes)
+    w["model.embed_tokens.weight"] = emb
+    x_u = rms_scale(3.0)  # U coordinate after the first RMSNorm
+
+    omegas = rope_freqs(rope)
+    amps, frac = peak_amplitudes(omegas, PREV_OFFSETS)
+    amps = amps * (PREV_MARGIN / frac) / scaling
+    q_pe, k_pe = positional_qk(amps, omegas, peak=1, dim=rope, neox=False)
+
+    for layer in range(TARGET_LAYERS):
+        p = f"model.layers.{layer}."
+        w.ones(p + "input_layernorm.weight", H)
+        w.ones(p + "post_attention_layernorm.weight", H)
+        w.ones(p + "self_attn.kv_a_layernorm.weight", lora)
+        q = w.rand(p + "self_attn.q_proj.weight", (nh * qk, H))
+        kva = w.rand(p + "self_attn.kv_a_proj_with_mqa.weight", (lora + rope, H))
+        kvb = w.rand(p + "self_attn.kv_b_proj.weight", (nh * (nope + vd), lora))
+        o = w.rand(p + "self_attn.o_proj.weight", (H, nh * vd), std=noise * OUT_NOISE)
+        if layer == 0:
+            # Heads 0 and 1 attend to distance 1 and copy the code into B.
+            kva[lora:, :] = 0.0
+            kva[lora:, U] = k_pe / x_u
+            kva[:CODE_DIM, :] = 0.0
+            kva[:CODE_DIM, A] = np.eye(CODE_DIM)
+            c_kv_gain = math.sqrt(lora / CODE_DIM)  # kv_a_layernorm rescales the code
+            for h in range(2):
+                rows = slice(h * qk, (h + 1) * qk)
+                q[rows, :] = 0.0
+                q[h * qk + nope : (h + 1) * qk, U] = q_pe / x_u
+                kv_rows = h * (nope + vd)
+                kvb[kv_rows : kv_rows + nope, :] = 0.0
+                kvb[kv_rows + nope : kv_rows + nope + vd, :] = 0.0
+                kvb[kv_rows + nope : kv_rows + nope + vd, h * vd : (h + 1) * vd] = np.eye(vd) / c_kv_gain
+                o[:, h * vd : (h + 1) * vd] = 0.0
+                o[B.start + h * vd : B.start + (h + 1) * vd, h * vd : (h + 1) * vd] = np.eye(vd) / math.sqrt(CODE_DIM)
+        if layer < TARGET_LAYERS - 1:
+            w.rand(p + "mlp.gate_proj.weight", (512, H))
+            w.rand(p + "mlp.up_proj.weight", (512, H))
+            w.rand(p + "mlp.down_proj.weight", (H, 512), std=noise * OUT_NOISE)
+        else:  # last layer: a small MoE, as in DeepSeek-V2
+            w.rand(p + "mlp.gate.weight", (8, H), std=0.5)
+            for e in range(8):
+                w.rand(p + f"mlp.experts.{e}.gate_proj.weight", (128, H))
+                w.rand(p + f"mlp.experts.{e}.up_proj.weight", (128, H))
+                w.rand(p + f"mlp.experts.{e}.down_proj.weight", (H, 128), std=noise * OUT_NOISE)
+            w.rand(p + "mlp.shared_experts.gate_proj.weight", (128, H))
+            w.rand(p + "mlp.shared_experts.up_proj.weight", (128, H))
+            w.rand(p + "mlp.shared_experts.down_proj.weight", (H, 128), std=noise * OUT_NOISE)
+    w.ones("model.norm.weight", H)
+    w["lm_head.weight"] = lm_head(codes)
+    config = {
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "vocab_size": VOCAB,
+        "hidden_size": H,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 128,
+        "num_hidden_layers": TARGET_LAYERS,
+        "num_attention_heads": nh,
+        "num_key_value_heads": nh,
+        "q_lora_rank": None,
+        **MLA,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "first_k_dense_replace": TARGET_LAYERS - 1,
+        "moe_layer_freq": 1,
+        "topk_method": "greedy",
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": False,
+        "routed_scaling_factor": 1.0,
+        "scoring_func": "softmax",
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POS,
+        "rope_theta": ROPE_THETA,
+        "rope_scaling": None,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "bfloat16",
+    }
+    return w, config
+
+
+def qwen3_target(codes: Codes, rng: np.random.Generator, noise: float):
+    """GQA target: kv heads 0/1 hold the positional key and the code halves."""
+    H, nh, nkv, hd = HIDDEN, 8, 4, 128
+    w = Weights(rng, noise)
+    w["model.embed_tokens.weight"] = embeddings(codes)
+    x_u, x_a = rms_scale(3.0), rms_scale(3.0)
+    omegas = rope_freqs(hd)
+    amps, frac = peak_amplitudes(omegas, PREV_OFFSETS)
+    norm_gain = 3.0  # q_norm/k_norm weight: unit directions become norm 3*sqrt(128)
+    unit_score = norm_gain**2 * hd * hd**-0.5
+    qv, kv = positional_qk(amps, omegas, peak=1, dim=hd, neox=True)  # unit norm (sum amps = 1)
+    if unit_score * frac < PREV_MARGIN:
+        raise RuntimeError("qwen3 previous-token head margin too small")
+    for layer in range(TARGET_LAYERS):
+        p = f"model.layers.{layer}."
+        w.ones(p + "input_layernorm.weight", H)
+        w.ones(p + "post_attention_layernorm.weight", H)
+        w.ones(p + "self_attn.q_norm.weight", hd, norm_gain)
+        w.ones(p + "self_attn.k_norm.weight", hd, norm_gain)
+        q = w.rand(p + "self_attn.q_proj.weight", (nh * hd, H))
+        k = w.rand(p + "self_attn.k_proj.weight", (nkv * hd, H))
+        v = w.rand(p + "self_attn.v_proj.weight", (nkv * hd, H))
+        o = w.rand(p + "self_attn.o_proj.weight", (H, nh * hd), std=noise * OUT_NOISE)
+        if layer == 0:
+            for g in range(2):  # kv head g serves query heads 2g (copy) and 2g+1 (noise)
+                kr = slice(g * hd, (g + 1) * hd)
+                k[kr, :] = 0.0
+                k[kr, U] = kv / x_u
+                v[kr, :] = 0.0
+                v[kr, A.start + g * hd : A.start + (g + 1) * hd] = np.eye(hd) / x_a
+                qh = 2 * g
+                q[qh * hd : (qh + 1) * hd, :] = 0.0
+                q[qh * hd : (qh + 1) * hd, U] = qv / x_u
+                o[:, qh * hd : (qh + 1) * hd] = 0.0
+                o[B.start + g * hd : B.start + (g + 1) * hd, qh * hd : (qh + 1) * hd] = np.eye(hd)
+        w.rand(p + "mlp.gate_proj.weight", (512, H))
+        w.rand(p + "mlp.up_proj.weight", (512, H))
+        w.rand(p + "mlp.down_proj.weight", (H, 512), std=noise * OUT_NOISE)
+    w.ones("model.norm.weight", H)
+    w["lm_head.weight"] = lm_head(codes)
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": VOCAB,
+        "hidden_size": H,
+        "intermediate_size": 512,
+        "num_hidden_layers": TARGET_LAYERS,
+        "num_attention_heads": nh,
+        "num_key_value_heads": nkv,
+        "head_dim": hd,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POS,
+        "rope_theta": ROPE_THETA,
+        "rope_scaling": None,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "bfloat16",
+    }
+    return w, config
+
+
+# ----------------------------------------------------------------------------
+# DFlash drafter
+
+
+DRAFT_HEADS, DRAFT_HD = 32, 128
+# Low-frequency RoPE pairs used as position-independent content channels.
+PAIR_MASK, PAIR_CTX, PAIR_BONUS = 61, 62, 63
+POS_PAIRS = 60
+
+
+def dflash_drafter(codes: Codes, target_cfg: dict, rng: np.random.Generator, noise: float):
+    H, nh, hd = HIDDEN, DRAFT_HEADS, DRAFT_HD
+    neox = True
+    w = Weights(rng, noise)
+    omegas = rope_freqs(hd)
+    e_mask, e_ctx, e_bonus = (const_pair(i, hd, neox) for i in (PAIR_MASK, PAIR_CTX, PAIR_BONUS))
+
+    # Target feature 0 (output of target layer 0) is u + n + code + copied code;
+    # fc keeps the code and turns u into the context marker.
+    fc = w.rand("fc.weight", (H, 2 * H), std=noise / 8)
+    fc[A, A] = np.eye(CODE_DIM)
+    fc[C_CTX, U] = 1.0
+    w.ones("hidden_norm.weight", H)
+    w.ones("norm.weight", H)
+    x_blk = rms_scale(3.0)  # bonus / MASK coordinates after layer-1 input norm
+    x_ctx = rms_scale(2.0)  # context coordinates after hidden_norm
+
+    # ---- layer 1: offset detector. Head j attends to the bonus iff offset == j.
+    amps1, frac1 = peak_amplitudes(omegas[:POS_PAIRS], np.array([x for x in range(-15, 16) if x]))
+    gain1 = 2.7
+    u1 = gain1**2 * math.sqrt(hd)  # score of two aligned post-norm unit vectors
+    alpha, mu = 60.0 / u1, 47.0 / u1
+    if 60.0 * frac1 < 18.0 or alpha**2 + mu**2 >= 1.0:
+        raise RuntimeError("drafter layer-1 margins do not fit")
+    gamma = math.sqrt(1.0 - alpha**2 - mu**2)
+    p = "layers.0."
+    q = w.rand(p + "self_attn.q_proj.weight", (nh * hd, H))
+    k = w.rand(p + "self_attn.k_proj.weight", (nh * hd, H))
+    v = w.rand(p + "self_attn.v_proj.weight", (nh * hd, H))
+    o = w.rand(p + "self_attn.o_proj.weight", (H, nh * hd), std=noise * OUT_NOISE)
+    o[O_BASE : O_BASE + BLOCK_SIZE, :] = 0.0
+    for j in range(1, BLOCK_SIZE):
+        rows = slice(j * hd, (j + 1) * hd)
+        qpos, kpos = positional_qk(amps1, omegas[:POS_PAIRS], peak=j, dim=hd, neox=neox)
+        q[rows, :] = 0.0
+        q[rows, U] = (alpha * qpos + mu * e_mask - gamma * e_ctx) / x_blk
+        k[rows, :] = 0.0
+        k[rows, N_TOK] = kpos / x_blk
+        k[rows, M_MASK] = e_mask / (x_blk * math.sqrt(2.0))
+        k[rows, C_CTX] = e_ctx / x_ctx
+        v[rows, :] = 0.0
+        v[j * hd, N_TOK] = 1.0 / x_blk
+        o[:, rows] = 0.0
+        o[O_BASE + j, j * hd] = 1.0
+    _draft_layer_common(w, p, gain1)
+
+    # ---- layer 2: per offset, one pair of heads copies the source code through tau^m.
+    amps2, frac2 = peak_amplitudes(omegas[:POS_PAIRS], np.arange(1, MAX_POS + BLOCK_SIZE))
+    gain2 = 3.3
+    u2 = gain2**2 * math.sqrt(hd)
+    pos_share, ctx_share = 0.95, math.sqrt(1 - 0.95**2)
+    if u2 * 0.9 * pos_share * frac2 < 20.0:
+        raise RuntimeError("drafter layer-2 context margin too small")
+    p = "layers.1."
+    q = w.rand(p + "self_attn.q_proj.weight", (nh * hd, H))
+    k = w.rand(p + "self_attn.k_proj.weight", (nh * hd, H))
+    v = w.rand(p + "self_attn.v_proj.weight", (nh * hd, H))
+    o = w.rand(p + "self_attn.o_proj.weight", (H, nh * hd), std=noise * OUT_NOISE)
+    o[B, :] = 0.0
+    x2 = rms_scale(4.0)  # MASK after layer 1: u + sqrt2 m + o_k
+    miss = 0.8 * e_mask - 0.5 * e_ctx - 0.33 * e_bonus
+    heads = []
+    for k_off in range(1, BLOCK_SIZE):
+        m = (k_off + 1) // 2
+        for half in range(2):
+            heads.append((k_off, m, half))
+    assert len(heads) == 30
+    decoy = codes.decoy_matrix()
+    for h, (k_off, m, half) in enumerate(heads):
+        rows = slice(h * hd, (h + 1) * hd)
+        from_ctx = k_off % 2 == 1
+        if from_ctx:  # last committed token sits at distance k_off + 1
+            qpos, kpos = positional_qk(amps2, omegas[:POS_PAIRS], peak=k_off + 1, dim=hd, neox=neox)
+            hit = 0.9 * qpos + 0.4 * e_ctx - 0.15 * e_mask - 0.1 * e_bonus
+            key_ctx = pos_share * kpos + ctx_share * e_ctx
+        else:  # the bonus token sits at distance k_off
+            hit = 0.95 * e_bonus - 0.25 * e_ctx - 0.15 * e_mask
+            key_ctx = e_ctx
+        q[rows, :] = 0.0
+        q[rows, U] = miss / x2
+        q[rows, O_BASE + k_off] = (hit - miss) / x2
+        k[rows, :] = 0.0
+        k[rows, C_CTX] = key_ctx / x_ctx
+        k[rows, N_TOK] = e_bonus / x_blk
+        k[rows, M_MASK] = e_mask / (x_blk * math.sqrt(2.0))
+        v[rows, :] = 0.0
+        src_gain = x_ctx if from_ctx else x_blk
+        v[rows, A.start + half * hd : A.start + (half + 1) * hd] = np.eye(hd) / src_gain
+        cols = slice(half * hd, (half + 1) * hd)
+        step = codes.matrix(m - 1)[:, cols]
+        if k_off == DECOY_OFFSET:  # top-1 decoy, right token second
+            step = 0.8 * step + decoy @ step
+        o[:, rows] = 0.0
+        o[B, rows] = step
+    _draft_layer_common(w, p, gain2)
+
+    config = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "vocab_size": VOCAB,
+        "hidden_size": H,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": nh,
+        "num_key_value_heads": nh,
+        "head_dim": hd,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POS,
+        "rope_theta": ROPE_THETA,
+        "rope_scaling": None,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "block_size": BLOCK_SIZE,
+        "dflash_config": {
+            "target_layer_ids": TARGET_LAYER_IDS,
+            "mask_token": "<|MASK|>",
+            "mask_token_id": MASK_ID,
+            "num_target_layers": target_cfg["num_hidden_layers"],
+        },
+    }
+    return w, config
+
+
+def _draft_layer_common(w: Weights, p: str, gain: float) -> None:
+    H, hd = HIDDEN, DRAFT_HD
+    w.ones(p + "input_layernorm.weight", H)
+    w.ones(p + "post_attention_layernorm.weight", H)
+    w.ones(p + "self_attn.q_norm.weight", hd, gain)
+    w.ones(p + "self_attn.k_norm.weight", hd, gain)
+    w.rand(p + "mlp.gate_proj.weight", (256, H))
+    w.rand(p + "mlp.up_proj.weight", (256, H))
+    w.rand(p + "mlp.down_proj.weight", (H, 256), std=w.noise * OUT_NOISE)
+
+
+# ----------------------------------------------------------------------------
+# Config-only realistic shapes
+
+
+def v2lite_config() -> dict:
+    return {
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "vocab_size": 102400,
+        "hidden_size": 2048,
+        "intermediate_size": 10944,
+        "moe_intermediate_size": 1408,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "q_lora_rank": None,
+        **MLA,
+        "n_routed_experts": 64,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": 6,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "topk_method": "greedy",
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": False,
+        "routed_scaling_factor": 1.0,
+        "scoring_func": "softmax",
+        "hidden_act": "silu",
+        "max_position_embeddings": 163840,
+        "rope_theta": 10000,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 40,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+        },
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def v2lite_drafter_config(target: dict) -> dict:
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "vocab_size": target["vocab_size"],
+        "hidden_size": target["hidden_size"],
+        "intermediate_size": 6144,
+        "num_hidden_layers": 5,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 163840,
+        "rope_theta": 10000,
+        "rope_scaling": None,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "block_size": BLOCK_SIZE,
+        "dflash_config": {
+            "target_layer_ids": [1, 7, 13, 19, 25],
+            "mask_token": "<|MASK|>",
+            "mask_token_id": MASK_ID,
+            "num_target_layers": target["num_hidden_layers"],
+        },
+    }
+
+
+# ----------------------------------------------------------------------------
+# Writing
+
+
+def save_model(out: Path, weights: dict | None, config: dict) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    gen = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "do_sample": False}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    if weights is not None:
+        tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(torch.bfloat16) for k, v in weights.items()}
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def generate(outdir: Path, seed: int = 0, noise: float = 0.02, which=("mla", "qwen3", "shapes")) -> dict:
+    rng = np.random.default_rng(seed)
+    vocab_words = words(rng)
+    codes = Codes(rng)
+    outdir.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "seed": seed,
+        "noise": noise,
+        "vocab_size": VOCAB,
+        "mask_token_id": MASK_ID,
+        "block_size": BLOCK_SIZE,
+        "decoy_offset": DECOY_OFFSET,
+        "tau": [codes.tau(t) for t in range(VOCAB)],
+        "words": vocab_words,
+        "models": {},
+    }
+
+    def pair(name, build_target):
+        tw, tcfg = build_target(codes, np.random.default_rng([seed, len(name)]), noise)
+        dw, dcfg = dflash_drafter(codes, tcfg, np.random.default_rng([seed, 99, len(name)]), noise)
+        save_model(outdir / name, tw, tcfg)
+        save_tokenizer(outdir / name, vocab_words)
+        save_model(outdir / f"{name}-dflash", dw, dcfg)
+        manifest["models"][name] = {"target": name, "drafter": f"{name}-dflash"}
+
+    if "mla" in which:
+        pair("tiny-mla", mla_target)
+    if "qwen3" in which:
+        pair("tiny-qwen3", qwen3_target)
+    if "shapes" in which:
+        tcfg = v2lite_config()
+        save_model(outdir / "v2lite-shape", None, tcfg)
+        save_tokenizer(outdir / "v2lite-shape", vocab_words)
+        save_model(outdir / "v2lite-shape-dflash", None, v2lite_drafter_config(tcfg))
+        manifest["models"]["v2lite-shape"] = {
+            "target": "v2lite-shape",
+            "drafter": "v2lite-shape-dflash",
+            "load_format": "dummy",
+        }
+    (outdir / "manifest.json").write_text(json.dumps(manifest) + "\n")
+    return manifest
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("outdir", type=Path)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--noise", type=float, default=0.02, help="std of the non-structural weights")
+    ap.add_argument("--only", nargs="+", choices=["mla", "qwen3", "shapes"], default=["mla", "qwen3", "shapes"])
+    args = ap.parse_args(argv)
+    generate(args.outdir, seed=args.seed, noise=args.noise, which=tuple(args.only))
+    print(f"wrote {', '.join(sorted(os.listdir(args.outdir)))} under {args.outdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""The generated test models load as ordinary HF checkpoints and behave as constructed.
+
+The targets are run through transformers' own DeepseekV2 / Qwen3 modelling code
+(not ours), and the drafter through a plain torch forward written from
+upstream's ``sglang/srt/models/dflash.py`` semantics, using transformers' RoPE.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _load_generator():
+    spec = importlib.util.spec_from_file_location("make_test_models", REPO / "scripts" / "make_test_models.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gen = _load_generator()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    out = tmp_path_factory.mktemp("models")
+    manifest = gen.generate(out, seed=0)
+    return out, manifest
+
+
+def _target(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def test_dirs_load_with_transformers(models):
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoTokenizer
+
+    out, manifest = models
+    for name in ("tiny-mla", "tiny-qwen3", "v2lite-shape"):
+        cfg = AutoConfig.from_pretrained(str(out / name))
+        tok = AutoTokenizer.from_pretrained(str(out / name))
+        assert tok.convert_tokens_to_ids("<|MASK|>") == manifest["mask_token_id"]
+        assert len(tok) == gen.VOCAB <= cfg.vocab_size
+        text = tok.apply_chat_template([{"role": "user", "content": "bako"}], tokenize=False, add_generation_prompt=True)
+        assert text.startswith("<|bos|><|user|>") and text.endswith("<|assistant|>")
+    assert AutoConfig.from_pretrained(str(out / "tiny-mla")).kv_lora_rank == 512
+    assert AutoConfig.from_pretrained(str(out / "tiny-mla")).qk_rope_head_dim == 64
+    for name in ("tiny-mla-dflash", "tiny-qwen3-dflash", "v2lite-shape-dflash"):
+        cfg = json.loads((out / name / "config.json").read_text())
+        target = json.loads((out / name.replace("-dflash", "") / "config.json").read_text())
+        assert cfg["architectures"] == ["DFlashDraftModel"]
+        assert cfg["hidden_size"] == target["hidden_size"]
+        ids = cfg["dflash_config"]["target_layer_ids"]
+        # DeepSeek captures layer i's output at the input of layer i + 1.
+        assert max(ids) < target["num_hidden_layers"] - 1
+    # Weight shapes match the drafter config (what upstream's loader checks).
+    cfg = json.loads((out / "tiny-mla-dflash" / "config.json").read_text())
+    with safe_open(str(out / "tiny-mla-dflash" / "model.safetensors"), "pt") as f:
+        assert f.get_slice("fc.weight").get_shape() == [cfg["hidden_size"], 2 * cfg["hidden_size"]]
+        hd, nh = cfg["head_dim"], cfg["num_attention_heads"]
+        assert f.get_slice("layers.1.self_attn.q_proj.weight").get_shape() == [nh * hd, cfg["hidden_size"]]
+        assert all(f.get_tensor(k).dtype == torch.bfloat16 for k in f.keys())
+    # transformers loads the targets with no missing or unexpected weights.
+    from transformers import AutoModelForCausalLM
+
+    for name in ("tiny-mla", "tiny-qwen3"):
+        _, info = AutoModelForCausalLM.from_pretrained(str(out / name), output_loading_info=True)
+        assert not info["missing_keys"] and not info["unexpected_keys"], (name, info)
+
+
+@pytest.mark.parametrize("name", ["tiny-mla", "tiny-qwen3"])
+def test_target_greedy_rule_and_margin(models, name):
+    out, manifest = models
+    tau = torch.tensor(manifest["tau"])
+    model = _target(out / name)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(gen.NUM_SPECIAL, gen.VOCAB, (3, 400), generator=g)
+    ids[:, 0] = 1  # <|bos|>
+    ids[0, 10:20] = torch.arange(5, 15)  # specials inside a prompt keep the rule too
+    ids[0, 14] = 20
+    with torch.no_grad():
+        logits = model(ids).logits.float()
+    top2 = logits.topk(2, dim=-1)
+    assert torch.equal(top2.indices[:, 1:, 0], tau[ids[:, :-1]])
+    margin = top2.values[:, 1:, 0] - top2.values[:, 1:, 1]
+    assert margin.min() > 10.0, margin.min()
+    # Greedy continuations are long and do not collapse into a repeated token.
+    cont = gen.Codes.greedy_from(manifest["tau"], [1, 40, 41], 64)
+    assert len(set(cont)) >= 32 and all(cont[i] != cont[i + 1] or cont[i] != cont[i + 2] for i in range(62))
+
+
+def test_previous_token_heads_peak_over_the_whole_context(models):
+    """The layer-0 RoPE scores stay >= 20 below the distance-1 peak up to max positions."""
+    from safetensors.torch import load_file
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import apply_rotary_emb
+
+    out, _ = models
+    w = load_file(str(out / "tiny-mla" / "model.safetensors"))
+    cfg = json.loads((out / "tiny-mla" / "config.json").read_text())
+    rope, nope = cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"]
+    x_u = gen.rms_scale(3.0)
+    k_pe = w["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"][512:, gen.U].float() * x_u
+    q_pe = w["model.layers.0.self_attn.q_proj.weight"][nope : nope + rope, gen.U].float() * x_u
+    n = cfg["max_position_embeddings"]
+    inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, rope, 2).float() / rope))
+    freqs = torch.polar(torch.ones(n, rope // 2), torch.outer(torch.arange(n).float(), inv))
+    q = q_pe.expand(1, 1, n, rope)
+    k = k_pe.expand(1, 1, n, rope)
+    qr, kr = apply_rotary_emb(q, k, freqs.unsqueeze(0))
+    scores = (kr[0, 0] @ qr[0, 0, -1]) * (nope + rope) ** -0.5  # query at the last position
+    delta = torch.arange(n - 1, -1, -1)
+    peak = scores[delta == 1]
+    rest = scores[delta != 1]
+    assert float(peak - rest.max()) > 20.0
+
+
+def _ref_draft_offsets(out: Path, name: str, prompt: torch.Tensor, bonus: int):
+    """Greedy draft tokens for block offsets 1..15 (a plain-torch DFlash forward)."""
+    from safetensors.torch import load_file
+    from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
+    tgt = _target(out / name)
+    dcfg = json.loads((out / f"{name}-dflash" / "config.json").read_text())
+    dw = {k: v.float() for k, v in load_file(str(out / f"{name}-dflash" / "model.safetensors")).items()}
+    eps = dcfg["rms_norm_eps"]
+    hd, nh, nkv = dcfg["head_dim"], dcfg["num_attention_heads"], dcfg["num_key_value_heads"]
+    bsz = dcfg["block_size"]
+
+    def rms(x, weight):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+    def rope(x, pos):  # x [T, heads, hd]
+        inv = 1.0 / (dcfg["rope_theta"] ** (torch.arange(0, hd, 2).float() / hd))
+        ang = torch.outer(pos.float(), inv)
+        emb = torch.cat([ang, ang], -1)
+        xt = x.transpose(0, 1)[None]  # [1, heads, T, hd], the layout transformers expects
+        out_q, _ = apply_rotary_pos_emb(xt, xt, emb.cos()[None], emb.sin()[None], unsqueeze_dim=1)
+        return out_q[0].transpose(0, 1)
+
+    with torch.no_grad():
+        hs = tgt(prompt[None], output_hidden_states=True).hidden_states
+        feats = torch.cat([hs[i + 1][0] for i in dcfg["dflash_config"]["target_layer_ids"]], -1)
+        ctx = rms(feats @ dw["fc.weight"].T, dw["hidden_norm.weight"])
+        n = prompt.numel()
+        block = torch.full((bsz,), gen.MASK_ID)
+        block[0] = bonus
+        x = tgt.get_input_embeddings()(block)
+        pos_ctx, pos_blk = torch.arange(n), torch.arange(n, n + bsz)
+        residual = x
+        h = x
+        for layer in range(dcfg["num_hidden_layers"]):
+            p = f"layers.{layer}."
+            hn = rms(residual, dw[p + "input_layernorm.weight"])
+
+            def proj(inp, which):
+                return inp @ dw[p + f"self_attn.{which}_proj.weight"].T
+
+            q = rms(proj(hn, "q").view(bsz, nh, hd), dw[p + "self_attn.q_norm.weight"])
+            k_blk = rms(proj(hn, "k").view(bsz, nkv, hd), dw[p + "self_attn.k_norm.weight"])
+            k_ctx = rms(proj(ctx, "k").view(n, nkv, hd), dw[p + "self_attn.k_norm.weight"])
+            v = torch.cat([proj(ctx, "v"), proj(hn, "v")]).view(n + bsz, nkv, hd)
+            k = torch.cat([rope(k_ctx, pos_ctx), rope(k_blk, pos_blk)])
+            q = rope(q, pos_blk)
+            att = torch.einsum("qhd,khd->hqk", q, k) * hd**-0.5  # non-causal (ENCODER_ONLY)
+            o = torch.einsum("hqk,khd->qhd", att.softmax(-1), v).reshape(bsz, nh * hd)
+            residual = residual + o @ dw[p + "self_attn.o_proj.weight"].T
+            hn = rms(residual, dw[p + "post_attention_layernorm.weight"])
+            gate, up = hn @ dw[p + "mlp.gate_proj.weight"].T, hn @ dw[p + "mlp.up_proj.weight"].T
+            residual = residual + (torch.nn.functional.silu(gate) * up) @ dw[p + "mlp.down_proj.weight"].T
+        h = rms(residual, dw["norm.weight"])
+        logits = h @ tgt.lm_head.weight.float().T
+    return logits[1:]  # offsets 1..15
+
+
+@pytest.mark.parametrize("name", ["tiny-mla", "tiny-qwen3"])
+def test_drafter_predicts_the_target_continuation(models, name):
+    out, manifest = models
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(gen.NUM_SPECIAL, gen.VOCAB, (57,), generator=g)
+    prompt[0] = 1
+    tau = manifest["tau"]
+    bonus = tau[int(prompt[-2])]  # the target's next token after the prompt
+    truth = gen.Codes.greedy_from(tau, prompt.tolist() + [bonus], gen.BLOCK_SIZE - 1)
+    logits = _ref_draft_offsets(out, name, prompt, bonus)
+    top2 = logits.topk(2, dim=-1).indices
+    for k in range(1, gen.BLOCK_SIZE):
+        if k == manifest["decoy_offset"]:
+            assert top2[k - 1, 0] != truth[k - 1] and top2[k - 1, 1] == truth[k - 1]
+        else:
+            assert top2[k - 1, 0] == truth[k - 1], (k, top2[k - 1].tolist(), truth[k - 1])
+
+
+def test_generation_is_deterministic(models, tmp_path):
+    out, _ = models
+    gen.generate(tmp_path, seed=0, which=("mla",))
+    for sub in ("tiny-mla", "tiny-mla-dflash"):
+        a = hashlib.sha256((out / sub / "model.safetensors").read_bytes()).hexdigest()
+        b = hashlib.sha256((tmp_path / sub / "model.safetensors").read_bytes()).hexdigest()
+        assert a == b, sub
