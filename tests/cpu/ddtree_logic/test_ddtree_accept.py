@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 from _ddtree_helpers import random_tree
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
@@ -207,3 +207,124 @@ def test_accept_rejects_bad_shapes():
         sample_accept(ct, torch.rand(2, 5, 4))
     with pytest.raises(RuntimeError, match="use_kernel=True"):
         greedy_accept(ct, torch.zeros(2, 6, dtype=torch.int64), use_kernel=True)
+
+
+# ---------------------------------------------------------------------------
+# The adapter around the sglang-kernel ops (which cannot load without a GPU),
+# driven by loop models of the ops' documented semantics: linked-list walk,
+# int32 outputs, row indices into the flattened [bs * N] batch. The GPU tests
+# compare the real ops with the torch path.
+
+
+def _op_model_walk(candidates, retrive_index, next_token, next_sibling, accept_index, choose):
+    bs, n = candidates.shape
+    steps = accept_index.shape[1]
+    nums, lasts = [], []
+    for b in range(bs):
+        last = int(retrive_index[b, 0])
+        accept_index[b, 0] = last
+        num, cur = 0, 0
+        for _ in range(1, steps):
+            cur = int(next_token[b, cur])
+            picked = None
+            candidates_seen = []
+            while cur != -1:
+                candidates_seen.append(cur)
+                if choose(b, last, cur, candidates_seen):
+                    picked = cur
+                    break
+                cur = int(next_sibling[b, cur])
+            if picked is None:
+                break
+            num += 1
+            accept_index[b, num] = int(retrive_index[b, picked])
+            last = int(retrive_index[b, picked])
+        nums.append(num)
+        lasts.append(last)
+    return nums, lasts
+
+
+def _verify_tree_greedy_model(predicts, accept_index, accept_token_num, candidates,
+                              retrive_index, retrive_next_token, retrive_next_sibling, target_predict):
+    flat_pred = target_predict.flatten()
+
+    def choose(b, last, cur, seen):
+        if int(candidates[b, cur]) == int(flat_pred[last]):
+            predicts[last] = int(flat_pred[last])
+            return True
+        return False
+
+    nums, lasts = _op_model_walk(candidates, retrive_index, retrive_next_token,
+                                 retrive_next_sibling, accept_index, choose)
+    for b, (num, last) in enumerate(zip(nums, lasts)):
+        accept_token_num[b] = num
+        predicts[last] = int(flat_pred[last])
+
+
+def _tree_sampling_model(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                         retrive_next_token, retrive_next_sibling, uniform_samples,
+                         uniform_samples_for_final_sampling, target_probs, draft_probs,
+                         threshold_single, threshold_acc, deterministic):
+    bs, n = candidates.shape
+    probs = target_probs.view(bs * n, -1)
+    state = {}
+
+    def choose(b, last, cur, seen):
+        row = state.setdefault(b, {"row": b * n, "coin": float(uniform_samples[b, 0]), "acc": 0.0})
+        tok = int(candidates[b, cur])
+        row["acc"] += float(probs[row["row"], tok])
+        if row["coin"] <= row["acc"]:
+            predicts[last] = tok
+            state[b] = {"row": b * n + cur, "coin": float(uniform_samples[b, cur]), "acc": 0.0}
+            return True
+        draft_probs.view(bs * n, -1)[row["row"], tok] = probs[row["row"], tok]
+        return False
+
+    nums, lasts = _op_model_walk(candidates, retrive_index, retrive_next_token,
+                                 retrive_next_sibling, accept_index, choose)
+    for b, (num, last) in enumerate(zip(nums, lasts)):
+        accept_token_num[b] = num
+        row = state.get(b, {"row": b * n})["row"]
+        residual = (probs[row] - draft_probs.view(bs * n, -1)[row]).clamp(min=0)
+        u = float(uniform_samples_for_final_sampling[b]) * float(residual.sum())
+        cdf = torch.cumsum(residual, 0)
+        predicts[last] = int(torch.searchsorted(cdf, torch.tensor([u]), right=True).clamp(max=len(cdf) - 1))
+
+
+@pytest.fixture
+def op_models(monkeypatch):
+    from sglang.srt.speculative.ddtree import accept as accept_mod
+
+    monkeypatch.setattr(accept_mod, "_kernel_ops", lambda: (_verify_tree_greedy_model, _tree_sampling_model))
+    return accept_mod
+
+
+@settings(max_examples=25, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # the patch is input-independent
+@given(bs=st.integers(1, 3), budget=st.integers(1, 30), num_depths=st.integers(1, 6),
+       vocab=st.integers(1, 5), seed=st.integers(0, 2**31 - 1))
+def test_kernel_adapter_greedy(op_models, bs, budget, num_depths, vocab, seed):
+    rng = np.random.default_rng(seed)
+    ct = _compiled(rng, bs, budget, num_depths, vocab, 0.3)
+    pred = _walk_biased_predictions(rng, ct, vocab, 0.8)
+    a = op_models._greedy_accept_kernel(ct, pred)
+    b = greedy_accept(ct, pred, use_kernel=False)
+    for name in ("accept_index", "num_accepted", "accept_tokens", "next_bonus"):
+        assert torch.equal(getattr(a, name).long(), getattr(b, name).long()), name
+
+
+@settings(max_examples=25, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # the patch is input-independent
+@given(bs=st.integers(1, 3), budget=st.integers(1, 30), num_depths=st.integers(1, 6),
+       vocab=st.integers(2, 6), seed=st.integers(0, 2**31 - 1))
+def test_kernel_adapter_sampling(op_models, bs, budget, num_depths, vocab, seed):
+    rng = np.random.default_rng(seed)
+    ct = _compiled(rng, bs, budget, num_depths, vocab, 0.3)
+    n = budget + 1
+    probs = torch.softmax(torch.from_numpy(rng.normal(size=(bs, n, vocab)) * 2).float(), -1)
+    coins = torch.from_numpy(1.0 - rng.random((bs, n))).float()
+    final = torch.from_numpy(1.0 - rng.random(bs)).float()
+    a = op_models._sample_accept_kernel(ct, probs, coins, final)
+    b = sample_accept(ct, probs, coins, final, use_kernel=False)
+    for name in ("accept_index", "num_accepted", "accept_tokens", "next_bonus"):
+        assert torch.equal(getattr(a, name).long(), getattr(b, name).long()), name

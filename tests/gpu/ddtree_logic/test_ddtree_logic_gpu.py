@@ -1,0 +1,244 @@
+"""DDTree algorithm core on a real GPU: the compiled Triton build kernel
+against the heap reference at serving shapes, the sglang-kernel acceptance ops
+against the torch path, CUDA-graph capture of the whole per-step pipeline, and
+step-time measurements.
+
+Run on the GPU host: ``python3 -m pytest tests/gpu/ddtree_logic -q -s``.
+Set ``DDTREE_LOGIC_BENCH_JSON=<path>`` to also write the timings as JSON.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from sglang.srt.speculative.ddtree.accept import (  # noqa: E402
+    greedy_accept,
+    kernel_ops_available,
+    sample_accept,
+)
+from sglang.srt.speculative.ddtree.kv_commit import plan_kv_compaction, plan_kv_remap  # noqa: E402
+from sglang.srt.speculative.ddtree.reference import build_tree_ref_batched  # noqa: E402
+from sglang.srt.speculative.ddtree.tree_build import (  # noqa: E402
+    build_tree,
+    draft_topk,
+    triton_interpreted,
+)
+from sglang.srt.speculative.ddtree.tree_compile import compile_tree, max_tree_depth  # noqa: E402
+
+DEV = "cuda"
+FIELDS = ("node_token", "node_parent", "node_depth", "node_rank", "node_score", "num_nodes")
+needs_sgl_kernel = pytest.mark.skipif(
+    not kernel_ops_available(), reason="sgl_kernel tree ops do not load here"
+)
+_BENCH = {}
+
+
+def setup_module():
+    assert not triton_interpreted(), "unset TRITON_INTERPRET for the GPU tests"
+
+
+def teardown_module():
+    path = os.environ.get("DDTREE_LOGIC_BENCH_JSON")
+    if path and _BENCH:
+        with open(path, "w") as f:
+            json.dump(_BENCH, f, indent=2)
+
+
+def _assert_same_tree(a, b):
+    for name in FIELDS:
+        x, y = getattr(a, name).cpu(), getattr(b, name).cpu()
+        assert torch.equal(x, y), f"{name} differs"
+
+
+def _draft(bs, num_depths, vocab, budget, dtype, seed, ties=False):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    if ties:
+        logits = torch.randint(0, 3, (bs, num_depths, vocab), device=DEV, generator=g).to(dtype)
+    else:
+        logits = (torch.randn(bs, num_depths, vocab, device=DEV, generator=g) * 3).to(dtype)
+    return draft_topk(logits, budget)
+
+
+@pytest.mark.parametrize("budget", [1, 7, 16, 64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_build_kernel_matches_reference(budget, dtype):
+    lp, ids = _draft(8, 15, 4096, budget, dtype, seed=budget)
+    got = build_tree(lp, ids, budget)
+    _assert_same_tree(got, build_tree_ref_batched(lp.cpu(), ids.cpu(), budget))
+
+
+@pytest.mark.parametrize("budget", [16, 64, 256])
+def test_build_kernel_ties_and_small_vocab(budget):
+    lp, ids = _draft(4, 6, 5, budget, torch.float32, seed=3, ties=True)
+    got = build_tree(lp, ids, budget)
+    _assert_same_tree(got, build_tree_ref_batched(lp.cpu(), ids.cpu(), budget))
+
+
+def _random_step(bs, budget, num_depths, vocab, seed, follow=0.85):
+    """Build + compile a tree and make target outputs that often follow it."""
+    lp, ids = _draft(bs, num_depths, vocab, budget, torch.float32, seed)
+    tree = build_tree(lp, ids, budget)
+    bonus = torch.randint(0, vocab, (bs,), device=DEV)
+    committed = torch.randint(0, 10000, (bs,), device=DEV)
+    ct = compile_tree(tree, bonus, committed, max_tree_depth(budget, num_depths))
+    n = budget + 1
+    g = torch.Generator(device=DEV).manual_seed(seed + 1)
+    logits = torch.randn(bs, n, vocab, device=DEV, generator=g)
+    # boost the token of the first child at most nodes so paths get long
+    first = ct.retrive_next_token.clamp(min=0)
+    child_tok = torch.gather(ct.tokens, 1, first)
+    boost = (torch.rand(bs, n, device=DEV, generator=g) < follow) & (ct.retrive_next_token >= 0)
+    logits.scatter_add_(2, child_tok.unsqueeze(-1), boost.unsqueeze(-1).float() * 8.0)
+    return ct, logits
+
+
+@needs_sgl_kernel
+@pytest.mark.parametrize("bs,budget", [(1, 8), (8, 64), (4, 256)])
+def test_greedy_kernel_matches_torch(bs, budget):
+    for seed in range(5):
+        ct, logits = _random_step(bs, budget, 15, 512, seed)
+        pred = logits.argmax(-1)
+        a = greedy_accept(ct, pred, use_kernel=True)
+        b = greedy_accept(ct, pred, use_kernel=False)
+        for name in ("accept_index", "num_accepted", "accept_tokens", "next_bonus"):
+            assert torch.equal(getattr(a, name).long(), getattr(b, name).long()), name
+        assert b.num_accepted.float().mean() > 1
+
+
+@needs_sgl_kernel
+@pytest.mark.parametrize("bs,budget", [(8, 64), (16, 32)])
+def test_sampling_kernel_matches_torch(bs, budget):
+    agree = total = 0
+    for seed in range(8):
+        ct, logits = _random_step(bs, budget, 15, 256, seed)
+        probs = torch.softmax(logits * 0.7, -1)
+        g = torch.Generator(device=DEV).manual_seed(100 + seed)
+        coins = 1.0 - torch.rand(bs, budget + 1, device=DEV, generator=g)
+        final = 1.0 - torch.rand(bs, device=DEV, generator=g)
+        a = sample_accept(ct, probs, coins, final, use_kernel=True)
+        b = sample_accept(ct, probs, coins, final, use_kernel=False)
+        same = (a.accept_index.long() == b.accept_index).all(1) & (a.accept_tokens == b.accept_tokens).all(1)
+        agree += int(same.sum())
+        total += bs
+    # identical up to fp32 rounding at interval boundaries
+    assert agree >= 0.98 * total, f"{agree}/{total}"
+
+
+@needs_sgl_kernel
+def test_sampling_kernel_first_token_distribution():
+    from scipy import stats
+
+    bs, budget, vocab = 4096, 16, 8
+    lp, ids = _draft(1, 4, vocab, budget, torch.float32, seed=5)
+    tree = build_tree(lp.expand(bs, -1, -1).contiguous(), ids.expand(bs, -1, -1).contiguous(), budget)
+    ct = compile_tree(tree, torch.zeros(bs, dtype=torch.int64, device=DEV),
+                      torch.zeros(bs, dtype=torch.int64, device=DEV), max_tree_depth(budget, 4))
+    q = torch.softmax(torch.randn(budget + 1, vocab, device=DEV) * 1.5, -1)
+    probs = q.unsqueeze(0).expand(bs, -1, -1).contiguous()
+    counts = torch.zeros(vocab, dtype=torch.float64)
+    for rep in range(5):
+        res = sample_accept(ct, probs, use_kernel=True)
+        counts += torch.bincount(res.accept_tokens[:, 0].cpu(), minlength=vocab).double()
+    expected = q[0].double().cpu() / q[0].double().sum().cpu() * counts.sum()
+    assert stats.chisquare(counts.numpy(), expected.numpy()).pvalue > 1e-4
+
+
+def _per_step(lp, ids, budget, bonus, committed, pred, slots, num_depths):
+    tree = build_tree(lp, ids, budget)
+    ct = compile_tree(tree, bonus, committed, max_tree_depth(budget, num_depths))
+    res = greedy_accept(ct, pred, use_kernel=False)
+    kv = plan_kv_remap(slots, res.accept_index, res.num_accepted)
+    return tree, ct, res, kv
+
+
+def test_whole_step_is_cuda_graph_capturable():
+    bs, budget, num_depths, vocab = 8, 64, 15, 1000
+    lp, ids = _draft(bs, num_depths, vocab, budget, torch.float32, seed=11)
+    bonus = torch.randint(0, vocab, (bs,), device=DEV)
+    committed = torch.randint(0, 5000, (bs,), device=DEV)
+    pred = torch.randint(0, vocab, (bs, budget + 1), device=DEV)
+    slots = torch.arange(bs * (budget + 1), device=DEV).view(bs, budget + 1)
+    args = (lp, ids, budget, bonus, committed, pred, slots, num_depths)
+    eager = _per_step(*args)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _per_step(*args)  # warm-up (caches, autotune)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _per_step(*args)
+    # new inputs in place, replay, compare with eager on the same inputs
+    lp2, ids2 = _draft(bs, num_depths, vocab, budget, torch.float32, seed=12)
+    lp.copy_(lp2)
+    ids.copy_(ids2)
+    pred.copy_(torch.randint(0, vocab, pred.shape, device=DEV))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = _per_step(*args)
+    _assert_same_tree(captured[0], eager[0])
+    assert torch.equal(captured[1].tree_mask, eager[1].tree_mask)
+    assert torch.equal(captured[2].accept_index, eager[2].accept_index)
+    assert torch.equal(captured[3].new_cache_loc, eager[3].new_cache_loc)
+
+
+def _time_us(fn, iters=200):
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(5):
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / iters)
+    return sorted(times)[len(times) // 2]
+
+
+@pytest.mark.parametrize("bs,budget", [(1, 64), (8, 64), (8, 256), (32, 64)])
+def test_step_time(bs, budget):
+    """Median device time of build (one launch), compile, greedy accept, KV plan."""
+    num_depths, vocab = 15, 32000
+    lp, ids = _draft(bs, num_depths, vocab, budget, torch.float32, seed=1)
+    bonus = torch.randint(0, vocab, (bs,), device=DEV)
+    committed = torch.randint(0, 5000, (bs,), device=DEV)
+    pred = torch.randint(0, vocab, (bs, budget + 1), device=DEV)
+    slots = torch.arange(bs * (budget + 1), device=DEV).view(bs, budget + 1)
+    tree = build_tree(lp, ids, budget)
+    depth = max_tree_depth(budget, num_depths)
+    ct = compile_tree(tree, bonus, committed, depth)
+    res = greedy_accept(ct, pred, use_kernel=False)
+
+    build_us = _time_us(lambda: build_tree(lp, ids, budget, out=tree))
+    compile_us = _time_us(lambda: compile_tree(tree, bonus, committed, depth))
+    accept_us = _time_us(lambda: greedy_accept(ct, pred, use_kernel=False))
+    kv_us = _time_us(lambda: plan_kv_remap(slots, res.accept_index, res.num_accepted))
+
+    def step():
+        _per_step(lp, ids, budget, bonus, committed, pred, slots, num_depths)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph_us = _time_us(graph.replay)
+    row = dict(build_us=build_us, compile_us=compile_us, greedy_accept_torch_us=accept_us,
+               kv_remap_us=kv_us, whole_step_graph_us=graph_us)
+    if kernel_ops_available():
+        row["greedy_accept_sgl_kernel_us"] = _time_us(lambda: greedy_accept(ct, pred, use_kernel=True))
+    _BENCH[f"bs{bs}_B{budget}_L{num_depths}"] = row
+    print(f"\nbs={bs} B={budget} L={num_depths}: " + ", ".join(f"{k}={v:.1f}" for k, v in row.items()))
+    if (bs, budget) == (8, 64):
+        assert build_us < 100, "tree build must cost at most a few tens of microseconds"
