@@ -17,7 +17,7 @@ No step syncs the host, so the overlap scheduler keeps the GPU busy.
 from __future__ import annotations
 
 import logging
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
