@@ -317,17 +317,17 @@ class DDTreeWorker(DFlashWorkerV2):
         n = self.verify_width
         seq_lens_cpu_backup = batch.seq_lens_cpu
         seq_lens_sum_backup = batch.seq_lens_sum
+        # Host upper bound of the device prefix lengths' sum (the host copy may
+        # lag by one step): sizes the backend's KV index buffer and the mask.
+        prefix_sum_bound = bs * self._context_len
         if seq_lens_cpu_backup is not None:
-            # Host bound = committed prefix + the most one step can commit.
+            # Committed prefix + the most one step can commit.
             verify_host_seq_lens = seq_lens_cpu_backup + n
             batch.seq_lens_cpu = verify_host_seq_lens
-            batch.seq_lens_sum = int(verify_host_seq_lens.sum())
+            batch.seq_lens_sum = prefix_sum_bound = int(verify_host_seq_lens.sum())
         elif draft_input.reserved_seq_lens_cpu is not None:
             batch.seq_lens_cpu = draft_input.reserved_seq_lens_cpu
-            batch.seq_lens_sum = int(draft_input.reserved_seq_lens_sum)
-        prefix_sum_bound = (
-            int(batch.seq_lens_sum) if batch.seq_lens_sum is not None else bs * self._context_len
-        )
+            batch.seq_lens_sum = prefix_sum_bound = int(draft_input.reserved_seq_lens_sum)
         numel = min(
             dense_mask_numel_bound(prefix_sum_bound, bs, n),
             bs * n * (self._context_len + n),
