@@ -151,10 +151,6 @@ def arch_name(cap: Capability) -> str:
 
 
 def _device_index(device) -> int:
-    if device is None:
-        import torch
-
-        return torch.cuda.current_device()
     if isinstance(device, int):
         return device
     import torch
@@ -178,7 +174,10 @@ def device_capability(device=None) -> Capability:
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device is available to query its capability")
-    major, minor = torch.cuda.get_device_capability(_device_index(device))
+    if device is None:
+        major, minor = torch.cuda.get_device_capability()
+    else:
+        major, minor = torch.cuda.get_device_capability(_device_index(device))
     return int(major), int(minor)
 
 
@@ -188,6 +187,8 @@ def device_name(device=None) -> str:
         import torch
 
         if torch.cuda.is_available():
+            if device is None:
+                return torch.cuda.get_device_name()
             return torch.cuda.get_device_name(_device_index(device))
     except Exception:  # a message helper must never raise
         pass
