@@ -51,15 +51,12 @@ def parse_caps(text: str) -> list[tuple[int, int]]:
     """'12.0,12.1' -> [(12, 0), (12, 1)]; 'sm120' and 'sm_121' are accepted too."""
     caps = []
     for item in filter(None, (s.strip() for s in text.split(","))):
-        m = re.fullmatch(r"(?:sm_?)?(\d+)(?:\.(\d))?", item.lower())
-        if not m:
+        dotted = re.fullmatch(r"(\d+)\.(\d)", item)
+        sm = re.fullmatch(r"sm_?(\d+)(\d)[af]?", item.lower())
+        if not (dotted or sm):
             raise ValueError(f"bad compute capability '{item}': use e.g. 12.0 or sm120")
-        if m[2] is not None:
-            caps.append((int(m[1]), int(m[2])))
-        elif len(m[1]) >= 2:  # sm120 -> 12.0, sm90 -> 9.0
-            caps.append((int(m[1][:-1]), int(m[1][-1])))
-        else:
-            raise ValueError(f"bad compute capability '{item}': use e.g. 12.0 or sm120")
+        m = dotted or sm
+        caps.append((int(m[1]), int(m[2])))
     if not caps:
         raise ValueError("no compute capability given")
     return caps

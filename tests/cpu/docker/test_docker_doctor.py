@@ -1,0 +1,105 @@
+"""`python -m sglang.cli.ddtree_doctor` on this GPU-less machine, with the real patched sglang."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from sglang.cli import ddtree_doctor as doctor
+
+
+def test_cli_reports_no_gpu_cleanly():
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore::UserWarning", "-m", "sglang.cli.ddtree_doctor"],
+        capture_output=True, text=True, timeout=300,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert proc.stdout.startswith("NO GPU VISIBLE:"), out
+    assert "--gpus all" in proc.stdout
+    assert "patch stamp" in proc.stdout and "Traceback" not in out
+
+
+@pytest.fixture(scope="module")
+def report_120():
+    return doctor.collect((12, 0))
+
+
+def test_no_gpu_is_detected(report_120):
+    assert report_120["gpu_visible"] is False
+    assert report_120["nvml"]["ok"] is False
+    assert report_120["torch_cuda"]["available"] is False
+    assert doctor.NO_GPU_HELP in report_120["problems"]
+
+
+def test_sm120_verdicts_come_from_the_arch_helpers(report_120):
+    arch = report_120["verdicts"]["12.0"]["arch"]
+    assert arch["arch"] == "sm_120"
+    assert arch["is_sm120"] is True and arch["is_sm12x"] is True and arch["is_sm121"] is False
+    assert arch["is_datacenter_blackwell"] is False and arch["has_tcgen05"] is False
+    assert arch["max_shared_memory_per_block"] == 101376
+
+
+@pytest.mark.parametrize("cap,true_preds", [
+    ((12, 1), {"is_sm121", "is_sm12x"}),
+    ((9, 0), {"is_hopper", "has_wgmma"}),
+    ((10, 0), {"is_datacenter_blackwell", "is_sm100", "has_tcgen05"}),
+])
+def test_verdicts_for_other_gpus(cap, true_preds):
+    arch = doctor.arch_verdicts(cap)
+    assert {p for p in doctor.ARCH_PREDICATES if arch.get(p) is True} == true_preds
+
+
+def test_backends_section_never_raises(report_120):
+    backends = report_120["verdicts"]["12.0"]["backends"]
+    assert isinstance(backends, dict) and backends
+
+
+def test_stamp_matches_the_repo_series(report_120, monkeypatch):
+    """`make test` applied this repo's series: the doctor must see exactly that digest."""
+    import pathlib
+
+    repo = pathlib.Path(__file__).resolve().parents[3]
+    monkeypatch.setattr(doctor, "SERIES_SRC", str(repo))
+    series = doctor.probe_series()
+    assert series["ok"], series
+    assert series["shipped_digest"] == series["digest"]
+    assert series["upstream_version"] == "0.5.17"
+
+
+def test_a_changed_series_is_reported(tmp_path, monkeypatch):
+    import pathlib
+
+    repo = pathlib.Path(__file__).resolve().parents[3]
+    src = tmp_path / "src"
+    shutil.copytree(repo / "patches", src / "patches")
+    shutil.copytree(repo / "sglang", src / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(repo / "scripts" / "patchkit", src / "scripts" / "patchkit",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(repo / "upstream.lock", src / "upstream.lock")
+    doc = src / "sglang" / "cli" / "ddtree_doctor.py"
+    doc.write_text(doc.read_text() + "\n# edited after the image was built\n")
+    monkeypatch.setattr(doctor, "SERIES_SRC", str(src))
+    series = doctor.probe_series()
+    assert series["ok"] is False
+    assert "differs from the series" in series["error"]
+
+
+def test_render_and_json_roundtrip(report_120):
+    text = doctor.render(report_120)
+    assert text.startswith("NO GPU VISIBLE")
+    assert "verdicts for compute capability 12.0 (sm_120)" in text
+    assert json.loads(json.dumps(report_120, default=str))["verdicts"]["12.0"]["arch"]["is_sm120"]
+
+
+def test_build_record_and_image_arch(tmp_path, monkeypatch):
+    build = tmp_path / "build.json"
+    build.write_text(json.dumps({"gpu_arch": "12.0,12.1", "series_digest": "x" * 64,
+                                 "upstream_version": "0.5.17", "dropped": ["sgl_kernel/sm90/"]}))
+    monkeypatch.setattr(doctor, "BUILD_INFO", str(build))
+    report = doctor.collect((9, 0))
+    assert report["verdicts"]["9.0"]["in_image_gpu_arch"] is False
+    assert any("differs from the image's recorded series" in p for p in report["problems"])
+    assert "left out: sgl_kernel/sm90/" in doctor.render(report)
