@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -39,7 +40,10 @@ class Server:
         cmd = [sys.executable, "-m", "sglang.launch_server", "--port", str(self.port), *args]
         self.cmd = cmd
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        # A KV leak, double free or use-after-free found by the scheduler's
+        # idle self-check kills the server instead of logging a warning.
+        env = dict(os.environ, SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def wait_healthy(self, deadline: float) -> None:
         while time.time() < deadline:

@@ -1,8 +1,8 @@
 """Servers for the DDTREE end-to-end tests (GPU host only).
 
-Two servers on one GPU, started concurrently: the tiny MLA target without
-speculation (the reference) and the same target with DDTREE and its DFlash
-drafter. Test models come from ``scripts/make_test_models.py`` (or
+Three servers on one GPU, started concurrently: the tiny MLA target without
+speculation (the reference), and the same target with DDTREE and its DFlash
+drafter, once with CUDA graphs + overlap scheduling and once eager + synchronous. Test models come from ``scripts/make_test_models.py`` (or
 ``DDTREE_TEST_MODELS`` pointing at an existing output directory).
 
 Environment knobs: ``DDTREE_E2E_EXTRA_ARGS`` (appended to the DDTREE server,
@@ -47,7 +47,7 @@ def servers(models):
     common = [
         "--model-path", target,
         "--attention-backend", "triton",
-        "--mem-fraction-static", "0.3",
+        "--mem-fraction-static", "0.2",
         "--max-running-requests", "16",
         "--cuda-graph-max-bs", "8",
         "--enable-metrics",
@@ -59,7 +59,13 @@ def servers(models):
         "--speculative-ddtree-budget", budget,
         *shlex.split(os.environ.get("DDTREE_E2E_EXTRA_ARGS", "")),
     ]
-    started = [Server("baseline", common, log_dir), Server("ddtree", ddtree_args, log_dir)]
+    started = [
+        Server("baseline", common, log_dir),
+        # CUDA graphs (draft and tree verify) and the overlap scheduler.
+        Server("ddtree", ddtree_args, log_dir),
+        # Eager and synchronous: the other code paths of the same step.
+        Server("ddtree_eager", ddtree_args + ["--disable-cuda-graph", "--disable-overlap-schedule"], log_dir),
+    ]
     try:
         deadline = time.time() + float(os.environ.get("DDTREE_E2E_START_TIMEOUT", "420"))
         for s in started:
@@ -68,3 +74,8 @@ def servers(models):
     finally:
         for s in started:
             s.stop()
+
+
+@pytest.fixture(params=["ddtree", "ddtree_eager"])
+def tree(request, servers):
+    return servers[request.param]

@@ -38,8 +38,8 @@ def _tau_rule(models, prompt, n):
     return seq[len(prompt):]
 
 
-def test_greedy_single_identical(servers, models):
-    base, tree = servers["baseline"], servers["ddtree"]
+def test_greedy_single_identical(servers, tree, models):
+    base = servers["baseline"]
     prompt = _prompts(1, seed=1)[0]
     want, _ = _greedy(base, prompt, 96)
     got, meta = _greedy(tree, prompt, 96)
@@ -51,8 +51,8 @@ def test_greedy_single_identical(servers, models):
     assert meta["spec_accept_length"] > 2.0, meta
 
 
-def test_greedy_concurrent_identical(servers):
-    base, tree = servers["baseline"], servers["ddtree"]
+def test_greedy_concurrent_identical(servers, tree):
+    base = servers["baseline"]
     prompts = _prompts(8, seed=2)
     lengths = [17, 64, 5, 33, 80, 1, 48, 29]
     want = [_greedy(base, p, n)[0] for p, n in zip(prompts, lengths)]
@@ -64,14 +64,14 @@ def test_greedy_concurrent_identical(servers):
 
 
 @pytest.mark.parametrize("max_new", [1, 2, 3, 7, 13])
-def test_max_new_tokens_inside_run(servers, max_new):
-    base, tree = servers["baseline"], servers["ddtree"]
+def test_max_new_tokens_inside_run(servers, tree, max_new):
+    base = servers["baseline"]
     prompt = _prompts(1, seed=3 + max_new)[0]
     assert _greedy(tree, prompt, max_new)[0] == _greedy(base, prompt, max_new)[0]
 
 
-def test_stop_token_inside_run(servers):
-    base, tree = servers["baseline"], servers["ddtree"]
+def test_stop_token_inside_run(servers, tree):
+    base = servers["baseline"]
     prompt = _prompts(1, seed=11)[0]
     full, _ = _greedy(base, prompt, 40)
     stop = full[9]  # lands in the middle of an accepted run
@@ -81,11 +81,11 @@ def test_stop_token_inside_run(servers):
     assert got["output_ids"][-1] == stop and len(got["output_ids"]) <= 10
 
 
-def test_sampling_on_peaked_target(servers):
+def test_sampling_on_peaked_target(servers, tree):
     """Every greedy step of the test target wins by ~20 logits, so sampling at
     temperature 1 (with top-k / top-p) must reproduce the greedy text; the
     per-node distribution itself is covered by the CPU chi-square tests."""
-    base, tree = servers["baseline"], servers["ddtree"]
+    base = servers["baseline"]
     prompts = _prompts(4, seed=5)
     want = [_greedy(base, p, 48)[0] for p in prompts]
 
@@ -101,8 +101,7 @@ def test_sampling_on_peaked_target(servers):
         assert o["meta_info"]["spec_accept_length"] > 1.5
 
 
-def test_abort_mid_generation(servers):
-    tree = servers["ddtree"]
+def test_abort_mid_generation(servers, tree):
     prompt = _prompts(1, seed=7)[0]
     payload = {
         "input_ids": prompt,
@@ -122,14 +121,15 @@ def test_abort_mid_generation(servers):
     assert len(out) == 8
 
 
-def test_no_kv_leak_and_metrics(servers):
-    """The scheduler checks the KV pool for leaks whenever it goes idle and
-    dies on one; after all the traffic above both servers must be idle-clean."""
-    tree = servers["ddtree"]
+def test_no_kv_leak_and_metrics(servers, tree):
+    """The scheduler checks the KV pool whenever it goes idle and, in strict
+    mode (set by the harness), dies on a leak; after all the traffic above the
+    server must be alive and idle-clean."""
     time.sleep(3)  # let the scheduler go idle and run its self-check
     assert tree.alive(), tree.log_tail()
     log = tree.log_path.read_text(errors="replace")
-    assert "leak" not in log.lower(), tree.log_tail()
+    for bad in ("memory leak detected", "double free", "use-after-free"):
+        assert bad not in log, tree.log_tail()
     get(tree.url + "/health_generate", timeout=30)
     metrics = get(tree.url + "/metrics")
     m = re.search(r"^sglang:spec_accept_length\{[^}]*\}\s+([0-9.eE+-]+)", metrics, re.M)
