@@ -18,6 +18,8 @@ from sglang.srt.speculative.ddtree.tree_compile import (
     tree_mask_to_dense,
 )
 
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+
 
 def _compile(tree, num_depths, rng):
     bs = tree.node_token.shape[0]

@@ -238,6 +238,13 @@ def test_step_time(bs, budget):
                kv_remap_us=kv_us, whole_step_graph_us=graph_us)
     if kernel_ops_available():
         row["greedy_accept_sgl_kernel_us"] = _time_us(lambda: greedy_accept(ct, pred, use_kernel=True))
+    # sampling acceptance at a real vocabulary: torch path vs the sgl_kernel op
+    # (which needs a zeroed [bs, N, V] draft_probs scratch every call)
+    probs = torch.softmax(torch.randn(bs, budget + 1, 151936, device=DEV), -1)
+    row["sample_accept_torch_us"] = _time_us(lambda: sample_accept(ct, probs, use_kernel=False), iters=50)
+    if kernel_ops_available():
+        row["sample_accept_sgl_kernel_us"] = _time_us(lambda: sample_accept(ct, probs, use_kernel=True), iters=50)
+    del probs
     _BENCH[f"bs{bs}_B{budget}_L{num_depths}"] = row
     print(f"\nbs={bs} B={budget} L={num_depths}: " + ", ".join(f"{k}={v:.1f}" for k, v in row.items()))
     if (bs, budget) == (8, 64):

@@ -227,6 +227,13 @@ def _check_inputs(logprobs: torch.Tensor, token_ids: torch.Tensor, budget: int) 
 
 
 @triton.jit
+def _load_lp(row_ptr, offset, mask):
+    """One draft log-prob, ``-inf`` when masked off or NaN."""
+    x = tl.load(row_ptr + offset, mask=mask, other=float("-inf"))
+    return tl.where(x == x, x, float("-inf"))
+
+
+@triton.jit
 def _ddtree_build_kernel(
     lp_ptr,  # [bs, L, K] float32, descending along K
     ids_ptr,  # [bs, L, K] int32/int64
@@ -246,22 +253,28 @@ def _ddtree_build_kernel(
     budget,
     FRONTIER: tl.constexpr,
 ):
+    # One pop = one 64-bit max over the frontier: the high word is the score
+    # mapped to an order-preserving int32, the low word is (INT32_MAX - key)
+    # with key = (depth, parent, rank) flattened, so equal scores pick the
+    # smallest key. Each slot also carries the log-probs its next sibling and
+    # first child will need, loaded when the slot is filled, so the loads are
+    # off the pop-to-pop critical path.
     pid = tl.program_id(0)
     lp_row = lp_ptr + pid.to(tl.int64) * stride_lp_b
     neg_inf = float("-inf")
     no_key = 2147483647
+    empty = -9223372036854775808
 
     slot = tl.arange(0, FRONTIER)
-    first = tl.load(lp_row)
-    first = tl.where(first == first, first, neg_inf)
-
-    # Frontier: one candidate per slot; see the module docstring for the layout.
+    first = _load_lp(lp_row, 0, True)
     s_valid = slot == 0
     s_score = tl.where(slot == 0, first, neg_inf)
-    s_base = tl.zeros([FRONTIER], dtype=tl.float32)  # parent's score
+    s_base = tl.zeros([FRONTIER], dtype=tl.float32)  # the parent's score
     s_depth = tl.full([FRONTIER], 1, tl.int32)
     s_parent = tl.zeros([FRONTIER], dtype=tl.int32)
     s_rank = tl.zeros([FRONTIER], dtype=tl.int32)
+    s_sib_lp = tl.where(slot == 0, _load_lp(lp_row, 1, k > 1), neg_inf)
+    s_child_lp = tl.where(slot == 0, _load_lp(lp_row, stride_lp_d, num_depths > 1), neg_inf)
 
     # Selected nodes (column n - 1 holds node n).
     n_depth = tl.zeros([FRONTIER], dtype=tl.int32)
@@ -272,44 +285,50 @@ def _ddtree_build_kernel(
 
     key_depth = (budget + 1) * k
     for n in range(1, budget + 1):
-        best = tl.max(tl.where(s_valid, s_score, neg_inf), axis=0)
-        tied = s_valid & (s_score == best)
+        bits = s_score.to(tl.int32, bitcast=True)
+        bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 == +0.0
+        ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
         key = (s_depth * (budget + 1) + s_parent) * k + s_rank
-        key = tl.where(tied, key, no_key)
-        kmin = tl.min(key, axis=0)
-        found = kmin != no_key
-        sel = tied & (key == kmin)
+        packed = (ordered.to(tl.int64) << 32) | (no_key - key).to(tl.int64)
+        packed = tl.where(s_valid, packed, empty)
+        top = tl.max(packed, axis=0)
+        found = top != empty
+
+        kmin = no_key - (top & 0xFFFFFFFF).to(tl.int32)
+        hi = (top >> 32).to(tl.int32)
+        best = tl.where(hi >= 0, hi, hi ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
         d = kmin // key_depth
         p = (kmin % key_depth) // k
         r = kmin % k
+        sel = s_valid & (key == kmin)
         base = tl.sum(tl.where(sel, s_base, 0.0), axis=0)
+        sib_lp = tl.sum(tl.where(sel, s_sib_lp, 0.0), axis=0)
+        child_lp = tl.sum(tl.where(sel, s_child_lp, 0.0), axis=0)
 
-        rec = slot == (n - 1)
-        n_depth = tl.where(rec & found, d, n_depth)
-        n_parent = tl.where(rec & found, p, n_parent)
-        n_rank = tl.where(rec & found, r, n_rank)
-        n_score = tl.where(rec & found, best, n_score)
+        rec = (slot == (n - 1)) & found
+        n_depth = tl.where(rec, d, n_depth)
+        n_parent = tl.where(rec, p, n_parent)
+        n_rank = tl.where(rec, r, n_rank)
+        n_score = tl.where(rec, best, n_score)
         count += found.to(tl.int32)
 
         # The popped slot now holds the next sibling (same parent, rank + 1).
-        sib_ok = found & (r + 1 < k)
-        sib_lp = tl.load(lp_row + (d - 1) * stride_lp_d + r + 1, mask=sib_ok, other=neg_inf)
-        sib_lp = tl.where(sib_lp == sib_lp, sib_lp, neg_inf)
-        s_valid = tl.where(sel, sib_ok, s_valid)
+        row = lp_row + (d - 1) * stride_lp_d
+        s_valid = tl.where(sel, found & (r + 1 < k), s_valid)
         s_score = tl.where(sel, base + sib_lp, s_score)
         s_rank = tl.where(sel, r + 1, s_rank)
+        s_sib_lp = tl.where(sel, _load_lp(row, r + 2, found & (r + 2 < k)), s_sib_lp)
 
         # Slot n receives the first child (depth + 1, rank 0, parent n).
-        child_ok = found & (d < num_depths) & (n < budget)
-        child_lp = tl.load(lp_row + d * stride_lp_d, mask=child_ok, other=neg_inf)
-        child_lp = tl.where(child_lp == child_lp, child_lp, neg_inf)
         cs = slot == n
-        s_valid = tl.where(cs, child_ok, s_valid)
+        s_valid = tl.where(cs, found & (d < num_depths) & (n < budget), s_valid)
         s_score = tl.where(cs, best + child_lp, s_score)
         s_base = tl.where(cs, best, s_base)
         s_depth = tl.where(cs, d + 1, s_depth)
         s_parent = tl.where(cs, n, s_parent)
         s_rank = tl.where(cs, 0, s_rank)
+        s_sib_lp = tl.where(cs, _load_lp(row, stride_lp_d + 1, found & (d < num_depths) & (k > 1)), s_sib_lp)
+        s_child_lp = tl.where(cs, _load_lp(row, 2 * stride_lp_d, found & (d + 1 < num_depths)), s_child_lp)
 
     real = n_parent >= 0
     in_budget = slot < budget
