@@ -1,0 +1,292 @@
+"""Tree-verify attention benchmark: every strategy over the DDTree MLA shapes.
+
+For each shape (absorbed MLA: Dqk 576, Dv 512, one KV head) it times every
+strategy (median of ``triton.testing.do_bench``), and reports TFLOP/s, GB/s,
+the fraction of the roofline and the speedup over ``upstream_extend``. The
+roofline uses the bf16 matmul rate and the HBM copy bandwidth measured in the
+same run. ``fused`` runs with the current arch's configs and, as
+``fused_sm120``, with the 12.x configs forced (what an RTX PRO 6000 would
+select). Writes JSON and a PNG plot to ``benchmarks/results/``.
+
+    python benchmarks/verify_attention.py               # full matrix
+    python benchmarks/verify_attention.py --quick       # the issue's target shapes
+    python benchmarks/verify_attention.py --tune        # sweep tile configs / splits
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+
+import torch
+import triton
+import triton.testing
+
+from sglang.srt.layers.attention.tree_verify import (
+    StrategyUnavailable,
+    tree_mask_from_parents,
+    tree_verify_attention,
+)
+from sglang.srt.layers.attention.tree_verify.configs import (
+    TreeVerifyConfig,
+    select_config,
+)
+from sglang.srt.layers.attention.tree_verify.prefix_split import (
+    num_splits_for,
+    tree_verify_fused,
+)
+from sglang.srt.layers.attention.tree_verify.reference import tree_verify_attention_ref
+
+DQK, DV = 576, 512
+TARGET_SHAPES = [  # (H, N, P, bs) the issue's targets
+    (16, 65, 16384, 1),
+    (16, 17, 65536, 1),
+    (128, 65, 65536, 1),
+    (16, 4, 65536, 1),
+]
+
+
+def full_matrix():
+    shapes = [
+        (h, n, p, bs)
+        for bs in (1, 8)
+        for h in (16, 128)
+        for n in (17, 65, 129)
+        for p in (1024, 4096, 16384, 65536)
+    ]
+    return shapes + [(16, 4, 65536, 1), (16, 4, 65536, 8)]
+
+
+def measure_peaks():
+    """bf16 matmul rate (TFLOP/s) and D2D copy bandwidth (GB/s, read + write)."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")
+    tflops = 2 * n**3 / ms / 1e9
+    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)  # 2 GiB
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=20, rep=200, return_mode="median")
+    gbps = 2 * src.numel() * 2 / ms / 1e6
+    del a, b, src, dst
+    torch.cuda.empty_cache()
+    return tflops, gbps
+
+
+def make_inputs(h, n, p, bs, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    pool = bs * (p + n) + 64
+    kv = torch.randn(pool, 1, DQK, device="cuda", dtype=dtype, generator=g)
+    perm = torch.randperm(pool, device="cuda", generator=g).to(torch.int32)
+    indptr = torch.arange(0, (bs + 1) * p, p, device="cuda", dtype=torch.int32)
+    prefix_idx = perm[: bs * p].contiguous()
+    tree_idx = perm[bs * p : bs * p + bs * n].view(bs, n).contiguous()
+    cpu = torch.Generator().manual_seed(seed)
+    parents = torch.full((bs, n), -1, dtype=torch.int64)
+    for i in range(1, n):
+        parents[:, i] = torch.randint(0, i, (bs,), generator=cpu)
+    mask = tree_mask_from_parents(parents).cuda()
+    q = torch.randn(bs * n, h, DQK, device="cuda", dtype=dtype, generator=g)
+    return (q, kv, kv[..., :DV], indptr, prefix_idx, tree_idx, mask, DQK**-0.5)
+
+
+def flops_bytes(h, n, p, bs):
+    flops = 2 * bs * n * h * (p + n) * (DQK + DV)
+    nbytes = 2 * (bs * (p + n) * DQK + bs * n * h * (DQK + DV))
+    return flops, nbytes
+
+
+def bench(fn, slow=False):
+    fn()
+    torch.cuda.synchronize()
+    if slow:
+        return triton.testing.do_bench(fn, warmup=1, rep=30, return_mode="median")
+    return triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median")
+
+
+def run_strategy(name, inputs, config_arch=None):
+    args = inputs
+    if name.startswith("fused"):
+        q, k, v = args[:3]
+        cfg = select_config(config_arch, DQK, DV)
+        return lambda: tree_verify_fused(*args, None, 0.0, cfg), cfg
+    return lambda: tree_verify_attention(*args, strategy=name), None
+
+
+def check(out, inputs, h, n, p, bs):
+    """Max abs error vs the fp32 reference on request 0 (kept small to stay fast)."""
+    if p > 16384 or h * n * p > 128 * 65 * 16384:
+        return None
+    q, k, v, indptr, pidx, tidx, mask, scale = inputs
+    ref = tree_verify_attention_ref(
+        q[:n], k, v, indptr[:2], pidx[: p], tidx[:1], mask[:1], scale
+    ).float()
+    return (out[:n].float() - ref).abs().max().item()
+
+
+def run_matrix(shapes, strategies, peaks, arch, verbose=True):
+    rows = []
+    peak_tflops, peak_gbps = peaks
+    for h, n, p, bs in shapes:
+        inputs = make_inputs(h, n, p, bs)
+        flops, nbytes = flops_bytes(h, n, p, bs)
+        floor_ms = max(flops / peak_tflops / 1e9, nbytes / peak_gbps / 1e6)
+        base_ms = None
+        for name in strategies:
+            rec = dict(H=h, N=n, P=p, bs=bs, strategy=name)
+            try:
+                cfg_arch = (12, 0) if name == "fused_sm120" else arch
+                fn, cfg = run_strategy(name, inputs, cfg_arch)
+                if cfg is not None:
+                    rec["config"] = cfg.__dict__
+                    rec["num_splits"] = num_splits_for(inputs[0], inputs[1], inputs[4], bs, n, cfg)
+                out = fn()
+                rec["max_err"] = check(out, inputs, h, n, p, bs)
+                ms = bench(fn, slow=name == "upstream_extend")
+            except (StrategyUnavailable, ImportError) as e:
+                rec["unavailable"] = str(e)
+                rows.append(rec)
+                continue
+            rec.update(
+                ms=round(ms, 4),
+                tflops=round(flops / ms / 1e9, 1),
+                gbps=round(nbytes / ms / 1e6, 1),
+                roofline_frac=round(floor_ms / ms, 3),
+            )
+            if name == "upstream_extend":
+                base_ms = ms
+            if base_ms:
+                rec["speedup_vs_upstream"] = round(base_ms / ms, 2)
+            rows.append(rec)
+            if verbose:
+                print(json.dumps(rec), flush=True)
+        del inputs
+        torch.cuda.empty_cache()
+    return rows
+
+
+def tune(peaks):
+    """Sweep MLA tile configs and split counts on the target shapes."""
+    cands = [
+        TreeVerifyConfig(64, 32, 8, 3, q_as_b=True),
+        TreeVerifyConfig(64, 32, 8, 4, q_as_b=True),
+        TreeVerifyConfig(64, 32, 8, 2, q_as_b=True),
+        TreeVerifyConfig(64, 64, 8, 2, q_as_b=True),
+        TreeVerifyConfig(64, 64, 8, 2),
+        TreeVerifyConfig(64, 32, 8, 3),
+        # sm_12x-sized (<= 99 KiB when compiled for sm_120)
+        TreeVerifyConfig(64, 16, 8, 3, q_as_b=True),
+        TreeVerifyConfig(32, 32, 4, 2, q_as_b=True),
+        TreeVerifyConfig(64, 16, 8, 2, q_as_b=True),
+    ]
+    rows = []
+    for h, n, p, bs in TARGET_SHAPES + [(128, 17, 16384, 1), (16, 129, 4096, 8)]:
+        inputs = make_inputs(h, n, p, bs)
+        flops, nbytes = flops_bytes(h, n, p, bs)
+        for cfg in cands:
+            auto = num_splits_for(inputs[0], inputs[1], inputs[4], bs, n, cfg)
+            for s in sorted({auto, max(1, auto // 2), auto * 2}):
+                try:
+                    fn = lambda: tree_verify_fused(*inputs, None, 0.0, cfg, num_splits=s)  # noqa: E731
+                    ms = bench(fn)
+                except Exception as e:  # a config that fails to compile is data here
+                    print("FAIL", h, n, p, bs, cfg, str(e)[:200], flush=True)
+                    break
+                rec = dict(H=h, N=n, P=p, bs=bs, cfg=cfg.__dict__, splits=s, auto=s == auto,
+                           ms=round(ms, 4), tflops=round(flops / ms / 1e9, 1),
+                           gbps=round(nbytes / ms / 1e6, 1))  # fmt: skip
+                rows.append(rec)
+                print(json.dumps(rec), flush=True)
+        del inputs
+        torch.cuda.empty_cache()
+    return rows
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+    for ax, bs in zip(axes, (1, 8)):
+        labels, series = [], {}
+        for r in rows:
+            if r["bs"] != bs or "ms" not in r:
+                continue
+            key = f"H{r['H']} N{r['N']} P{r['P'] // 1024}K"
+            if key not in labels:
+                labels.append(key)
+            series.setdefault(r["strategy"], {})[key] = r["ms"]
+        width = 0.8 / max(1, len(series))
+        for i, (name, vals) in enumerate(series.items()):
+            xs = [j + i * width for j, k in enumerate(labels) if k in vals]
+            ax.bar(xs, [vals[k] for k in labels if k in vals], width, label=name)
+        ax.set_yscale("log")
+        ax.set_xticks([j + 0.4 for j in range(len(labels))])
+        ax.set_xticklabels(labels, rotation=90, fontsize=7)
+        ax.set_ylabel("ms (median, log)")
+        ax.set_title(f"tree-verify attention, MLA 576/512, batch {bs}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="only the issue's target shapes")
+    ap.add_argument("--tune", action="store_true", help="sweep tile configs and splits")
+    ap.add_argument("--strategies", default="upstream_extend,fused,fused_sm120,flashinfer_split")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument("--tag", default="")
+    args = ap.parse_args()
+
+    from sglang.srt.utils.gpu_arch import device_capability, kernel_arch
+
+    os.makedirs(args.out, exist_ok=True)
+    peaks = measure_peaks()
+    meta = dict(
+        date=datetime.date.today().isoformat(),
+        gpu=torch.cuda.get_device_name(),
+        capability=list(device_capability()),
+        sms=torch.cuda.get_device_properties(0).multi_processor_count,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        python=platform.python_version(),
+        peak_bf16_tflops=round(peaks[0], 1),
+        hbm_copy_gbps=round(peaks[1], 1),
+    )
+    print(json.dumps(meta), flush=True)
+    stem = "verify_attention" + (f"_{args.tag}" if args.tag else "")
+    if args.tune:
+        rows = tune(peaks)
+        with open(os.path.join(args.out, stem + "_tune.json"), "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        return
+    shapes = TARGET_SHAPES if args.quick else full_matrix()
+    rows = run_matrix(shapes, args.strategies.split(","), peaks, kernel_arch())
+    with open(os.path.join(args.out, stem + ".json"), "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    plot(rows, os.path.join(args.out, stem + ".png"))
+    print_table(rows)
+
+
+def print_table(rows):
+    print(f"{'H':>4} {'N':>4} {'P':>6} {'bs':>3} {'strategy':<17} {'ms':>9} {'TF/s':>7} {'GB/s':>7} {'roof':>6} {'x up':>7}")
+    for r in rows:
+        if "ms" not in r:
+            continue
+        print(
+            f"{r['H']:>4} {r['N']:>4} {r['P']:>6} {r['bs']:>3} {r['strategy']:<17} "
+            f"{r['ms']:>9.4f} {r['tflops']:>7.1f} {r['gbps']:>7.1f} {r['roofline_frac']:>6.3f} "
+            f"{r.get('speedup_vs_upstream', float('nan')):>7.2f}"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

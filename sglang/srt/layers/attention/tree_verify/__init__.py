@@ -1,0 +1,28 @@
+"""Tree-verify attention: every node of a speculative token tree attends to its
+request's committed prefix and to the tree nodes its ancestor bitmask allows.
+
+Public API: :func:`tree_verify_attention` (one dispatcher over the strategies)
+and :func:`causal_tree_mask` (the chain as a tree, for DFlash chain verify).
+"""
+
+from sglang.srt.layers.attention.tree_verify.dispatch import (
+    STRATEGIES,
+    StrategyUnavailable,
+    tree_verify_attention,
+)
+from sglang.srt.layers.attention.tree_verify.masks import (
+    causal_tree_mask,
+    pack_tree_mask,
+    tree_mask_from_parents,
+    unpack_tree_mask,
+)
+
+__all__ = [
+    "STRATEGIES",
+    "StrategyUnavailable",
+    "causal_tree_mask",
+    "pack_tree_mask",
+    "tree_mask_from_parents",
+    "tree_verify_attention",
+    "unpack_tree_mask",
+]

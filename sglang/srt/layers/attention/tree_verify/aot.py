@@ -1,0 +1,159 @@
+"""Ahead-of-time compilation of the tree-verify kernels for a chosen target.
+
+Triton compiles for a GPU it is not running on, which lets a CPU machine prove
+that every sm_120 config builds and fits 99 KiB of shared memory per block
+(``metadata.shared``), and lets a developer read register use and spills of
+any config without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Tuple
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+from sglang.srt.layers.attention.tree_verify import prefix_split
+from sglang.srt.layers.attention.tree_verify.configs import (
+    TreeVerifyConfig,
+    head_dim_blocks,
+)
+
+_DIV16 = [["tt.divisibility", 16]]
+
+
+def _compiled_kernels():
+    """The package's kernels, which must be compiled ``@triton.jit`` functions."""
+    if not isinstance(prefix_split._tree_verify_split_kernel, JITFunction):
+        raise RuntimeError(
+            "ahead-of-time compilation needs triton imported without "
+            "TRITON_INTERPRET=1; run it in a separate process, e.g. "
+            "`python -m sglang.srt.layers.attention.tree_verify.aot --arch 12.0`"
+        )
+    return prefix_split
+
+
+def cuda_target(cap: Tuple[int, int]) -> GPUTarget:
+    return GPUTarget("cuda", cap[0] * 10 + cap[1], 32)
+
+
+def _source(fn, types: dict, constexprs: dict, aligned: set) -> ASTSource:
+    names = fn.arg_names
+    signature = {n: ("constexpr" if n in constexprs else types[n]) for n in names}
+    attrs = {(names.index(n),): _DIV16 for n in aligned}
+    return ASTSource(fn, signature, constexprs=constexprs, attrs=attrs)
+
+
+def split_kernel_source(
+    config: TreeVerifyConfig,
+    dqk: int,
+    dv: int,
+    dtype: str = "bf16",
+    share_kv: bool = True,
+    has_cap: bool = False,
+) -> ASTSource:
+    d_main, d_pe, block_d, block_dpe, block_dv = head_dim_blocks(dqk, dv)
+    ints = [
+        "num_nodes", "group", "num_heads", "num_kv_heads", "num_splits",
+        "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt",
+        "stride_vh", "stride_ps", "stride_pr", "stride_ls", "stride_tib",
+        "stride_mb", "stride_mn",
+    ]  # fmt: skip
+    types = {n: "i32" for n in ints}
+    types.update(
+        Q=f"*{dtype}", K=f"*{dtype}", V=f"*{dtype}", O_part="*fp32",
+        Lse_part="*fp32", prefix_indptr="*i32", prefix_indices="*i32",
+        tree_indices="*i32", tree_mask="*i32", qk_scale="fp32", logit_cap="fp32",
+    )  # fmt: skip
+    constexprs = dict(
+        D_MAIN=d_main, D_PE=d_pe, D_V=dv, BLOCK_D=block_d, BLOCK_DPE=block_dpe,
+        BLOCK_DV=block_dv, SHARE_KV=share_kv and dv == d_main, HAS_CAP=has_cap,
+        Q_AS_B=config.q_as_b, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        NUM_STAGES=config.num_stages,
+    )  # fmt: skip
+    aligned = {"Q", "K", "V", "O_part", "Lse_part", "prefix_indptr",
+               "prefix_indices", "tree_indices", "tree_mask",
+               "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt",
+               "stride_vh", "stride_ps", "stride_pr"}  # fmt: skip
+    return _source(
+        _compiled_kernels()._tree_verify_split_kernel, types, constexprs, aligned
+    )
+
+
+def combine_kernel_source(dv: int, dtype: str = "bf16") -> ASTSource:
+    block_dv = triton.next_power_of_2(dv)
+    types = {n: "i32" for n in ("total_rows", "num_parts", "num_heads", "stride_ps",
+                                "stride_pr", "stride_ls", "stride_ot", "stride_oh")}  # fmt: skip
+    types.update(O_part="*fp32", Lse_part="*fp32", Out=f"*{dtype}")
+    constexprs = dict(D_V=dv, BLOCK_R=max(1, min(16, 4096 // block_dv)), BLOCK_DV=block_dv)
+    aligned = {"O_part", "Lse_part", "Out", "stride_ps", "stride_pr", "stride_ot"}
+    return _source(
+        _compiled_kernels()._tree_verify_combine_kernel, types, constexprs, aligned
+    )
+
+
+def compile_split_kernel(config: TreeVerifyConfig, dqk: int, dv: int, cap, **kw):
+    """Compile the split kernel for compute capability ``cap``; returns the
+    compiled kernel (``.metadata.shared`` is its static shared memory)."""
+    src = split_kernel_source(config, dqk, dv, **kw)
+    return triton.compile(
+        src,
+        target=cuda_target(cap),
+        options={"num_warps": config.num_warps, "num_stages": config.num_stages},
+    )
+
+
+def compile_combine_kernel(dv: int, cap, dtype: str = "bf16"):
+    src = combine_kernel_source(dv, dtype)
+    return triton.compile(src, target=cuda_target(cap), options={"num_warps": 4})
+
+
+def compile_arch_report(cap) -> list:
+    """Compile every selectable config for ``cap``; one record per kernel."""
+    from sglang.srt.layers.attention.tree_verify.configs import (
+        CLASS_HEAD_DIMS,
+        MLA,
+        MLA_SEPARATE_V,
+        configs_for_arch,
+    )
+
+    records = []
+    for cls, cfg in sorted(configs_for_arch(cap).items()):
+        dqk, dv = CLASS_HEAD_DIMS[cls]
+        variants = [dict(share_kv=cls != MLA_SEPARATE_V)]
+        if cls == MLA:
+            variants += [dict(dtype="fp16"), dict(has_cap=True)]
+        for kw in variants:
+            k = compile_split_kernel(cfg, dqk, dv, cap, **kw)
+            records.append(dict(kernel="split", cls=cls, config=cfg.__dict__, variant=kw,
+                                shared=k.metadata.shared, mma=_mma_kind(k.asm["ptx"])))  # fmt: skip
+    for dv in (64, 128, 256, 512):
+        k = compile_combine_kernel(dv, cap)
+        records.append(dict(kernel="combine", dv=dv, shared=k.metadata.shared, mma=None))
+    return records
+
+
+def _mma_kind(ptx: str) -> str:
+    if "wgmma" in ptx:
+        return "wgmma"
+    if "mma.sync" in ptx:
+        return "mma.sync"
+    return "none"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="compile the tree-verify kernels for a GPU arch")
+    ap.add_argument("--arch", default="12.0", help="compute capability, e.g. 12.0 or 9.0")
+    args = ap.parse_args(argv)
+    from sglang.srt.utils.gpu_arch import parse_capability
+
+    for rec in compile_arch_report(parse_capability(args.arch)):
+        print(json.dumps(rec), flush=True)
+
+
+if __name__ == "__main__":
+    main()

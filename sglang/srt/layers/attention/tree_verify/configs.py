@@ -1,0 +1,122 @@
+"""Per-arch tile configurations for the fused tree-verify kernel.
+
+Selection is keyed by :func:`sglang.srt.utils.gpu_arch.kernel_arch`, so
+``SGLANG_DDTREE_KERNEL_ARCH=12.0`` runs the sm_120 tiles on any GPU. Every
+config listed for 12.x must fit 99 KiB (101,376 B) of shared memory per block;
+``tests/cpu/tree_verify/test_aot_sm120.py`` compiles each one for sm_120 and
+checks that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Tuple
+
+import triton
+
+Capability = Tuple[int, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeVerifyConfig:
+    block_m: int  # query rows (node, head) per program
+    block_n: int  # keys per KV tile
+    num_warps: int
+    num_stages: int
+    # Compute K.Q^T instead of Q.K^T so the query tile stays in shared memory.
+    q_as_b: bool = False
+    # Programs resident per SM, for the split-count cost model.
+    ctas_per_sm: int = 1
+    # Fixed cost of one program (query load, partial store, combine read), in keys.
+    split_overhead_keys: int = 256
+
+
+# Head-shape classes: absorbed MLA, and (GQA/MHA) head dims.
+MLA = "mla"  # Dqk 576 = 512 latent + 64 rope, Dv 512, V = K[..., :512]
+MLA_SEPARATE_V = "mla_sep_v"  # the same dims with V in a buffer of its own
+
+
+def head_class(dqk: int, dv: int, share_kv: bool = True) -> str:
+    if (dqk, dv) == (576, 512):
+        return MLA if share_kv else MLA_SEPARATE_V
+    if dqk == dv and dqk in (64, 128, 256):
+        return f"d{dqk}"
+    return "generic"
+
+
+def head_dim_blocks(dqk: int, dv: int):
+    """Split Dqk into a power-of-two main part and a rope tail (576 = 512 + 64).
+
+    Returns ``(d_main, d_pe, block_d, block_dpe, block_dv)``; a ``block_dpe``
+    of 0 means there is no second part.
+    """
+    block_dv = triton.next_power_of_2(dv)
+    if dqk == triton.next_power_of_2(dqk):
+        return dqk, 0, dqk, 0, block_dv
+    if dv == block_dv and dv < dqk <= 2 * dv:
+        d_pe = dqk - dv
+        return dv, d_pe, dv, triton.next_power_of_2(d_pe), block_dv
+    return dqk, 0, triton.next_power_of_2(dqk), 0, block_dv
+
+
+_C = TreeVerifyConfig
+
+# Hopper (227 KiB smem per block, wgmma). MLA: 64 query rows per 32-key tile,
+# K.Q^T so the 72 KiB query tile is a shared-memory wgmma operand, K tiles
+# triple-buffered; the accumulator (64 x 512 fp32) fills the registers of 8 warps.
+_SM90 = {
+    MLA: _C(block_m=64, block_n=32, num_warps=8, num_stages=3, q_as_b=True),
+    MLA_SEPARATE_V: _C(block_m=64, block_n=16, num_warps=8, num_stages=3, q_as_b=True),
+    "d64": _C(block_m=64, block_n=64, num_warps=4, num_stages=3, ctas_per_sm=2),
+    "d128": _C(block_m=64, block_n=64, num_warps=4, num_stages=3, ctas_per_sm=2),
+    "d256": _C(block_m=64, block_n=64, num_warps=8, num_stages=2),
+    "generic": _C(block_m=64, block_n=32, num_warps=4, num_stages=2),
+}
+
+# Workstation Blackwell, Ada, GA10x: 99 KiB smem per block, mma.sync.
+_SM12X = {
+    MLA: _C(block_m=64, block_n=16, num_warps=8, num_stages=3, q_as_b=True),
+    MLA_SEPARATE_V: _C(block_m=32, block_n=16, num_warps=4, num_stages=3, q_as_b=True),
+    "d64": _C(block_m=64, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=2),
+    "d128": _C(block_m=64, block_n=32, num_warps=4, num_stages=2, ctas_per_sm=2),
+    "d256": _C(block_m=32, block_n=32, num_warps=4, num_stages=2),
+    "generic": _C(block_m=32, block_n=32, num_warps=4, num_stages=1),
+}
+
+# A100 / datacenter Blackwell: large shared memory, start from the Hopper tiles.
+_BY_FAMILY: Dict[str, Dict[str, TreeVerifyConfig]] = {
+    "sm90": _SM90,
+    "sm12x": _SM12X,
+}
+
+
+def arch_family(cap: Capability) -> str:
+    """Which table serves ``cap``: tiles follow shared memory per block."""
+    from sglang.srt.utils.gpu_arch import max_shared_memory_per_block
+
+    try:
+        smem = max_shared_memory_per_block(cap)
+    except ValueError:
+        return "sm12x"  # unknown: the small tiles fit everywhere
+    return "sm90" if smem >= 160 * 1024 else "sm12x"
+
+
+def configs_for_arch(cap: Capability) -> Dict[str, TreeVerifyConfig]:
+    return dict(_BY_FAMILY[arch_family(cap)])
+
+
+def select_config(
+    cap: Capability, dqk: int, dv: int, share_kv: bool = True
+) -> TreeVerifyConfig:
+    return _BY_FAMILY[arch_family(cap)][head_class(dqk, dv, share_kv)]
+
+
+# Representative (Dqk, Dv) per class, for compile tests.
+CLASS_HEAD_DIMS = {
+    MLA: (576, 512),
+    MLA_SEPARATE_V: (576, 512),
+    "d64": (64, 64),
+    "d128": (128, 128),
+    "d256": (256, 256),
+    "generic": (96, 96),
+}

@@ -1,0 +1,198 @@
+"""One entry point over the tree-verify strategies.
+
+``fused`` (the prefix-split Triton kernels in this package) is the default on
+every arch: measured on an H200 it beats the other paths at every benchmark
+shape (docs/tree-verify.md). The others stay selectable for measurement and
+as fallbacks: ``upstream_extend`` (upstream's Triton extend kernel with a
+dense mask), ``flashinfer_split`` (FlashInfer prefix pass + our tail + LSE
+merge), ``reference`` (plain torch, fp32). A strategy that cannot run here
+raises :class:`StrategyUnavailable` saying why.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, Optional
+
+import torch
+
+from sglang.srt.layers.attention.tree_verify.configs import select_config
+from sglang.srt.layers.attention.tree_verify.masks import MAX_TREE_SIZE, mask_words
+from sglang.srt.layers.attention.tree_verify.upstream_extend import (
+    StrategyUnavailable,
+)
+
+#: Forces a strategy for every call that does not name one (benchmarks, triage).
+STRATEGY_ENV = "SGLANG_DDTREE_VERIFY_STRATEGY"
+
+STRATEGIES = ("fused", "upstream_extend", "flashinfer_split", "flashmla_split", "reference")
+
+
+def _kernel_arch(device: torch.device):
+    from sglang.srt.utils.gpu_arch import kernel_arch
+
+    return kernel_arch(device)
+
+
+def _config(arch, q, k_buffer, v_buffer):
+    from sglang.srt.layers.attention.tree_verify.prefix_split import kv_shares_storage
+
+    share = kv_shares_storage(k_buffer, v_buffer)
+    return select_config(arch, q.shape[-1], v_buffer.shape[-1], share)
+
+
+def _run_fused(args, arch):
+    from sglang.srt.layers.attention.tree_verify.prefix_split import tree_verify_fused
+
+    return tree_verify_fused(*args, config=_config(arch, *args[:3]))
+
+
+def _run_upstream(args, arch):
+    from sglang.srt.layers.attention.tree_verify.upstream_extend import (
+        tree_verify_upstream_extend,
+    )
+
+    return tree_verify_upstream_extend(*args)
+
+
+def _run_flashinfer(args, arch):
+    from sglang.srt.layers.attention.tree_verify.flashinfer_split import (
+        tree_verify_flashinfer_split,
+    )
+
+    return tree_verify_flashinfer_split(*args, config=_config(arch, *args[:3]))
+
+
+def _run_flashmla(args, arch):
+    if arch[0] not in (9, 10):
+        raise StrategyUnavailable(
+            f"flashmla_split: FlashMLA ships kernels for sm_90a/sm_100a only, "
+            f"not compute capability {arch[0]}.{arch[1]}"
+        )
+    raise StrategyUnavailable(
+        "flashmla_split is not implemented: FlashMLA reads page-size-64 block "
+        "tables, and tree verify receives page_size 1 slot indices; serving it "
+        "would copy the whole prefix into pages on every call"
+    )
+
+
+def _run_reference(args, arch):
+    from sglang.srt.layers.attention.tree_verify.reference import (
+        tree_verify_attention_ref,
+    )
+
+    return tree_verify_attention_ref(*args)
+
+
+_RUNNERS: Dict[str, Callable] = {
+    "fused": _run_fused,
+    "upstream_extend": _run_upstream,
+    "flashinfer_split": _run_flashinfer,
+    "flashmla_split": _run_flashmla,
+    "reference": _run_reference,
+}
+
+
+def default_strategy(arch, dqk: int, dv: int) -> str:
+    """Per-arch/shape choice. ``fused`` won every measured shape on sm_90 and
+    is the only fast path with a tree mask on sm_12x (see docs/tree-verify.md)."""
+    return "fused"
+
+
+def _validate(q, k_buffer, v_buffer, indptr, indices, tree_idx, tree_mask, out):
+    if q.dim() != 3 or k_buffer.dim() != 3 or v_buffer.dim() != 3:
+        raise ValueError(
+            "expected q [bs*N, H, Dqk], k_buffer [pool, Hkv, Dqk], v_buffer "
+            f"[pool, Hkv, Dv]; got {tuple(q.shape)}, {tuple(k_buffer.shape)}, "
+            f"{tuple(v_buffer.shape)}"
+        )
+    if tree_idx.dim() != 2:
+        raise ValueError(f"tree_kv_indices must be [bs, N], got {tuple(tree_idx.shape)}")
+    bs, n = tree_idx.shape
+    h, dqk = q.shape[1], q.shape[2]
+    hkv = k_buffer.shape[1]
+    if not 1 <= n <= MAX_TREE_SIZE:
+        raise ValueError(f"tree size N={n} must be in [1, {MAX_TREE_SIZE}]")
+    if q.shape[0] != bs * n:
+        raise ValueError(f"q has {q.shape[0]} rows, expected bs*N = {bs}*{n}")
+    if k_buffer.shape[2] != dqk or v_buffer.shape[1] != hkv:
+        raise ValueError("k_buffer must match q's head dim and v_buffer k_buffer's KV heads")
+    if hkv == 0 or h % hkv:
+        raise ValueError(f"query heads ({h}) must be a multiple of KV heads ({hkv})")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"q must be fp16 or bf16, got {q.dtype}")
+    if k_buffer.dtype != q.dtype or v_buffer.dtype != q.dtype:
+        raise TypeError(
+            f"KV buffers must have q's dtype {q.dtype} (got {k_buffer.dtype}, "
+            f"{v_buffer.dtype}); fp8 KV is not supported by tree verify yet"
+        )
+    for name, t in (("prefix_kv_indptr", indptr), ("prefix_kv_indices", indices),
+                    ("tree_kv_indices", tree_idx), ("tree_mask", tree_mask)):  # fmt: skip
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+    if indptr.shape != (bs + 1,):
+        raise ValueError(f"prefix_kv_indptr must be [bs+1] = [{bs + 1}], got {tuple(indptr.shape)}")
+    if tree_mask.shape != (bs, n, mask_words(n)):
+        raise ValueError(
+            f"tree_mask must be [bs, N, ceil(N/32)] = [{bs}, {n}, {mask_words(n)}], "
+            f"got {tuple(tree_mask.shape)}"
+        )
+    for name, t in (("q", q), ("k_buffer", k_buffer), ("v_buffer", v_buffer)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dim")
+    if out is not None and (
+        out.shape != (bs * n, h, v_buffer.shape[2]) or out.stride(-1) != 1
+    ):
+        raise ValueError(
+            f"out must be [bs*N, H, Dv] = [{bs * n}, {h}, {v_buffer.shape[2]}] "
+            f"with a contiguous last dim, got {tuple(out.shape)}"
+        )
+
+
+def tree_verify_attention(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    prefix_kv_indptr: torch.Tensor,
+    prefix_kv_indices: torch.Tensor,
+    tree_kv_indices: torch.Tensor,
+    tree_mask: torch.Tensor,
+    sm_scale: float,
+    out: Optional[torch.Tensor] = None,
+    logit_cap: float = 0.0,
+    strategy: Optional[str] = None,
+) -> torch.Tensor:
+    """Attention of every tree node over its request's committed prefix and
+    its visible tree nodes; returns ``[bs*N, H, Dv]`` (``out`` when given).
+
+    Launch shapes depend only on ``bs``, ``N``, head counts and
+    ``prefix_kv_indices.numel()``, so the ``fused`` path is CUDA-graph
+    capturable with preallocated index buffers.
+    """
+    tree_kv_indices = tree_kv_indices.contiguous()
+    tree_mask = tree_mask.contiguous()
+    _validate(q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
+              tree_kv_indices, tree_mask, out)  # fmt: skip
+    strategy = strategy or os.environ.get(STRATEGY_ENV) or None
+    arch = _kernel_arch(q.device) if q.is_cuda else None
+    if strategy is None:
+        if arch is None:
+            strategy = "reference"
+        else:
+            strategy = default_strategy(arch, q.shape[-1], v_buffer.shape[-1])
+    if strategy not in _RUNNERS:
+        raise ValueError(f"unknown tree-verify strategy {strategy!r}; choose from {STRATEGIES}")
+    if arch is None and strategy != "reference" and not _interpreting():
+        raise StrategyUnavailable(
+            f"strategy {strategy!r} needs a CUDA device (q is on {q.device}); "
+            "use strategy='reference' on CPU"
+        )
+    args = (q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
+            tree_kv_indices, tree_mask, float(sm_scale), out, float(logit_cap))  # fmt: skip
+    return _RUNNERS[strategy](args, arch or (8, 0))
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"

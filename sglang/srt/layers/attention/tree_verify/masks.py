@@ -1,0 +1,77 @@
+"""Packed ancestor bitmasks for tree verify.
+
+A tree of ``N`` nodes (root first, parents before children) is described per
+request by ``mask[i, j // 32] >> (j % 32) & 1``: node ``i`` sees node ``j``.
+That is ``ceil(N / 32)`` int32 words per node instead of a dense
+``N x (prefix + N)`` byte mask, and the committed prefix needs no mask at all
+because every node sees all of it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MAX_TREE_SIZE = 257
+
+
+def mask_words(num_nodes: int) -> int:
+    """int32 words per node row."""
+    return (num_nodes + 31) // 32
+
+
+def pack_tree_mask(dense: torch.Tensor) -> torch.Tensor:
+    """Pack a boolean ``[bs, N, N]`` visibility matrix into ``[bs, N, W]`` int32."""
+    if dense.dim() != 3 or dense.shape[1] != dense.shape[2]:
+        raise ValueError(f"expected a [bs, N, N] mask, got {tuple(dense.shape)}")
+    bs, n, _ = dense.shape
+    w = mask_words(n)
+    padded = torch.zeros(bs, n, w * 32, dtype=torch.int64, device=dense.device)
+    padded[:, :, :n] = dense.to(torch.int64)
+    shifts = torch.arange(32, device=dense.device, dtype=torch.int64)
+    words = (padded.view(bs, n, w, 32) << shifts).sum(-1)
+    # Reinterpret the low 32 bits as a signed int32 (bit 31 set => negative).
+    words = torch.where(words >= 2**31, words - 2**32, words)
+    return words.to(torch.int32)
+
+
+def unpack_tree_mask(bits: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """Inverse of :func:`pack_tree_mask`: ``[bs, N, W]`` int32 -> bool ``[bs, N, N]``."""
+    shifts = torch.arange(32, device=bits.device, dtype=torch.int64)
+    expanded = (bits.to(torch.int64)[..., None] >> shifts) & 1
+    bs, n, w = bits.shape
+    return expanded.reshape(bs, n, w * 32)[:, :, :num_nodes].bool()
+
+
+def causal_tree_mask(bs: int, num_nodes: int, device="cpu") -> torch.Tensor:
+    """The chain as a tree: node ``i`` sees nodes ``0..i`` (DFlash chain verify)."""
+    _check_size(num_nodes)
+    dense = torch.ones(num_nodes, num_nodes, dtype=torch.bool, device=device).tril()
+    return pack_tree_mask(dense.expand(bs, num_nodes, num_nodes))
+
+
+def tree_mask_from_parents(parents: torch.Tensor) -> torch.Tensor:
+    """Ancestor bitmask from parent indices ``[bs, N]`` (root's parent is -1).
+
+    Parents must precede their children (``parents[:, i] < i``), which is the
+    order DDTree's best-first selection produces.
+    """
+    if parents.dim() != 2:
+        raise ValueError(f"expected parents of shape [bs, N], got {tuple(parents.shape)}")
+    bs, n = parents.shape
+    _check_size(n)
+    idx = torch.arange(n, device=parents.device)
+    if bool((parents[:, 1:] >= idx[1:]).any()) or bool((parents[:, 1:] < 0).any()):
+        raise ValueError("every non-root node needs a parent with a smaller index")
+    dense = torch.zeros(bs, n, n, dtype=torch.bool, device=parents.device)
+    dense[:, idx, idx] = True
+    for i in range(1, n):
+        p = parents[:, i].long()
+        dense[:, i] |= dense[torch.arange(bs, device=parents.device), p]
+    return pack_tree_mask(dense)
+
+
+def _check_size(num_nodes: int) -> None:
+    if not 1 <= num_nodes <= MAX_TREE_SIZE:
+        raise ValueError(
+            f"tree size must be in [1, {MAX_TREE_SIZE}] (root + budget), got {num_nodes}"
+        )

@@ -1,0 +1,490 @@
+"""Fused prefix-split tree-verify attention (Triton).
+
+Every one of a request's N tree nodes sees the whole committed prefix, so all
+``N * group`` query rows that share a KV head can share each prefix KV tile
+they load. One launch covers the whole batch:
+
+* grid axis 0: tiles of ``BLOCK_M`` query rows, a row being one (node, head of
+  the KV group) pair, so a 64-row tile turns one KV tile load into a
+  64 x BLOCK_N x D matrix product;
+* grid axis 1: ``num_splits`` equal slices of each request's prefix (computed
+  in the kernel from the request's length, so the launch shape depends only
+  on static sizes and the launch is CUDA-graph capturable), plus one last
+  split for the tree tail, which applies the packed ancestor bitmask;
+* grid axis 2: request x KV head.
+
+Each split writes a normalised partial output and its base-2 log-sum-exp;
+one combine kernel merges all splits per row. For absorbed MLA (V is the
+first 512 columns of K) the V tile is the K tile already in shared memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang.srt.layers.attention.tree_verify.configs import (
+    TreeVerifyConfig,
+    head_dim_blocks,
+)
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    qpe,
+    K,
+    V,
+    slots,
+    key_ok,
+    visible,
+    kvh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    qk_scale,
+    logit_cap,
+    offs_d,
+    offs_dpe,
+    offs_dv,
+    D_MAIN: tl.constexpr,
+    D_PE: tl.constexpr,
+    D_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DPE: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    SHARE_KV: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+    Q_AS_B: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """One online-softmax step of a query tile over one KV tile."""
+    k_row = K + slots[:, None] * stride_kt + kvh * stride_kh
+    if D_MAIN == BLOCK_D:
+        k = tl.load(k_row + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+    else:
+        k = tl.load(
+            k_row + offs_d[None, :],
+            mask=key_ok[:, None] & (offs_d[None, :] < D_MAIN),
+            other=0.0,
+        )
+    if Q_AS_B:
+        # K . Q^T keeps the query tile a shared-memory operand (wgmma takes
+        # its B operand from shared memory only); a register-resident 576-wide
+        # query tile would not leave room for the 512-wide accumulator.
+        qk_t = tl.dot(k, tl.trans(q))
+        if BLOCK_DPE > 0:
+            kpe = tl.load(
+                k_row + D_MAIN + offs_dpe[None, :],
+                mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
+                other=0.0,
+            )
+            qk_t = tl.dot(kpe, tl.trans(qpe), qk_t)
+        qk = tl.trans(qk_t)
+    else:
+        qk = tl.dot(q, tl.trans(k))
+        if BLOCK_DPE > 0:
+            kpe = tl.load(
+                k_row + D_MAIN + offs_dpe[None, :],
+                mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
+                other=0.0,
+            )
+            qk = tl.dot(qpe, tl.trans(kpe), qk)
+
+    if HAS_CAP:
+        s = qk * qk_scale
+        # cap * tanh(s / cap), tanh written through sigmoid.
+        s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
+        s = s * 1.4426950408889634
+    else:
+        s = qk * qk_scale
+    if MASKED:
+        s = tl.where(visible & key_ok[None, :], s, float("-inf"))
+    else:
+        s = tl.where(key_ok[None, :], s, float("-inf"))
+
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A row that has seen nothing yet keeps m = -inf; use 0 there so that
+    # exp2(-inf - m) is 0 rather than NaN.
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_use)
+    p = tl.math.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+
+    if SHARE_KV:
+        v = k
+    else:
+        v_row = V + slots[:, None] * stride_vt + kvh * stride_vh
+        if D_V == BLOCK_DV:
+            v = tl.load(v_row + offs_dv[None, :], mask=key_ok[:, None], other=0.0)
+        else:
+            v = tl.load(
+                v_row + offs_dv[None, :],
+                mask=key_ok[:, None] & (offs_dv[None, :] < D_V),
+                other=0.0,
+            )
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _tree_verify_split_kernel(
+    Q,
+    K,
+    V,
+    O_part,
+    Lse_part,
+    prefix_indptr,
+    prefix_indices,
+    tree_indices,
+    tree_mask,
+    qk_scale,
+    logit_cap,
+    num_nodes,
+    group,
+    num_heads,
+    num_kv_heads,
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ps,
+    stride_pr,
+    stride_ls,
+    stride_tib,
+    stride_mb,
+    stride_mn,
+    D_MAIN: tl.constexpr,
+    D_PE: tl.constexpr,
+    D_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DPE: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    SHARE_KV: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+    Q_AS_B: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_bk = tl.program_id(2)
+    b = pid_bk // num_kv_heads
+    kvh = pid_bk % num_kv_heads
+
+    offs_r = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_r < num_nodes * group
+    node = offs_r // group
+    head = kvh * group + offs_r % group
+    tok = b * num_nodes + node
+
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    q_row = Q + tok[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh
+    q = tl.load(
+        q_row + offs_d[None, :],
+        mask=row_ok[:, None] & (offs_d[None, :] < D_MAIN),
+        other=0.0,
+    )
+    if BLOCK_DPE > 0:
+        offs_dpe = tl.arange(0, BLOCK_DPE)
+        qpe = tl.load(
+            q_row + D_MAIN + offs_dpe[None, :],
+            mask=row_ok[:, None] & (offs_dpe[None, :] < D_PE),
+            other=0.0,
+        )
+    else:
+        offs_dpe = offs_d
+        qpe = q
+
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    if pid_s < num_splits:
+        # A slice of the committed prefix: no mask, every row sees every key.
+        kv_start = tl.load(prefix_indptr + b)
+        prefix_len = tl.load(prefix_indptr + b + 1) - kv_start
+        chunk = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
+        lo = pid_s * chunk
+        hi = tl.minimum(lo + chunk, prefix_len)
+        for start in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            key_ok = offs_n < hi
+            slots = tl.load(prefix_indices + kv_start + offs_n, mask=key_ok, other=0)
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, qpe, K, V, slots.to(tl.int64), key_ok, row_ok[:, None],
+                kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
+                offs_d, offs_dpe, offs_dv,
+                D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP, Q_AS_B,
+                MASKED=False,
+            )  # fmt: skip
+    else:
+        # The tree tail: node i sees node j iff bit j of its ancestor mask is set.
+        mask_row = tree_mask + b * stride_mb + node * stride_mn
+        for start in tl.range(0, num_nodes, BLOCK_N, num_stages=1):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            key_ok = offs_n < num_nodes
+            slots = tl.load(
+                tree_indices + b * stride_tib + offs_n, mask=key_ok, other=0
+            )
+            words = tl.load(
+                mask_row[:, None] + (offs_n // 32)[None, :],
+                mask=row_ok[:, None] & key_ok[None, :],
+                other=0,
+            )
+            visible = ((words >> (offs_n % 32)[None, :]) & 1) != 0
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, qpe, K, V, slots.to(tl.int64), key_ok, visible,
+                kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
+                offs_d, offs_dpe, offs_dv,
+                D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP, Q_AS_B,
+                MASKED=True,
+            )  # fmt: skip
+
+    seen = l_i > 0.0
+    lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    o = acc / tl.where(seen, l_i, 1.0)[:, None]
+    out_row = (tok * num_heads + head).to(tl.int64)
+    tl.store(
+        O_part + pid_s * stride_ps + out_row[:, None] * stride_pr + offs_dv[None, :],
+        o,
+        mask=row_ok[:, None] & (offs_dv[None, :] < D_V),
+    )
+    tl.store(Lse_part + pid_s * stride_ls + out_row, lse, mask=row_ok)
+
+
+@triton.jit
+def _tree_verify_combine_kernel(
+    O_part,
+    Lse_part,
+    Out,
+    total_rows,
+    num_parts,
+    num_heads,
+    stride_ps,
+    stride_pr,
+    stride_ls,
+    stride_ot,
+    stride_oh,
+    D_V: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    """Merge every split's partial output by its log-sum-exp, write ``Out``."""
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    r_ok = offs_r < total_rows
+    offs_d = tl.arange(0, BLOCK_DV)
+    d_ok = offs_d < D_V
+    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    den = tl.zeros([BLOCK_R], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
+    part_row = O_part + offs_r[:, None].to(tl.int64) * stride_pr + offs_d[None, :]
+    for s in range(num_parts):
+        lse = tl.load(Lse_part + s * stride_ls + offs_r, mask=r_ok, other=float("-inf"))
+        m_new = tl.maximum(m, lse)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - m_use)
+        w = tl.math.exp2(lse - m_use)
+        o = tl.load(
+            part_row + s * stride_ps,
+            mask=(r_ok & (lse > float("-inf")))[:, None] & d_ok[None, :],
+            other=0.0,
+        )
+        acc = acc * alpha[:, None] + w[:, None] * o
+        den = den * alpha + w
+        m = m_new
+    out = acc / tl.where(den > 0.0, den, 1.0)[:, None]
+    tok = offs_r // num_heads
+    head = offs_r % num_heads
+    tl.store(
+        Out + tok[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=r_ok[:, None] & d_ok[None, :],
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_num_splits(
+    row_tiles: int,
+    total_prefix_tokens: int,
+    bs: int,
+    config: TreeVerifyConfig,
+    num_sms: int,
+    max_splits: int = 64,
+) -> int:
+    """Prefix splits per request, from static sizes only (no device read).
+
+    ``total_prefix_tokens`` is ``prefix_kv_indices.numel()``: the exact sum of
+    prefix lengths in eager mode, the buffer capacity under CUDA-graph capture;
+    either way it is known on the host. The cost model counts waves of
+    programs times keys per program plus a fixed per-program overhead (query
+    load, partial store, combine read), and picks the cheapest split count.
+    """
+    if total_prefix_tokens <= 0:
+        return 0
+    avg_prefix = -(-total_prefix_tokens // bs)
+    slots = max(1, num_sms * config.ctas_per_sm)
+    limit = max(1, min(max_splits, avg_prefix // (2 * config.block_n)))
+    best, best_cost = 1, math.inf
+    for s in range(1, limit + 1):
+        programs = row_tiles * s
+        waves = -(-programs // slots)
+        keys = -(-avg_prefix // s)
+        cost = waves * (keys + config.split_overhead_keys)
+        if cost < best_cost * 0.999:
+            best, best_cost = s, cost
+    return best
+
+
+def kv_shares_storage(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:
+    """V is a leading slice of K (absorbed MLA): reuse the K tile as the V tile."""
+    return (
+        v_buffer.data_ptr() == k_buffer.data_ptr()
+        and v_buffer.stride()[:2] == k_buffer.stride()[:2]
+        and v_buffer.shape[-1] <= k_buffer.shape[-1]
+    )
+
+
+def split_partials(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    prefix_kv_indptr: torch.Tensor,
+    prefix_kv_indices: torch.Tensor,
+    tree_kv_indices: torch.Tensor,
+    tree_mask: torch.Tensor,
+    sm_scale: float,
+    logit_cap: float,
+    config: TreeVerifyConfig,
+    num_splits: int,
+    extra_parts: int = 0,
+):
+    """Run the split kernel: ``num_splits`` prefix slices plus the tree tail.
+
+    Returns ``(o_part, lse_part)`` of shapes ``[parts, bs*N*H, Dv]`` and
+    ``[parts, bs*N*H]`` (fp32, base-2 LSE); the tail is part ``num_splits``.
+    ``extra_parts`` appends unwritten parts for another strategy's prefix pass.
+    """
+    bs, n = tree_kv_indices.shape
+    h, dqk = q.shape[1], q.shape[2]
+    hkv = k_buffer.shape[1]
+    dv = v_buffer.shape[2]
+    group = h // hkv
+    d_main, d_pe, block_d, block_dpe, block_dv = head_dim_blocks(dqk, dv)
+    share_kv = (
+        kv_shares_storage(k_buffer, v_buffer) and block_dv == block_d and dv == d_main
+    )
+    parts = num_splits + 1 + extra_parts
+    total_rows = bs * n * h
+    o_part = torch.empty(parts, total_rows, dv, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(parts, total_rows, dtype=torch.float32, device=q.device)
+    has_cap = logit_cap > 0
+    qk_scale = sm_scale if has_cap else sm_scale * _LOG2E
+    if bs == 0:
+        return o_part, lse_part
+    row_tiles = triton.cdiv(n * group, config.block_m)
+    _tree_verify_split_kernel[(row_tiles, num_splits + 1, bs * hkv)](
+        q, k_buffer, v_buffer, o_part, lse_part,
+        prefix_kv_indptr, prefix_kv_indices, tree_kv_indices, tree_mask,
+        qk_scale, float(logit_cap),
+        n, group, h, hkv, num_splits,
+        q.stride(0), q.stride(1),
+        k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1),
+        o_part.stride(0), o_part.stride(1), lse_part.stride(0),
+        tree_kv_indices.stride(0),
+        tree_mask.stride(0), tree_mask.stride(1),
+        D_MAIN=d_main, D_PE=d_pe, D_V=dv,
+        BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=block_dv,
+        SHARE_KV=share_kv, HAS_CAP=has_cap, Q_AS_B=config.q_as_b,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        NUM_STAGES=config.num_stages,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    return o_part, lse_part
+
+
+def combine_partials(
+    o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
+    """Merge ``[parts, rows, Dv]`` partials by their base-2 LSE into ``out``
+    (``[tokens, H, Dv]``, rows = tokens * H)."""
+    parts, total_rows, dv = o_part.shape
+    if total_rows == 0:
+        return out
+    block_dv = triton.next_power_of_2(dv)
+    block_r = max(1, min(16, 4096 // block_dv))
+    _tree_verify_combine_kernel[(triton.cdiv(total_rows, block_r),)](
+        o_part, lse_part, out, total_rows, parts, out.shape[1],
+        o_part.stride(0), o_part.stride(1), lse_part.stride(0),
+        out.stride(0), out.stride(1),
+        D_V=dv, BLOCK_R=block_r, BLOCK_DV=block_dv,
+        num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def num_splits_for(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    prefix_kv_indices: torch.Tensor,
+    bs: int,
+    n: int,
+    config: TreeVerifyConfig,
+) -> int:
+    hkv = k_buffer.shape[1]
+    group = q.shape[1] // hkv
+    row_tiles = triton.cdiv(n * group, config.block_m)
+    sms = _num_sms(q.device.index or 0) if q.is_cuda else 132
+    return choose_num_splits(
+        row_tiles * bs * hkv, prefix_kv_indices.numel(), bs, config, sms
+    )
+
+
+def tree_verify_fused(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    prefix_kv_indptr: torch.Tensor,
+    prefix_kv_indices: torch.Tensor,
+    tree_kv_indices: torch.Tensor,
+    tree_mask: torch.Tensor,
+    sm_scale: float,
+    out: Optional[torch.Tensor],
+    logit_cap: float,
+    config: TreeVerifyConfig,
+    num_splits: Optional[int] = None,
+) -> torch.Tensor:
+    """Split kernel then combine kernel. Inputs are validated by the
+    dispatcher; ``num_splits`` overrides the heuristic (tests, tuning)."""
+    bs, n = tree_kv_indices.shape
+    if num_splits is None:
+        num_splits = num_splits_for(q, k_buffer, prefix_kv_indices, bs, n, config)
+    if out is None:
+        out = q.new_empty(bs * n, q.shape[1], v_buffer.shape[2])
+    o_part, lse_part = split_partials(
+        q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
+        tree_kv_indices, tree_mask, sm_scale, logit_cap, config, num_splits,
+    )  # fmt: skip
+    return combine_partials(o_part, lse_part, out)

@@ -1,0 +1,63 @@
+"""Plain torch fp32 tree-verify attention: the definition the kernels are tested
+against, and the documented fallback where no kernel strategy is available.
+
+It gathers each request's prefix and tree KV, builds the dense mask and runs a
+softmax per request, so it allocates O(N * H * (P + N)) per request: fine for
+tests and small batches, not for serving at long context.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from sglang.srt.layers.attention.tree_verify.masks import unpack_tree_mask
+
+
+def tree_verify_attention_ref(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    prefix_kv_indptr: torch.Tensor,
+    prefix_kv_indices: torch.Tensor,
+    tree_kv_indices: torch.Tensor,
+    tree_mask: torch.Tensor,
+    sm_scale: float,
+    out: Optional[torch.Tensor] = None,
+    logit_cap: float = 0.0,
+) -> torch.Tensor:
+    bs, n = tree_kv_indices.shape
+    h = q.shape[1]
+    hkv = k_buffer.shape[1]
+    group = h // hkv
+    dv = v_buffer.shape[-1]
+    visible = unpack_tree_mask(tree_mask, n)
+    indptr = prefix_kv_indptr.tolist()
+    result = torch.empty(bs * n, h, dv, dtype=torch.float32, device=q.device)
+
+    for b in range(bs):
+        slots = torch.cat(
+            [
+                prefix_kv_indices[indptr[b] : indptr[b + 1]].long(),
+                tree_kv_indices[b].long(),
+            ]
+        )
+        p = indptr[b + 1] - indptr[b]
+        k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [T, H, Dqk]
+        v = v_buffer[slots].float().repeat_interleave(group, dim=1)  # [T, H, Dv]
+        qb = q[b * n : (b + 1) * n].float()  # [N, H, Dqk]
+        scores = torch.einsum("nhd,thd->hnt", qb, k) * sm_scale
+        if logit_cap > 0:
+            scores = logit_cap * torch.tanh(scores / logit_cap)
+        allowed = torch.ones(n, p + n, dtype=torch.bool, device=q.device)
+        allowed[:, p:] = visible[b]
+        scores = scores.masked_fill(~allowed, -math.inf)
+        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        result[b * n : (b + 1) * n] = torch.einsum("hnt,thd->nhd", probs, v)
+
+    if out is None:
+        return result.to(q.dtype)
+    out.copy_(result)
+    return out

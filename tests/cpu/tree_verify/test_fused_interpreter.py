@@ -1,0 +1,106 @@
+"""The fused split-KV kernels under TRITON_INTERPRET=1 against the fp32 torch
+reference, with random trees, ragged batches and awkward sizes (fp16 inputs:
+triton 3.6's interpreter mis-computes bf16 tl.dot)."""
+
+import pytest
+import torch
+
+from sglang.srt.layers.attention.tree_verify import tree_mask_from_parents
+from sglang.srt.layers.attention.tree_verify.configs import (
+    TreeVerifyConfig,
+    select_config,
+)
+from sglang.srt.layers.attention.tree_verify.reference import tree_verify_attention_ref
+
+from _interp import interpreted_prefix_split, random_parents
+
+SMALL = TreeVerifyConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
+SMALL_QB = TreeVerifyConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, q_as_b=True)
+
+
+def make_case(seed, prefix_lens, n, h, hkv, dqk, dv, shared_kv, chain=False):
+    gen = torch.Generator().manual_seed(seed)
+    bs = len(prefix_lens)
+    pool = sum(prefix_lens) + bs * n + 17
+    k = torch.randn(pool, hkv, dqk, generator=gen).half()
+    v = k[..., :dv] if shared_kv else torch.randn(pool, hkv, dv, generator=gen).half()
+    perm = torch.randperm(pool, generator=gen).to(torch.int32)
+    indptr = torch.tensor([0] + prefix_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    total = int(indptr[-1])
+    prefix_idx = perm[:total].contiguous()
+    tree_idx = perm[total : total + bs * n].view(bs, n).contiguous()
+    if chain:
+        parents = torch.arange(-1, n - 1).expand(bs, n)
+    else:
+        parents = random_parents(bs, n, gen)
+    mask = tree_mask_from_parents(parents)
+    q = torch.randn(bs * n, h, dqk, generator=gen).half()
+    return q, k, v, indptr, prefix_idx, tree_idx, mask
+
+
+def check(case, scale, cfg, num_splits, cap=0.0):
+    ps = interpreted_prefix_split()
+    ref = tree_verify_attention_ref(*case, scale, logit_cap=cap).float()
+    out = torch.full_like(ref, float("nan")).half()  # poison: every element must be written
+    ps.tree_verify_fused(*case, scale, out, cap, cfg, num_splits=num_splits)
+    err = (out.float() - ref).abs().max().item()
+    assert err < 4e-3, err
+
+
+# Absorbed-MLA shape in miniature: Dqk = 64 latent + 16 rope, V = K[..., :64],
+# one KV head, every head of a node shares the KV tile.
+@pytest.mark.parametrize(
+    "prefix_lens,n,h,splits",
+    [
+        ([37], 5, 3, 3),
+        ([0], 7, 5, None),  # P = 0: tail only
+        ([0, 50, 3], 33, 3, 2),  # mixed batch, two mask words
+        ([65, 1], 19, 1, None),
+        ([100], 1, 7, 4),  # a lone root
+        ([16, 0, 31, 47], 9, 2, 5),  # more splits than some prefixes have tiles
+    ],
+)
+@pytest.mark.parametrize("cfg", [SMALL, SMALL_QB], ids=["qk", "kq"])
+def test_mla_like(prefix_lens, n, h, splits, cfg):
+    case = make_case(len(prefix_lens) * 100 + n, prefix_lens, n, h, 1, 80, 64, True)
+    check(case, 0.125, cfg, splits)
+
+
+@pytest.mark.parametrize(
+    "prefix_lens,n,h,hkv,d",
+    [
+        ([29, 0], 6, 6, 2, 32),  # GQA, group 3
+        ([40], 17, 3, 3, 16),  # MHA, odd heads
+        ([21, 5, 60], 11, 4, 1, 32),  # MQA
+        ([13], 5, 2, 1, 24),  # head dim not a power of two
+    ],
+)
+def test_gqa(prefix_lens, n, h, hkv, d):
+    case = make_case(n * 7 + h, prefix_lens, n, h, hkv, d, d, False)
+    check(case, d**-0.5, SMALL, None)
+
+
+def test_separate_v_with_rope_split():
+    # Dqk 80 = 64 + 16 with a V buffer of its own (no K/V sharing).
+    case = make_case(5, [30, 12], 10, 3, 1, 80, 64, False)
+    check(case, 0.1, SMALL_QB, 2)
+
+
+def test_logit_cap():
+    case = make_case(9, [45], 12, 2, 1, 80, 64, True)
+    check(case, 0.5, SMALL, 3, cap=3.0)
+
+
+def test_chain_mask():
+    case = make_case(11, [20, 33], 16, 2, 1, 80, 64, True, chain=True)
+    check(case, 0.125, SMALL, None)
+
+
+def test_real_mla_config_tiny_shape():
+    # The selected Hopper and sm_120 MLA configs with the real 576/512 dims.
+    case = make_case(13, [70, 0], 3, 2, 1, 576, 512, True)
+    for arch in ((9, 0), (12, 0)):
+        check(case, 576**-0.5, select_config(arch, 576, 512), None)
+    case = make_case(14, [33], 2, 3, 1, 576, 512, False)
+    for arch in ((9, 0), (12, 0)):
+        check(case, 576**-0.5, select_config(arch, 576, 512, share_kv=False), 2)
