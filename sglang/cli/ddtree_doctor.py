@@ -162,11 +162,25 @@ def backend_verdicts(cap: tuple[int, int]) -> dict:
         return {"error": "backend_support is not part of this build"}
     except Exception as e:  # noqa: BLE001
         return {"error": f"backend_support failed to import: {type(e).__name__}: {e}"}
-    summary = getattr(bs, "doctor_summary", None)
-    if summary is None:
-        return {"error": "backend_support has no doctor_summary(capability)"}
-    result = _call(summary, cap)
-    return result if isinstance(result, dict) else {"summary": result}
+    needed = ("arch_family", "default_backend", "backends_for", "supports_tree_verify")
+    missing = [n for n in needed if not hasattr(bs, n)]
+    if missing:
+        return {"error": f"backend_support lacks {', '.join(missing)}"}
+    family = _call(bs.arch_family, cap)
+    if family not in getattr(bs, "GATED_FAMILIES", ()):
+        return {"gating": f"{family or 'this GPU'} is not gated: upstream's own backend choice applies"}
+    out = {}
+    roles = getattr(bs, "ROLES", ("prefill", "decode", "target_verify", "draft"))
+    for kind in ("mha", "mla"):
+        verify = _call(bs.backends_for, cap, kind, "target_verify")
+        tree = [b for b in verify if _call(bs.supports_tree_verify, b, cap, kind) is True] \
+            if isinstance(verify, tuple) else verify
+        out[f"{kind} default"] = _call(bs.default_backend, cap, kind)
+        for role in roles:
+            got = _call(bs.backends_for, cap, kind, role)
+            out[f"{kind} {role}"] = ", ".join(got) if isinstance(got, tuple) else got
+        out[f"{kind} DDTree tree verify"] = ", ".join(tree) if isinstance(tree, list) else tree
+    return out
 
 
 def _call(fn, *args):

@@ -52,9 +52,19 @@ def test_verdicts_for_other_gpus(cap, true_preds):
     assert {p for p in doctor.ARCH_PREDICATES if arch.get(p) is True} == true_preds
 
 
-def test_backends_section_never_raises(report_120):
+def test_backends_come_from_the_startup_gating_table(report_120):
+    from sglang.srt.layers.attention import backend_support as bs
+
     backends = report_120["verdicts"]["12.0"]["backends"]
-    assert isinstance(backends, dict) and backends
+    assert backends["mla default"] == bs.default_backend((12, 0), "mla") == "triton"
+    assert backends["mha default"] == bs.default_backend((12, 0), "mha")
+    assert backends["mla prefill"] == ", ".join(bs.backends_for((12, 0), "mla", "prefill"))
+    assert "fa3" not in backends["mha prefill"].split(", ")
+    assert "triton" in backends["mla DDTree tree verify"].split(", ")
+
+
+def test_ungated_gpus_say_so():
+    assert "not gated" in doctor.backend_verdicts((9, 0))["gating"]
 
 
 def test_stamp_matches_the_repo_series(report_120, monkeypatch):
