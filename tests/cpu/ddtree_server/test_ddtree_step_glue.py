@@ -273,3 +273,34 @@ def test_multi_step_lossless_and_kv_consistent(seed):
             assert set(row) == owned[int(pool_rows[b])]  # no leak, no duplicate
             for pos in range(int(prefix[b])):
                 assert kv[row[pos]] == (pos, seqs[b][pos])
+
+
+def test_dense_mask_skipped_only_for_bit_reading_backends():
+    from sglang.srt.speculative.ddtree.info import backend_reads_tree_mask_bits
+
+    class Plain:
+        pass
+
+    class Reads:
+        consumes_tree_mask_bits = True
+
+    class Hybrid:
+        def __init__(self, inner):
+            self.full_attn_backend = inner
+
+    assert not backend_reads_tree_mask_bits(Plain())
+    assert backend_reads_tree_mask_bits(Reads())
+    assert backend_reads_tree_mask_bits(Hybrid(Reads()))
+    assert not backend_reads_tree_mask_bits(Hybrid(Plain()))
+
+
+def test_stats_summary():
+    from sglang.srt.speculative.ddtree.metrics import summarize
+
+    hist = torch.tensor([2, 0, 3, 1, 0, 0])  # accepted drafts 0,0,2,2,2,3
+    s = summarize(hist, torch.tensor([24, 6]))
+    assert s["requests"] == 6
+    assert s["mean_accepted"] == pytest.approx((0 + 0 + 6 + 3) / 6)
+    assert s["mean_tree_depth"] == 4.0
+    assert s["histogram"] == [2, 0, 3, 1]
+    assert summarize(torch.zeros(4, dtype=torch.int64), torch.tensor([0, 0])) is None

@@ -27,6 +27,22 @@ from sglang.srt.speculative.ddtree.tree_compile import CompiledTree, tree_mask_t
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
 
+def backend_reads_tree_mask_bits(attn_backend) -> bool:
+    """Whether the verify backend reads ``tree_mask_bits`` itself.
+
+    A backend (or a tree-verify hook installed on it) that sets
+    ``consumes_tree_mask_bits = True`` gets no dense mask: building one would
+    only cost ``N * (prefix + N)`` bytes per request per step.
+    """
+    backend = attn_backend
+    for _ in range(4):
+        inner = getattr(backend, "full_attn_backend", None)
+        if inner is None:
+            break
+        backend = inner
+    return bool(getattr(backend, "consumes_tree_mask_bits", False))
+
+
 def dense_mask_numel_bound(prefix_lens_sum_bound: int, bs: int, num_tokens: int) -> int:
     """Host-side size for ``dense_verify_mask``: ``N * sum(prefix + N)``.
 

@@ -33,6 +33,7 @@ from sglang.srt.speculative.ddtree import commit as ddtree_commit
 from sglang.srt.speculative.ddtree.accept import greedy_accept, sample_accept, target_probs_from_logits
 from sglang.srt.speculative.ddtree.info import (
     DDTreeVerifyInput,
+    backend_reads_tree_mask_bits,
     dense_mask_numel_bound,
     dense_verify_mask,
 )
@@ -328,11 +329,13 @@ class DDTreeWorker(DFlashWorkerV2):
         elif draft_input.reserved_seq_lens_cpu is not None:
             batch.seq_lens_cpu = draft_input.reserved_seq_lens_cpu
             batch.seq_lens_sum = prefix_sum_bound = int(draft_input.reserved_seq_lens_sum)
-        numel = min(
-            dense_mask_numel_bound(prefix_sum_bound, bs, n),
-            bs * n * (self._context_len + n),
-        )
-        custom_mask = dense_verify_mask(compiled.tree_mask, batch.seq_lens, numel)
+        custom_mask = None
+        if not backend_reads_tree_mask_bits(self.model_runner.attn_backend):
+            numel = min(
+                dense_mask_numel_bound(prefix_sum_bound, bs, n),
+                bs * n * (self._context_len + n),
+            )
+            custom_mask = dense_verify_mask(compiled.tree_mask, batch.seq_lens, numel)
         verify_input = DDTreeVerifyInput.from_compiled(compiled, custom_mask=custom_mask)
         try:
             verify_forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
