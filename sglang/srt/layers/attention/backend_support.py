@@ -65,7 +65,7 @@ def _only(*roles: str) -> FrozenSet[str]:
     return frozenset(roles)
 
 
-_NOT_CUDA = "is not a CUDA backend"
+_NOT_CUDA = "not a CUDA backend"
 
 # Compute capability 12.x. Every name that 0.5.17 registers in
 # attention_registry.ATTENTION_BACKENDS must have an entry (a test enforces it).
@@ -127,11 +127,11 @@ SM12X_SUPPORT: Dict[str, Support] = {
     "dual_chunk_flash_attn": Support(
         reason="built on sgl-kernel's FlashAttention-3 kernels (sm_80/sm_90a only)",
     ),
-    "aiter": Support(reason=f"AMD ROCm backend; {_NOT_CUDA}"),
-    "wave": Support(reason=f"AMD ROCm backend; {_NOT_CUDA}"),
-    "ascend": Support(reason=f"Huawei Ascend NPU backend; {_NOT_CUDA}"),
-    "intel_amx": Support(reason=f"Intel AMX CPU backend; {_NOT_CUDA}"),
-    "intel_xpu": Support(reason=f"Intel XPU backend; {_NOT_CUDA}"),
+    "aiter": Support(reason=f"an AMD ROCm backend, {_NOT_CUDA}"),
+    "wave": Support(reason=f"an AMD ROCm backend, {_NOT_CUDA}"),
+    "ascend": Support(reason=f"a Huawei Ascend NPU backend, {_NOT_CUDA}"),
+    "intel_amx": Support(reason=f"an Intel AMX CPU backend, {_NOT_CUDA}"),
+    "intel_xpu": Support(reason=f"an Intel XPU backend, {_NOT_CUDA}"),
     "dsa": Support(
         reason="serves DeepSeek sparse-attention (DSA) models only",
         model_specific=True,
@@ -257,9 +257,11 @@ def check_backend(
     if backend is None:
         return
     support = support_for(backend, cap)
-    if support is None or support.model_specific:
+    if support is None:
         return
-    if role not in support.roles(kind):
+    # Sparse-attention models never reach here (they pick their own backends),
+    # so a model-specific backend is refused for every other model.
+    if support.model_specific or role not in support.roles(kind):
         raise UnsupportedAttentionBackendError(
             refusal_message(backend, role, kind, cap, gpu_name, flag)
         )
