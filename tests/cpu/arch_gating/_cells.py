@@ -18,8 +18,8 @@ def _prepare(pristine_root):
         sys.path.insert(0, pristine_root)
     warnings.filterwarnings("ignore")
     logging.disable(logging.CRITICAL)
-    # Import everything that touches CUDA at import time while the machine is
-    # still honestly GPU-less; faking starts afterwards.
+    # Import everything that touches CUDA at import time before any faking
+    # (on a CPU machine sgl_kernel must see that there is no GPU).
     import sglang.srt.arg_groups.speculative_hook  # noqa: F401
     import sglang.srt.configs.model_config  # noqa: F401
     import sglang.srt.layers.attention.attention_registry as registry
@@ -71,10 +71,13 @@ def _run_cell(sa_mod, cell, models):
 def main(spec_path):
     spec = json.load(open(spec_path))
     sa_mod, registry = _prepare(spec.get("pristine_root"))
-    sa_mod.get_device_memory_capacity = lambda device=None: 96 * 1024
+    real_gpu = spec.get("real_gpu", False)  # GPU tier: nothing is faked
+    if not real_gpu:
+        sa_mod.get_device_memory_capacity = lambda device=None: 96 * 1024
     out = {"registered": sorted(registry.ATTENTION_BACKENDS), "cells": []}
     for cell in spec["cells"]:
-        _fake_gpu(cell["cap"], spec["gpu_name"])
+        if not real_gpu:
+            _fake_gpu(cell["cap"], spec["gpu_name"])
         out["cells"].append(_run_cell(sa_mod, cell, spec["models"]))
     json.dump(out, sys.stdout)
 
