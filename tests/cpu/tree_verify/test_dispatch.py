@@ -74,6 +74,7 @@ def test_head_dim_split():
 
 def test_config_tables_by_arch():
     assert select_config((9, 0), 576, 512).block_m == 64
+    assert select_config((12, 0), 576, 512).block_m == 32
     # 12.0 and 12.1 (and Ada) use the 99 KiB table.
     assert select_config((12, 0), 576, 512) == select_config((12, 1), 576, 512)
     assert select_config((8, 9), 128, 128) == select_config((12, 0), 128, 128)

@@ -25,6 +25,9 @@ class TreeVerifyConfig:
     num_stages: int
     # Compute K.Q^T instead of Q.K^T so the query tile stays in shared memory.
     q_as_b: bool = False
+    # For absorbed MLA, feed the PV product from the K tile already in shared
+    # memory (V = K[..., :512]) instead of loading V again.
+    reuse_k_tile: bool = True
     # Programs resident per SM, for the split-count cost model.
     ctas_per_sm: int = 1
     # Fixed cost of one program (query load, partial store, combine read), in keys.
@@ -62,10 +65,11 @@ def head_dim_blocks(dqk: int, dv: int):
 _C = TreeVerifyConfig
 
 # Hopper (227 KiB smem per block, wgmma). MLA: 64 query rows per 32-key tile,
-# K.Q^T so the 72 KiB query tile is a shared-memory wgmma operand, K tiles
-# triple-buffered; the accumulator (64 x 512 fp32) fills the registers of 8 warps.
+# K tiles triple-buffered, the 64 x 512 fp32 accumulator over 8 warps. Chosen
+# from the H200 sweep in docs/tree-verify.md (within 5-10 % of the K.Q^T
+# variant and of 32-row tiles at every target shape).
 _SM90 = {
-    MLA: _C(block_m=64, block_n=32, num_warps=8, num_stages=3, q_as_b=True),
+    MLA: _C(block_m=64, block_n=32, num_warps=8, num_stages=3),
     MLA_SEPARATE_V: _C(block_m=64, block_n=16, num_warps=8, num_stages=3, q_as_b=True),
     "d64": _C(block_m=64, block_n=64, num_warps=4, num_stages=3, ctas_per_sm=2),
     "d128": _C(block_m=64, block_n=64, num_warps=4, num_stages=3, ctas_per_sm=2),
@@ -74,8 +78,10 @@ _SM90 = {
 }
 
 # Workstation Blackwell, Ada, GA10x: 99 KiB smem per block, mma.sync.
+# MLA: 32 rows x 32 keys, K.Q^T keeps the query tile in shared memory
+# (75,776 B when compiled for sm_120). Two programs fit an SM's registers.
 _SM12X = {
-    MLA: _C(block_m=64, block_n=16, num_warps=8, num_stages=3, q_as_b=True),
+    MLA: _C(block_m=32, block_n=32, num_warps=4, num_stages=2, q_as_b=True, ctas_per_sm=2),
     MLA_SEPARATE_V: _C(block_m=32, block_n=16, num_warps=4, num_stages=3, q_as_b=True),
     "d64": _C(block_m=64, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=2),
     "d128": _C(block_m=64, block_n=32, num_warps=4, num_stages=2, ctas_per_sm=2),

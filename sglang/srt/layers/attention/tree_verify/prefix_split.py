@@ -325,13 +325,14 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=4096)
 def choose_num_splits(
     row_tiles: int,
     total_prefix_tokens: int,
     bs: int,
     config: TreeVerifyConfig,
     num_sms: int,
-    max_splits: int = 64,
+    max_splits: int = 256,
 ) -> int:
     """Prefix splits per request, from static sizes only (no device read).
 
@@ -393,7 +394,10 @@ def split_partials(
     group = h // hkv
     d_main, d_pe, block_d, block_dpe, block_dv = head_dim_blocks(dqk, dv)
     share_kv = (
-        kv_shares_storage(k_buffer, v_buffer) and block_dv == block_d and dv == d_main
+        config.reuse_k_tile
+        and kv_shares_storage(k_buffer, v_buffer)
+        and block_dv == block_d
+        and dv == d_main
     )
     parts = num_splits + 1 + extra_parts
     total_rows = bs * n * h

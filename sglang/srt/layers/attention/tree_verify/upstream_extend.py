@@ -45,8 +45,10 @@ def dense_custom_mask(
 
 def tree_verify_upstream_extend(
     q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
-    tree_mask, sm_scale, out, logit_cap,
+    tree_mask, sm_scale, out, logit_cap, custom_mask=None,
 ):  # fmt: skip
+    """``custom_mask`` (from :func:`dense_custom_mask`) may be built ahead, as
+    upstream's backend does, to time the kernel alone or capture it in a graph."""
     extend_attention_fwd = _extend_attention_fwd()
     bs, n = tree_kv_indices.shape
     flat = tree_kv_indices.reshape(-1).long()
@@ -61,7 +63,9 @@ def tree_verify_upstream_extend(
     extend_attention_fwd(
         q, k_extend, v_extend, out, k_buffer, v_buffer,
         qo_indptr, prefix_kv_indptr, prefix_kv_indices,
-        dense_custom_mask(prefix_kv_indptr, tree_mask, n), False, mask_indptr, n,
+        custom_mask if custom_mask is not None
+        else dense_custom_mask(prefix_kv_indptr, tree_mask, n),
+        False, mask_indptr, n,
         1.0, 1.0, sm_scale=sm_scale, logit_cap=logit_cap,
         skip_prefix_custom_mask=True,
     )  # fmt: skip

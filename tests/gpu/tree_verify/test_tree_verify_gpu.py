@@ -1,0 +1,142 @@
+"""Tree-verify attention on the GPU at real shapes (bf16 and fp16), the sm_120
+configs forced through SGLANG_DDTREE_KERNEL_ARCH, CUDA-graph replay, and
+agreement with the other strategies where they are installed."""
+
+import pytest
+import torch
+
+from sglang.srt.layers.attention.tree_verify import (
+    StrategyUnavailable,
+    causal_tree_mask,
+    tree_mask_from_parents,
+    tree_verify_attention,
+)
+from sglang.srt.layers.attention.tree_verify.configs import select_config
+from sglang.srt.layers.attention.tree_verify.reference import tree_verify_attention_ref
+from sglang.srt.utils.gpu_arch import KERNEL_ARCH_ENV
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+def make_case(seed, prefix_lens, n, h, hkv, dqk, dv, dtype, shared_kv, chain=False):
+    gen = torch.Generator().manual_seed(seed)
+    bs = len(prefix_lens)
+    pool = sum(prefix_lens) + bs * n + 100
+    k = torch.randn(pool, hkv, dqk, generator=gen).to("cuda", dtype)
+    v = k[..., :dv] if shared_kv else torch.randn(pool, hkv, dv, generator=gen).to("cuda", dtype)
+    perm = torch.randperm(pool, generator=gen).to(torch.int32).cuda()
+    indptr = torch.tensor([0] + prefix_lens).cumsum(0).to(torch.int32).cuda()
+    total = int(indptr[-1])
+    prefix_idx = perm[:total].contiguous()
+    tree_idx = perm[total : total + bs * n].view(bs, n).contiguous()
+    if chain:
+        mask = causal_tree_mask(bs, n, "cuda")
+    else:
+        parents = torch.full((bs, n), -1, dtype=torch.int64)
+        for i in range(1, n):
+            parents[:, i] = torch.randint(0, i, (bs,), generator=gen)
+        mask = tree_mask_from_parents(parents).cuda()
+    q = torch.randn(bs * n, h, dqk, generator=gen).to("cuda", dtype)
+    return [q, k, v, indptr, prefix_idx, tree_idx, mask, dqk**-0.5]
+
+
+def rel_err(out, ref):
+    assert not out.isnan().any()
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def check(case, strategy="fused", tol=1e-2, cap=0.0):
+    ref = tree_verify_attention_ref(*case, logit_cap=cap)
+    out = torch.full((case[0].shape[0], case[0].shape[1], case[2].shape[-1]), float("nan"),
+                     dtype=case[0].dtype, device="cuda")  # fmt: skip
+    tree_verify_attention(*case, out=out, logit_cap=cap, strategy=strategy)
+    assert rel_err(out, ref) < tol
+
+
+MLA_CASES = [
+    ([16384], 65, 16),
+    ([65536], 17, 16),
+    ([4096], 65, 128),
+    ([0, 1000, 5003, 70], 33, 16),  # ragged batch with an empty prefix
+    ([777, 12345], 129, 16),
+    ([2048], 257, 16),
+    ([65536], 4, 16),
+    ([3000, 3000, 3000], 1, 128),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("prefix_lens,n,h", MLA_CASES)
+@pytest.mark.parametrize("arch", [None, "12.0"], ids=["native", "sm120cfg"])
+def test_mla(prefix_lens, n, h, dtype, arch, monkeypatch):
+    if arch:
+        monkeypatch.setenv(KERNEL_ARCH_ENV, arch)
+    case = make_case(n + h, prefix_lens, n, h, 1, 576, 512, dtype, True)
+    check(case)
+
+
+def test_mla_separate_v_and_logit_cap(monkeypatch):
+    case = make_case(3, [5000, 17], 65, 16, 1, 576, 512, torch.bfloat16, False)
+    check(case)
+    check(case, cap=30.0)
+    monkeypatch.setenv(KERNEL_ARCH_ENV, "12.0")
+    check(case)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("h,hkv", [(32, 8), (28, 4), (5, 5), (12, 1)])
+@pytest.mark.parametrize("arch", [None, "12.0"], ids=["native", "sm120cfg"])
+def test_gqa_mha(d, h, hkv, arch, monkeypatch):
+    if arch:
+        monkeypatch.setenv(KERNEL_ARCH_ENV, arch)
+    case = make_case(d + h, [3000, 0, 1234], 17, h, hkv, d, d, torch.bfloat16, False)
+    check(case)
+
+
+def test_chain_mask_dflash():
+    case = make_case(7, [16384, 16000], 16, 16, 1, 576, 512, torch.bfloat16, True, chain=True)
+    check(case)
+
+
+def test_sm120_override_selects_sm120_tiles(monkeypatch):
+    monkeypatch.setenv(KERNEL_ARCH_ENV, "12.0")
+    from sglang.srt.layers.attention.tree_verify.dispatch import _kernel_arch
+
+    assert _kernel_arch(torch.device("cuda")) == (12, 0)
+    assert select_config((12, 0), 576, 512) != select_config((9, 0), 576, 512)
+
+
+def test_cuda_graph_replay_with_new_lengths():
+    """Launch shape depends on static sizes only: capture once, replay with
+    different prefix lengths (same index-buffer capacity) and trees."""
+    bs, n, h, cap = 2, 65, 16, 20000
+    case = make_case(1, [cap // 2, cap // 2], n, h, 1, 576, 512, torch.bfloat16, True)
+    q, k, v, indptr, pidx, tidx, mask, scale = case
+    out = torch.empty(bs * n, h, 512, dtype=torch.bfloat16, device="cuda")
+    tree_verify_attention(*case, out=out)  # compile outside capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        tree_verify_attention(q, k, v, indptr, pidx, tidx, mask, scale, out=out)
+    for lens in ([5, 17000], [12000, 0], [cap // 2, cap // 2]):
+        new = make_case(sum(lens), lens, n, h, 1, 576, 512, torch.bfloat16, True)
+        q.copy_(new[0])
+        indptr.copy_(new[3])
+        pidx.zero_()
+        pidx[: new[4].numel()].copy_(new[4])
+        tidx.copy_(new[5])
+        mask.copy_(new[6])
+        k_new = new[1]
+        k[: k_new.shape[0]].copy_(k_new)
+        g.replay()
+        ref = tree_verify_attention_ref(q, k, v, indptr, pidx, tidx, mask, scale)
+        assert rel_err(out, ref) < 1e-2, lens
+
+
+@pytest.mark.parametrize("strategy", ["upstream_extend", "flashinfer_split"])
+def test_other_strategies_agree(strategy):
+    case = make_case(5, [4096, 100], 17, 16, 1, 576, 512, torch.bfloat16, True)
+    try:
+        check(case, strategy=strategy)
+    except StrategyUnavailable as e:
+        pytest.skip(str(e))
