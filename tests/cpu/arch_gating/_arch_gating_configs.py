@@ -57,6 +57,15 @@ CONFIGS = {
         "layer_types": ["full_attention", "sliding_attention"],
         "sliding_window": 512,
     },
+    # Upstream's Olmo 2 override picks fa3 on any sm >= 80 (12.x too) and
+    # refuses flashinfer.
+    "olmo2": {
+        **_COMMON,
+        "architectures": ["Olmo2ForCausalLM"],
+        "model_type": "olmo2",
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+    },
     # DFlash drafter (an MHA model whatever the target is).
     "draft": {
         **_COMMON,

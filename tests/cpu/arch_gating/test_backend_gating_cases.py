@@ -24,9 +24,15 @@ CASES = [
     ("default-mla-spec", _cell(SM121, "mla", spec=True), ("ok", "triton", "triton", "triton")),
     ("default-mha-spec", _cell(SM120, "mha", spec=True),
      ("ok", "flashinfer", "flashinfer", "flashinfer")),
-    # A model override that picks fa4 on every "Blackwell": replaced on sm_12x.
-    ("step3p5-default-sm120", _cell(SM120, "step3p5"), ("ok", "flashinfer", "flashinfer", None)),
+    # Model overrides that pick a backend with no sm_12x kernel: replaced by
+    # triton on sm_12x (Step 3.5: fa4 on every "Blackwell"; Olmo 2: fa3 on any
+    # sm >= 80, and it refuses flashinfer), untouched elsewhere.
+    ("step3p5-default-sm120", _cell(SM120, "step3p5"), ("ok", "triton", "triton", None)),
     ("step3p5-default-sm100", _cell(SM100, "step3p5"), ("upstream",)),
+    ("olmo2-default-sm121", _cell(SM121, "olmo2"), ("ok", "triton", "triton", None)),
+    ("olmo2-default-sm90", _cell(SM90, "olmo2"), ("upstream",)),
+    ("olmo2-explicit-fa3-sm120", _cell(SM120, "olmo2", attention_backend="fa3"),
+     ("refused", ["'fa3' (set by --attention-backend)"])),
     # Split flags.
     ("mha-decode-trtllm_mha", _cell(SM120, "mha", decode_attention_backend="trtllm_mha"),
      ("ok", "flashinfer", "trtllm_mha", None)),
@@ -103,8 +109,10 @@ def test_kept_defaults_equal_upstream(outcomes):
         assert got == upstream, name
 
 
-def test_replaced_default_differs_from_upstream_fa4(outcomes):
-    """Upstream would start Step3p5 on fa4, which has no paged-KV kernel on sm_120."""
-    got, upstream = outcomes["step3p5-default-sm120"]
-    assert upstream["ok"] and upstream["prefill"] == "fa4"
-    assert got["prefill"] == "flashinfer"
+@pytest.mark.parametrize("name,upstream_pick", [("step3p5-default-sm120", "fa4"),
+                                                ("olmo2-default-sm121", "fa3")])
+def test_replaced_default_differs_from_upstream(outcomes, name, upstream_pick):
+    """Upstream would start these on a backend with no sm_12x kernel."""
+    got, upstream = outcomes[name]
+    assert upstream["ok"] and upstream["prefill"] == upstream_pick
+    assert got["prefill"] == "triton"

@@ -77,7 +77,7 @@ def test_backend_decisions_match_upstream_on_h200(trees, models, tmp_path):
         torch.cuda.get_device_properties(0).shared_memory_per_block_optin
     )
     cells = [{"cap": None, "model": kind, "spec": spec, "args": args}
-             for kind in ("mla", "mha", "step3p5")
+             for kind in ("mla", "mha", "step3p5", "olmo2")
              for spec in (False, True)
              for args in [{}] + [{"attention_backend": b} for b in sorted(ATTENTION_BACKENDS)]]
     patched = _run(cells, models, tmp_path, None)

@@ -9,8 +9,9 @@ weight is loaded:
 
 * an explicitly requested backend that cannot run is refused with a message
   that names the GPU, the reason and the backends that work instead;
-* a backend that upstream (or a model override) picked by default and that
-  cannot run is replaced by the sm_12x default (MLA: triton, MHA: flashinfer).
+* a backend that a model override picked by default and that cannot run is
+  replaced by triton (upstream's generic defaults, MLA: triton and MHA:
+  flashinfer, already work there and are kept).
 
 Only the 12.x family is judged (``GATED_FAMILIES``). On every other GPU the
 checks return without touching anything, so behaviour there is upstream's.
@@ -215,6 +216,14 @@ def default_backend(cap: Tuple[int, int], kind: str, has_attention_sinks=False) 
     return "flashinfer"
 
 
+# What a defaulted backend that cannot run on the GPU is replaced with. Only a
+# model override can pick such a default on sm_12x (upstream's generic pick is
+# already triton/flashinfer there), and the models with overrides (GPT-OSS,
+# Llama 4, Gemma 4, Exaone, Olmo 2, Step 3.5, ...) all accept triton, while
+# some reject flashinfer.
+REPLACEMENT_BACKEND = "triton"
+
+
 class UnsupportedAttentionBackendError(ValueError):
     """An attention backend was requested that the GPU cannot run."""
 
@@ -345,7 +354,7 @@ def attention_backend_gate(server_args: Any) -> Callable[[Any], dict]:
             return {}
         cap, gpu_name = gpu
         kind = _model_kind(view)
-        fallback = default_backend(cap, kind, _has_attention_sinks(view))
+        fallback = REPLACEMENT_BACKEND
         declared: Dict[str, Any] = {}
         chosen: Dict[str, Tuple[str, Optional[str]]] = {}
 
