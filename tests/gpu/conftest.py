@@ -1,0 +1,216 @@
+"""Shared GPU-tier fixtures: test models and a patched sglang server per configuration.
+
+``launch_server(model, args)`` starts ``python -m sglang.launch_server`` on a free port in
+its own process group, waits for ``/health`` (raising with the log tail if the process dies
+or the deadline passes) and always kills the whole group on exit. ``server_pool`` keeps one
+server alive at a time across a session and restarts only when the configuration changes,
+because a start costs 60-250 s (CUDA graphs, FlashInfer JIT).
+
+Environment:
+  DDTREE_TEST_MODELS   an existing ``scripts/make_test_models.py`` output dir (else generated)
+  DDTREE_GPU_LOG_DIR   where server logs go (default: a temp dir); the e2e run copies it to $OUT
+  DDTREE_SERVER_TIMEOUT  seconds to wait for /health (default 420)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LEAK_PATTERNS = ("memory leak detected", "Mem Leak Detected")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A running server: URL helpers plus its log."""
+
+    def __init__(self, name: str, model: str, args: list[str], log_dir: Path, env: Optional[dict] = None):
+        self.name, self.model, self.args = name, model, list(args)
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / f"server-{name}.log"
+        cmd = [
+            sys.executable, "-m", "sglang.launch_server",
+            "--model-path", model, "--host", "127.0.0.1", "--port", str(self.port), *self.args,
+        ]
+        self._log = open(self.log_path, "w")
+        self._log.write("$ " + " ".join(cmd) + "\n")
+        self._log.flush()
+        self.started = time.time()
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.ready_s: Optional[float] = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = self.started + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server {self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if self.get("/health", timeout=5).status == 200:
+                    self.ready_s = time.time() - self.started
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"server {self.name} not healthy after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):  # stray children of the group
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self._log.close()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    # -- HTTP ------------------------------------------------------------------------------
+    def get(self, path: str, timeout: float = 30.0):
+        return urllib.request.urlopen(self.base_url + path, timeout=timeout)
+
+    def post(self, path: str, payload: dict, timeout: float = 300.0) -> dict:
+        req = urllib.request.Request(
+            self.base_url + path, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def stream(self, path: str, payload: dict, timeout: float = 300.0) -> Iterator[dict]:
+        """Server-sent events of a streaming request, parsed; closing the generator aborts."""
+        req = urllib.request.Request(
+            self.base_url + path,
+            data=json.dumps({**payload, "stream": True}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:") :].strip()
+                if data == "[DONE]":
+                    return
+                yield json.loads(data)
+
+    def generate_ids(self, input_ids: list[int], max_new_tokens: int, **sampling) -> dict:
+        """Native /generate with token ids in and out (greedy unless told otherwise)."""
+        params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True, **sampling}
+        return self.post("/generate", {"input_ids": input_ids, "sampling_params": params})
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus gauges/counters summed over label sets."""
+        out: dict[str, float] = {}
+        for line in self.get("/metrics").read().decode().splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name, _, value = line.rpartition(" ")
+            out[name.split("{")[0]] = out.get(name.split("{")[0], 0.0) + float(value)
+        return out
+
+    # -- log -------------------------------------------------------------------------------
+    def log_text(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, n: int = 80) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    def leak_lines(self) -> list[str]:
+        return [l for l in self.log_text().splitlines() if any(p in l for p in LEAK_PATTERNS)]
+
+
+@contextlib.contextmanager
+def launch_server(name: str, model: str, args: list[str], log_dir: Path, timeout: Optional[float] = None,
+                  env: Optional[dict] = None):
+    server = ServerProcess(name, model, args, log_dir, env=env)
+    try:
+        server.wait_healthy(timeout or float(os.environ.get("DDTREE_SERVER_TIMEOUT", "420")))
+        yield server
+    finally:
+        server.stop()
+
+
+class ServerPool:
+    """One live server at a time, keyed by configuration name."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self._stack: Optional[contextlib.ExitStack] = None
+        self.current: Optional[ServerProcess] = None
+        self.failed: dict[str, str] = {}
+
+    def get(self, name: str, model: str, args: list[str], env: Optional[dict] = None) -> ServerProcess:
+        if self.current is not None and self.current.name == name and self.current.alive():
+            return self.current
+        self.close()
+        if name in self.failed:  # do not pay a second start for a configuration that failed
+            pytest.fail(f"server {name} failed to start earlier:\n{self.failed[name]}")
+        self._stack = contextlib.ExitStack()
+        try:
+            self.current = self._stack.enter_context(launch_server(name, model, args, self.log_dir, env=env))
+        except Exception as e:
+            self.failed[name] = str(e)
+            self.close()
+            raise
+        print(f"\n[server {name} healthy after {self.current.ready_s:.0f} s]", flush=True)
+        return self.current
+
+    def close(self) -> None:
+        if self._stack is not None:
+            self._stack.close()
+        self._stack, self.current = None, None
+
+
+@pytest.fixture(scope="session")
+def gpu_log_dir() -> Path:
+    d = Path(os.environ.get("DDTREE_GPU_LOG_DIR") or tempfile.mkdtemp(prefix="ddtree_gpu_logs_"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="session")
+def tiny_models() -> Path:
+    """Output dir of scripts/make_test_models.py (generated once per session if not given)."""
+    given = os.environ.get("DDTREE_TEST_MODELS")
+    if given and (Path(given) / "manifest.json").exists():
+        return Path(given)
+    out = Path(given) if given else Path(tempfile.mkdtemp(prefix="ddtree_models_"))
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_test_models.py"), str(out)], check=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def server_pool(gpu_log_dir):
+    pool = ServerPool(gpu_log_dir)
+    yield pool
+    pool.close()
