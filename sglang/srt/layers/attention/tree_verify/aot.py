@@ -85,12 +85,15 @@ def split_kernel_source(
     )
 
 
-def combine_kernel_source(dv: int, dtype: str = "bf16") -> ASTSource:
-    block_dv = triton.next_power_of_2(dv)
+def combine_kernel_source(dv: int, dtype: str = "bf16", parts: int = 257) -> ASTSource:
     types = {n: "i32" for n in ("total_rows", "num_parts", "num_heads", "stride_ps",
                                 "stride_pr", "stride_ls", "stride_ot", "stride_oh")}  # fmt: skip
     types.update(O_part="*fp32", Lse_part="*fp32", Out=f"*{dtype}")
-    constexprs = dict(D_V=dv, BLOCK_R=max(1, min(16, 4096 // block_dv)), BLOCK_DV=block_dv)
+    constexprs = dict(
+        D_V=dv,
+        BLOCK_P=triton.next_power_of_2(parts),
+        BLOCK_DV=min(128, triton.next_power_of_2(dv)),
+    )
     aligned = {"O_part", "Lse_part", "Out", "stride_ps", "stride_pr", "stride_ot"}
     return _source(
         _compiled_kernels()._tree_verify_combine_kernel, types, constexprs, aligned
@@ -110,7 +113,7 @@ def compile_split_kernel(config: TreeVerifyConfig, dqk: int, dv: int, cap, **kw)
 
 def compile_combine_kernel(dv: int, cap, dtype: str = "bf16"):
     src = combine_kernel_source(dv, dtype)
-    return triton.compile(src, target=cuda_target(cap), options={"num_warps": 4})
+    return triton.compile(src, target=cuda_target(cap), options={"num_warps": 1})
 
 
 def compile_arch_report(cap) -> list:

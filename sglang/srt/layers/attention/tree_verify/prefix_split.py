@@ -284,39 +284,33 @@ def _tree_verify_combine_kernel(
     stride_ot,
     stride_oh,
     D_V: tl.constexpr,
-    BLOCK_R: tl.constexpr,
+    BLOCK_P: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
-    """Merge every split's partial output by its log-sum-exp, write ``Out``."""
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    r_ok = offs_r < total_rows
-    offs_d = tl.arange(0, BLOCK_DV)
+    """Merge every split's partial output of one row (one ``BLOCK_DV`` slice)
+    by its log-sum-exp and write ``Out``. All LSEs of the row are read at once,
+    so the loop over parts only streams the partial outputs."""
+    row = tl.program_id(0)
+    offs_d = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     d_ok = offs_d < D_V
-    m = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
-    den = tl.zeros([BLOCK_R], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_DV], dtype=tl.float32)
-    part_row = O_part + offs_r[:, None].to(tl.int64) * stride_pr + offs_d[None, :]
-    for s in range(num_parts):
-        lse = tl.load(Lse_part + s * stride_ls + offs_r, mask=r_ok, other=float("-inf"))
-        m_new = tl.maximum(m, lse)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m - m_use)
-        w = tl.math.exp2(lse - m_use)
-        o = tl.load(
-            part_row + s * stride_ps,
-            mask=(r_ok & (lse > float("-inf")))[:, None] & d_ok[None, :],
-            other=0.0,
-        )
-        acc = acc * alpha[:, None] + w[:, None] * o
-        den = den * alpha + w
-        m = m_new
-    out = acc / tl.where(den > 0.0, den, 1.0)[:, None]
-    tok = offs_r // num_heads
-    head = offs_r % num_heads
+    offs_p = tl.arange(0, BLOCK_P)
+    lse = tl.load(Lse_part + offs_p * stride_ls + row, mask=offs_p < num_parts, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    den = tl.sum(tl.math.exp2(lse - m), 0)
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    part_row = O_part + row.to(tl.int64) * stride_pr + offs_d
+    for s in tl.range(0, num_parts, num_stages=4):
+        w = tl.math.exp2(tl.load(Lse_part + s * stride_ls + row) - m)
+        o = tl.load(part_row + s * stride_ps, mask=d_ok, other=0.0)
+        acc += w * o
+    out = acc / tl.where(den > 0.0, den, 1.0)
+    tok = row // num_heads
+    head = row % num_heads
     tl.store(
-        Out + tok[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+        Out + tok.to(tl.int64) * stride_ot + head * stride_oh + offs_d,
         out.to(Out.dtype.element_ty),
-        mask=r_ok[:, None] & d_ok[None, :],
+        mask=d_ok,
     )
 
 
@@ -437,14 +431,13 @@ def combine_partials(
     parts, total_rows, dv = o_part.shape
     if total_rows == 0:
         return out
-    block_dv = triton.next_power_of_2(dv)
-    block_r = max(1, min(16, 4096 // block_dv))
-    _tree_verify_combine_kernel[(triton.cdiv(total_rows, block_r),)](
+    block_dv = min(128, triton.next_power_of_2(dv))
+    _tree_verify_combine_kernel[(total_rows, triton.cdiv(dv, block_dv))](
         o_part, lse_part, out, total_rows, parts, out.shape[1],
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         out.stride(0), out.stride(1),
-        D_V=dv, BLOCK_R=block_r, BLOCK_DV=block_dv,
-        num_warps=4,
+        D_V=dv, BLOCK_P=triton.next_power_of_2(parts), BLOCK_DV=block_dv,
+        num_warps=1,
     )  # fmt: skip
     return out
 
