@@ -20,7 +20,7 @@ checks return without touching anything, so behaviour there is upstream's.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, FrozenSet, Iterable, Optional, Tuple
 
 from sglang.srt.utils import gpu_arch
@@ -153,11 +153,12 @@ SUPPORT_BY_FAMILY: Dict[str, Dict[str, Support]] = {"sm12x": SM12X_SUPPORT}
 # Which backends can verify a DDTree token tree (a real ancestor mask over the
 # tree tokens plus the dense prefix), per arch family and model kind. The
 # tree-verify dispatcher owns this table; edit entries here as paths land.
+_EVERY_FAMILY = ("sm80", "sm90", "sm100", "sm12x")
 TREE_VERIFY_SUPPORT: Dict[str, Dict[str, FrozenSet[str]]] = {
-    "triton": {"sm80": _only(MLA, MHA), "sm90": _only(MLA, MHA),
-               "sm100": _only(MLA, MHA), "sm12x": _only(MLA, MHA)},
-    "flashinfer": {"sm80": _only(MHA), "sm90": _only(MHA),
-                   "sm100": _only(MHA), "sm12x": _only(MHA)},
+    # Triton extend attention takes a custom mask on every arch.
+    "triton": {family: _only(MLA, MHA) for family in _EVERY_FAMILY},
+    # FlashInfer's MHA prefill takes a custom mask; its MLA kernels do not.
+    "flashinfer": {family: _only(MHA) for family in _EVERY_FAMILY},
 }
 
 
@@ -205,12 +206,9 @@ def backends_for(cap: Tuple[int, int], kind: str, role: str) -> Tuple[str, ...]:
 
 
 def default_backend(cap: Tuple[int, int], kind: str, has_attention_sinks=False) -> str:
-    """The backend a gated GPU gets when none that works was chosen.
-
-    Same picks as upstream's generic default on sm_12x: MLA -> triton (the
-    fastest MLA path that supports every speculative mode there), MHA ->
-    flashinfer, or triton for models with attention sinks (FlashInfer has none).
-    """
+    """Upstream's generic default on a gated GPU, which works there (named in
+    refusals): MLA -> triton, MHA -> flashinfer, or triton for models with
+    attention sinks (FlashInfer has none)."""
     if kind == MLA or has_attention_sinks:
         return "triton"
     return "flashinfer"
@@ -326,10 +324,6 @@ def _draft_kind(algorithm: Optional[str], target_kind: str) -> str:
     if (algorithm or "").upper() in _MHA_DRAFT_ALGORITHMS:
         return MHA
     return target_kind
-
-
-def _has_attention_sinks(view: Any) -> bool:
-    return bool(getattr(view.get_model_config(), "has_attention_sinks", False))
 
 
 _ROLE_FIELDS = (
