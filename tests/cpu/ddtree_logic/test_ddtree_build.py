@@ -20,8 +20,6 @@ from sglang.srt.speculative.ddtree.tree_build import (
     triton_interpreted,
 )
 
-# The interpreter converts 1-element arrays to loop bounds; harmless here.
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
 FIELDS = ("node_token", "node_parent", "node_depth", "node_rank", "node_score", "num_nodes")
 

@@ -18,14 +18,13 @@ from sglang.srt.speculative.ddtree.tree_compile import (
     tree_mask_to_dense,
 )
 
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
 
-def _compile(tree, num_depths, rng):
+def _compile(tree, num_depths, rng, use_triton=None):
     bs = tree.node_token.shape[0]
     bonus = torch.from_numpy(rng.integers(0, 1000, size=bs))
     committed = torch.from_numpy(rng.integers(0, 5000, size=bs))
-    ct = compile_tree(tree, bonus, committed, max_tree_depth(tree.budget, num_depths))
+    ct = compile_tree(tree, bonus, committed, max_tree_depth(tree.budget, num_depths), use_triton=use_triton)
     return ct, bonus, committed
 
 
@@ -36,14 +35,17 @@ def _compile(tree, num_depths, rng):
     num_depths=st.integers(1, 16),
     vocab=st.integers(1, 6),
     pad_prob=st.sampled_from([0.0, 0.5]),
+    use_triton=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_compile_matches_naive(bs, budget, num_depths, vocab, pad_prob, seed):
+def test_compile_matches_naive(bs, budget, num_depths, vocab, pad_prob, use_triton, seed):
+    """Both implementations: the Triton kernel (interpreted) and batched torch."""
     rng = np.random.default_rng(seed)
     tree = random_tree(rng, bs, budget, num_depths, vocab, pad_prob)
-    ct, bonus, committed = _compile(tree, num_depths, rng)
+    ct, bonus, committed = _compile(tree, num_depths, rng, use_triton)
     n = budget + 1
     assert ct.tree_mask.shape == (bs, n, mask_words(n)) and ct.tree_mask.dtype == torch.int32
+    assert ct.tokens.dtype == ct.positions.dtype == ct.retrive_next_token.dtype == torch.int64
     for b in range(bs):
         ref = compile_tree_ref(
             tree.node_token[b].tolist(),
@@ -115,11 +117,28 @@ def test_bit_31_and_word_boundaries():
     tree = random_tree(np.random.default_rng(0), 1, budget, 1, 1)
     tree.node_parent = parent
     tree.node_depth = torch.arange(1, budget + 1, dtype=torch.int32).unsqueeze(0)
-    ct = compile_tree(tree, torch.tensor([0]), torch.tensor([0]), budget)
+    ct = compile_tree(tree, torch.tensor([0]), torch.tensor([0]), budget, use_triton=True)
+    assert torch.equal(ct.tree_mask, compile_tree(tree, torch.tensor([0]), torch.tensor([0]), budget,
+                                                  use_triton=False).tree_mask)
     dense = tree_mask_to_dense(ct.tree_mask, budget + 1)
     assert torch.equal(dense[0], torch.tril(torch.ones(budget + 1, budget + 1, dtype=torch.bool)))
     assert ct.tree_mask[0, 31, 0].item() == -1  # all 32 bits of word 0
     assert ct.tree_mask[0, 40, 1].item() == (1 << 9) - 1
+
+
+@pytest.mark.parametrize("budget", [1, 31, 32, 64, 256])
+def test_triton_and_torch_compile_agree(budget):
+    rng = np.random.default_rng(budget)
+    tree = random_tree(rng, 3, budget, 15, 8, 0.3)
+    bonus = torch.tensor([1, 2, 3], dtype=torch.int32)
+    committed = torch.tensor([0, 100, 4096], dtype=torch.int32)
+    depth = max_tree_depth(budget, 15)
+    a = compile_tree(tree, bonus, committed, depth, use_triton=True)
+    b = compile_tree(tree, bonus, committed, depth, use_triton=False)
+    for name in ("tokens", "positions", "depth", "parent", "tree_mask", "retrive_index",
+                 "retrive_next_token", "retrive_next_sibling"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and torch.equal(x, y), name
 
 
 def test_pack_bits_round_trip():

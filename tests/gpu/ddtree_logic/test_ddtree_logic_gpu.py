@@ -72,6 +72,20 @@ def test_build_kernel_matches_reference(budget, dtype):
     _assert_same_tree(got, build_tree_ref_batched(lp.cpu(), ids.cpu(), budget))
 
 
+@pytest.mark.parametrize("budget", [1, 31, 64, 256])
+def test_compile_kernel_matches_torch(budget):
+    lp, ids = _draft(8, 15, 4096, budget, torch.float32, seed=budget)
+    tree = build_tree(lp, ids, budget)
+    bonus = torch.randint(0, 4096, (8,), device=DEV)
+    committed = torch.randint(0, 10000, (8,), device=DEV, dtype=torch.int32)
+    depth = max_tree_depth(budget, 15)
+    a = compile_tree(tree, bonus, committed, depth, use_triton=True)
+    b = compile_tree(tree, bonus, committed, depth, use_triton=False)
+    for name in ("tokens", "positions", "depth", "parent", "tree_mask", "retrive_index",
+                 "retrive_next_token", "retrive_next_sibling"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
 @pytest.mark.parametrize("budget", [16, 64, 256])
 def test_build_kernel_ties_and_small_vocab(budget):
     lp, ids = _draft(4, 6, 5, budget, torch.float32, seed=3, ties=True)
@@ -219,6 +233,7 @@ def test_step_time(bs, budget):
 
     build_us = _time_us(lambda: build_tree(lp, ids, budget, out=tree))
     compile_us = _time_us(lambda: compile_tree(tree, bonus, committed, depth))
+    compile_torch_us = _time_us(lambda: compile_tree(tree, bonus, committed, depth, use_triton=False))
     accept_us = _time_us(lambda: greedy_accept(ct, pred, use_kernel=False))
     kv_us = _time_us(lambda: plan_kv_remap(slots, res.accept_index, res.num_accepted))
 
@@ -234,7 +249,8 @@ def test_step_time(bs, budget):
     with torch.cuda.graph(graph):
         step()
     graph_us = _time_us(graph.replay)
-    row = dict(build_us=build_us, compile_us=compile_us, greedy_accept_torch_us=accept_us,
+    row = dict(build_us=build_us, compile_us=compile_us, compile_torch_us=compile_torch_us,
+               greedy_accept_torch_us=accept_us,
                kv_remap_us=kv_us, whole_step_graph_us=graph_us)
     if kernel_ops_available():
         row["greedy_accept_sgl_kernel_us"] = _time_us(lambda: greedy_accept(ct, pred, use_kernel=True))

@@ -13,18 +13,22 @@ Node i of a request's tree (N = B + 1 nodes, node 0 = root = bonus token):
   ``retrive_next_token`` = first child, ``retrive_next_sibling`` = next child
   of the same parent in index order, -1 for none (int64, as the ops require)
 
-Everything is a handful of batched torch ops with static shapes: no host sync,
-capturable in a CUDA graph.
+On the GPU this is one Triton launch (a program per request and block of 32
+nodes); a batched-torch version with the same contract serves CPUs and tests.
+Static shapes, no host sync, capturable in a CUDA graph.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
+import triton
+import triton.language as tl
 
 from sglang.srt.speculative.ddtree.tree_build import DraftTree
+from sglang.srt.speculative.ddtree.tree_build import triton_interpreted as _interpreted
 
 
 @dataclass
@@ -62,12 +66,16 @@ def compile_tree(
     bonus: torch.Tensor,
     committed_len: torch.Tensor,
     max_depth: int,
+    *,
+    use_triton: Optional[bool] = None,
 ) -> CompiledTree:
     """Tokens, positions, ancestor bitmask and ``retrive_*`` links for a batch.
 
     ``bonus`` ``[bs]`` is the root token, ``committed_len`` ``[bs]`` the number
     of tokens whose KV is already committed (the root's position).
-    ``max_depth`` (use ``max_tree_depth``) bounds the ancestor walk statically.
+    ``max_depth`` (use ``max_tree_depth``) bounds the ancestor walk.
+    One Triton launch on CUDA (or under ``TRITON_INTERPRET=1``), batched torch
+    ops otherwise; ``use_triton`` forces a choice.
     """
     bs, budget = tree.node_token.shape
     n = budget + 1
@@ -79,7 +87,21 @@ def compile_tree(
         )
     if not 1 <= max_depth <= budget:
         raise ValueError(f"max_depth must be in 1..{budget}, got {max_depth}")
+    runnable = device.type == "cuda" or _interpreted()
+    if use_triton and not runnable:
+        raise RuntimeError(
+            "the DDTree compile kernel needs CUDA tensors or TRITON_INTERPRET=1 "
+            f"set before import; got tensors on {device}"
+        )
+    if bs > 0 and (runnable if use_triton is None else use_triton):
+        return _compile_triton(tree, bonus, committed_len, max_depth)
+    return _compile_torch(tree, bonus, committed_len, max_depth)
 
+
+def _compile_torch(tree, bonus, committed_len, max_depth) -> CompiledTree:
+    bs, budget = tree.node_token.shape
+    n = budget + 1
+    device = tree.node_token.device
     tokens = torch.cat([bonus.view(bs, 1).to(torch.int64), tree.node_token.to(torch.int64)], dim=1)
     parent = torch.cat(
         [torch.full((bs, 1), -1, dtype=torch.int64, device=device), tree.node_parent.to(torch.int64)],
@@ -105,6 +127,56 @@ def compile_tree(
         retrive_next_sibling=next_sibling,
         max_depth=max_depth,
     )
+
+
+def _compile_triton(tree, bonus, committed_len, max_depth) -> CompiledTree:
+    bs, budget = tree.node_token.shape
+    n = budget + 1
+    words = mask_words(n)
+    device = tree.node_token.device
+
+    def new(*shape, dtype=torch.int64):
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    out = CompiledTree(
+        tokens=new(bs, n),
+        positions=new(bs, n),
+        depth=new(bs, n, dtype=torch.int32),
+        parent=new(bs, n),
+        tree_mask=new(bs, n, words, dtype=torch.int32),
+        retrive_index=new(bs, n),
+        retrive_next_token=new(bs, n),
+        retrive_next_sibling=new(bs, n),
+        max_depth=max_depth,
+    )
+    node_token = tree.node_token.contiguous()
+    node_parent = tree.node_parent.contiguous()
+    node_depth = tree.node_depth.contiguous()
+    block_i = 32
+    grid = (bs, triton.cdiv(n, block_i))
+    _ddtree_compile_kernel[grid](
+        node_token,
+        node_parent,
+        node_depth,
+        bonus.contiguous(),
+        committed_len.contiguous(),
+        out.tokens,
+        out.positions,
+        out.depth,
+        out.parent,
+        out.tree_mask,
+        out.retrive_index,
+        out.retrive_next_token,
+        out.retrive_next_sibling,
+        budget,
+        max_depth,
+        BLOCK_I=block_i,
+        BLOCK_J=64,
+        WORDS=words,
+        WORDS_PAD=triton.next_power_of_2(words),
+        num_warps=4,
+    )
+    return out
 
 
 def ancestor_bitmask(parent: torch.Tensor, max_depth: int) -> torch.Tensor:
@@ -193,3 +265,79 @@ def _self_bits(n: int, device: torch.device) -> torch.Tensor:
 
 def _row_offsets(bs: int, n: int, device) -> torch.Tensor:
     return (torch.arange(bs, device=device, dtype=torch.int64) * n).unsqueeze(1)
+
+
+@triton.jit
+def _ddtree_compile_kernel(
+    node_token_ptr,  # [bs, B]
+    node_parent_ptr,  # [bs, B] int32, -1 = padding
+    node_depth_ptr,  # [bs, B] int32
+    bonus_ptr,  # [bs]
+    committed_ptr,  # [bs]
+    tokens_ptr,  # [bs, N] int64
+    positions_ptr,  # [bs, N] int64
+    depth_ptr,  # [bs, N] int32
+    parent_ptr,  # [bs, N] int64
+    mask_ptr,  # [bs, N, WORDS] int32
+    retrive_index_ptr,  # [bs, N] int64
+    next_token_ptr,  # [bs, N] int64
+    next_sibling_ptr,  # [bs, N] int64
+    budget,
+    max_depth,
+    BLOCK_I: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    WORDS: tl.constexpr,
+    WORDS_PAD: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    n = budget + 1
+    i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    in_tree = i < n
+    is_node = in_tree & (i > 0)
+    nodes = b * budget  # row offset into the [bs, B] inputs (node i is column i - 1)
+
+    parent = tl.load(node_parent_ptr + nodes + i - 1, mask=is_node, other=-1).to(tl.int64)
+    depth = tl.load(node_depth_ptr + nodes + i - 1, mask=is_node, other=0).to(tl.int32)
+    token = tl.load(node_token_ptr + nodes + i - 1, mask=is_node, other=0).to(tl.int64)
+    bonus = tl.load(bonus_ptr + b).to(tl.int64)
+    token = tl.where(i == 0, bonus, token)
+    committed = tl.load(committed_ptr + b).to(tl.int64)
+
+    row = b * n + i
+    tl.store(tokens_ptr + row, token, mask=in_tree)
+    tl.store(positions_ptr + row, committed + depth.to(tl.int64), mask=in_tree)
+    tl.store(depth_ptr + row, depth, mask=in_tree)
+    tl.store(parent_ptr + row, parent, mask=in_tree)
+    tl.store(retrive_index_ptr + row, row, mask=in_tree)
+
+    # Ancestor bits: walk each node's parent chain (padding hops to the root).
+    w = tl.arange(0, WORDS_PAD)
+    bits = tl.zeros([BLOCK_I, WORDS_PAD], dtype=tl.int32)
+    j = i
+    active = in_tree
+    for _ in range(max_depth + 1):
+        hit = active[:, None] & (w[None, :] == (j // 32)[:, None])
+        bit = (tl.full([BLOCK_I], 1, tl.int32) << (j % 32).to(tl.int32))[:, None]
+        bits = tl.where(hit, bits | bit, bits)
+        up = tl.load(node_parent_ptr + nodes + j - 1, mask=active & (j > 0), other=0)
+        active = active & (j > 0)
+        j = tl.where(up < 0, 0, up).to(j.dtype)
+    mask_off = row[:, None] * WORDS + w[None, :]
+    tl.store(mask_ptr + mask_off, bits, mask=in_tree[:, None] & (w[None, :] < WORDS))
+
+    # First child: smallest j with parent[j] == i. Next sibling: smallest
+    # j > i with parent[j] == parent[i]. Scanned in blocks of candidates j.
+    none = 2147483647
+    first = tl.full([BLOCK_I], none, tl.int32)
+    sibling = tl.full([BLOCK_I], none, tl.int32)
+    has_parent = parent >= 0
+    for start in range(1, n, BLOCK_J):
+        jj = start + tl.arange(0, BLOCK_J)
+        pj = tl.load(node_parent_ptr + nodes + jj - 1, mask=jj < n, other=-1).to(tl.int64)
+        jj32 = jj.to(tl.int32)
+        child = pj[None, :] == i[:, None].to(tl.int64)
+        first = tl.minimum(first, tl.min(tl.where(child, jj32[None, :], none), axis=1))
+        sib = (pj[None, :] == parent[:, None]) & (jj[None, :] > i[:, None]) & has_parent[:, None]
+        sibling = tl.minimum(sibling, tl.min(tl.where(sib, jj32[None, :], none), axis=1))
+    tl.store(next_token_ptr + row, tl.where(first == none, -1, first).to(tl.int64), mask=in_tree)
+    tl.store(next_sibling_ptr + row, tl.where(sibling == none, -1, sibling).to(tl.int64), mask=in_tree)
