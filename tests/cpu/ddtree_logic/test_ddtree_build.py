@@ -239,3 +239,13 @@ def test_bad_shapes_are_refused():
         build_tree(lp, ids.float(), 4)
     with pytest.raises(ValueError, match=r"\[bs, L, V\]"):
         draft_topk(torch.randn(2, 5), 4)
+
+
+def test_negative_zero_ties_with_positive_zero():
+    logprobs = torch.tensor([[[-0.0, 0.0, -1.0], [0.0, -0.0, -1.0]]])
+    token_ids = torch.tensor([[[1, 2, 3], [4, 5, 6]]])
+    tree = build_tree(logprobs, token_ids, 6, use_triton=True)
+    _assert_same(tree, build_tree_ref_batched(logprobs, token_ids, 6))
+    # all four zero-score prefixes first: depth 1 ranks 0, 1, then their rank-0/1 children
+    assert tree.node_depth[0].tolist()[:4] == [1, 1, 2, 2]
+    assert tree.node_parent[0].tolist()[:4] == [0, 0, 1, 1]
