@@ -1,76 +1,70 @@
-"""Servers for the DDTREE end-to-end tests (GPU host only).
+"""Servers for the DDTREE end-to-end tests (GPU host only), on the shared GPU
+harness of ``tests/gpu/conftest.py`` (``ServerProcess``, ``tiny_models``,
+``gpu_log_dir``).
 
-Three servers on one GPU, started concurrently: the tiny MLA target without
-speculation (the reference), and the same target with DDTREE and its DFlash
-drafter, once with CUDA graphs + overlap scheduling and once eager + synchronous. Test models come from ``scripts/make_test_models.py`` (or
-``DDTREE_TEST_MODELS`` pointing at an existing output directory).
+Three servers on one GPU, started together so their ~60 s starts overlap: the
+tiny MLA target without speculation (the reference), and the same target with
+DDTREE and its DFlash drafter, once with CUDA graphs + the overlap scheduler
+and once eager + synchronous. Every server runs the scheduler's idle KV check
+in strict mode, so a leak, double free or use-after-free kills it.
 
-Environment knobs: ``DDTREE_E2E_EXTRA_ARGS`` (appended to the DDTREE server,
-e.g. ``--disable-cuda-graph``), ``DDTREE_E2E_BUDGET`` (default 16),
-``DDTREE_E2E_LOG_DIR`` (server logs; default a temp dir).
+``DDTREE_E2E_BUDGET`` (default 16) sets the tree budget; ``DDTREE_E2E_EXTRA_ARGS``
+is appended to both DDTREE servers.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from _ddtree_server import Server
 
-REPO = Path(__file__).resolve().parents[3]
+STRICT_KV_CHECK = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
+COMMON = [
+    "--attention-backend", "triton",
+    "--mem-fraction-static", "0.2",
+    "--max-running-requests", "16",
+    "--cuda-graph-max-bs", "8",
+    "--enable-metrics",
+    "--log-level", "info",
+]
+
+
+def _harness(config):
+    """The shared GPU harness module (tests/gpu/conftest.py), as pytest loaded it."""
+    for plugin in config.pluginmanager.get_plugins():
+        path = getattr(plugin, "__file__", None) or ""
+        if Path(path).resolve() == Path(__file__).resolve().parent.parent / "conftest.py":
+            return plugin
+    raise RuntimeError("tests/gpu/conftest.py (the shared GPU harness) is not loaded")
 
 
 @pytest.fixture(scope="session")
-def models() -> Path:
-    given = os.environ.get("DDTREE_TEST_MODELS")
-    if given:
-        return Path(given)
-    out = Path(tempfile.mkdtemp(prefix="ddtree_models_"))
-    subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "make_test_models.py"), str(out), "--only", "mla"],
-        check=True,
-    )
-    return out
-
-
-@pytest.fixture(scope="session")
-def servers(models):
-    log_dir = Path(os.environ.get("DDTREE_E2E_LOG_DIR") or tempfile.mkdtemp(prefix="ddtree_logs_"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    target, drafter = str(models / "tiny-mla"), str(models / "tiny-mla-dflash")
-    common = [
-        "--model-path", target,
-        "--attention-backend", "triton",
-        "--mem-fraction-static", "0.2",
-        "--max-running-requests", "16",
-        "--cuda-graph-max-bs", "8",
-        "--enable-metrics",
-    ]
-    budget = os.environ.get("DDTREE_E2E_BUDGET", "16")
-    ddtree_args = common + [
+def servers(request, tiny_models, gpu_log_dir):
+    ServerProcess = _harness(request.config).ServerProcess
+    target = str(tiny_models / "tiny-mla")
+    ddtree = [
         "--speculative-algorithm", "DDTREE",
-        "--speculative-draft-model-path", drafter,
-        "--speculative-ddtree-budget", budget,
+        "--speculative-draft-model-path", str(tiny_models / "tiny-mla-dflash"),
+        "--speculative-ddtree-budget", os.environ.get("DDTREE_E2E_BUDGET", "16"),
         *shlex.split(os.environ.get("DDTREE_E2E_EXTRA_ARGS", "")),
     ]
-    started = [
-        Server("baseline", common, log_dir),
-        # CUDA graphs (draft and tree verify) and the overlap scheduler.
-        Server("ddtree", ddtree_args, log_dir),
-        # Eager and synchronous: the other code paths of the same step.
-        Server("ddtree_eager", ddtree_args + ["--disable-cuda-graph", "--disable-overlap-schedule"], log_dir),
-    ]
+    configs = {
+        "baseline": COMMON,
+        "ddtree": COMMON + ddtree,
+        "ddtree_eager": COMMON + ddtree + ["--disable-cuda-graph", "--disable-overlap-schedule"],
+    }
+    started = []
     try:
-        deadline = time.time() + float(os.environ.get("DDTREE_E2E_START_TIMEOUT", "420"))
+        for name, args in configs.items():
+            started.append(ServerProcess(f"ddtree-e2e-{name}", target, args, gpu_log_dir, env=STRICT_KV_CHECK))
+        timeout = float(os.environ.get("DDTREE_SERVER_TIMEOUT", "420"))
         for s in started:
-            s.wait_healthy(deadline)
-        yield {s.name: s for s in started}
+            s.wait_healthy(timeout)
+            print(f"\n[server {s.name} healthy after {s.ready_s:.0f} s]", flush=True)
+        yield dict(zip(configs, started))
     finally:
         for s in started:
             s.stop()

@@ -1,32 +1,35 @@
 """DDTREE through the real server on the GPU host: lossless greedy output
-(single and concurrent), stop conditions inside an accepted run, aborts,
-sampling on a peaked target, no KV leak, metrics.
+(single and 8 concurrent), max_new_tokens and stop tokens inside an accepted
+run, aborts, sampling on a peaked target, no KV leak, metrics.
 
-Run on the GPU host after the series is applied:
-    python -m pytest tests/gpu/ddtree -q
+Each test runs against both DDTREE servers (``tree``: CUDA graphs + overlap,
+and eager + synchronous) and compares with the no-speculation server.
+
+On the GPU host after scripts/gpu_host/install.sh:
+    source scripts/gpu_host/env.sh && python3 -m pytest tests/gpu/ddtree -q
 """
 
 from __future__ import annotations
 
 import json
 import random
-import re
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from _ddtree_server import get
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("GPU tier: needs a CUDA device", allow_module_level=True)
 
 
 def _prompts(n, seed=0, lo=3, hi=40):
     rng = random.Random(seed)
-    return [[rng.randrange(16, 512) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+    return [[1] + [rng.randrange(16, 512) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
 def _greedy(server, ids, n, **kw):
-    out = server.generate(ids, temperature=0.0, max_new_tokens=n, ignore_eos=True, **kw)
+    out = server.generate_ids(ids, n, **kw)
     return out["output_ids"], out["meta_info"]
 
 
@@ -38,15 +41,17 @@ def _tau_rule(models, prompt, n):
     return seq[len(prompt):]
 
 
-def test_greedy_single_identical(servers, tree, models):
+def test_greedy_single_identical(servers, tree, tiny_models):
     base = servers["baseline"]
     prompt = _prompts(1, seed=1)[0]
     want, _ = _greedy(base, prompt, 96)
     got, meta = _greedy(tree, prompt, 96)
     assert got == want
     # The constructed target follows y[i+1] = tau(y[i-1]) (sanity of the reference).
-    assert want == _tau_rule(models, prompt, 96)
-    # The constructed drafter agrees with the target, so the tree must pay off.
+    assert want == _tau_rule(tiny_models, prompt, 96)
+    # The constructed drafter agrees with the target except for a decoy at
+    # depth 5 that a tree routes around: the tree must pay off beyond a chain.
+    print(f"\n[{tree.name}] accept length {meta.get('spec_accept_length')}, verify steps {meta.get('spec_verify_ct')}")
     assert meta["spec_verify_ct"] < 96
     assert meta["spec_accept_length"] > 2.0, meta
 
@@ -75,24 +80,24 @@ def test_stop_token_inside_run(servers, tree):
     prompt = _prompts(1, seed=11)[0]
     full, _ = _greedy(base, prompt, 40)
     stop = full[9]  # lands in the middle of an accepted run
-    want = base.generate(prompt, temperature=0.0, max_new_tokens=40, stop_token_ids=[stop])
-    got = tree.generate(prompt, temperature=0.0, max_new_tokens=40, stop_token_ids=[stop])
-    assert got["output_ids"] == want["output_ids"]
-    assert got["output_ids"][-1] == stop and len(got["output_ids"]) <= 10
+    kw = dict(ignore_eos=False, stop_token_ids=[stop])
+    want, _ = _greedy(base, prompt, 40, **kw)
+    got, _ = _greedy(tree, prompt, 40, **kw)
+    assert got == want
+    assert got[-1] == stop and len(got) <= 10
 
 
 def test_sampling_on_peaked_target(servers, tree):
-    """Every greedy step of the test target wins by ~20 logits, so sampling at
-    temperature 1 (with top-k / top-p) must reproduce the greedy text; the
+    """Every greedy step of the test target wins by a logit margin above 13,
+    so top-p 0.95 keeps only the argmax and sampling must reproduce the greedy
+    text through the sampling verify path (temperature, top-k, top-p); the
     per-node distribution itself is covered by the CPU chi-square tests."""
     base = servers["baseline"]
     prompts = _prompts(4, seed=5)
     want = [_greedy(base, p, 48)[0] for p in prompts]
 
     def sample(p):
-        return tree.generate(
-            p, temperature=1.0, top_p=0.95, top_k=20, max_new_tokens=48, ignore_eos=True
-        )
+        return tree.generate_ids(p, 48, temperature=1.0, top_p=0.95, top_k=20)
 
     with ThreadPoolExecutor(4) as ex:
         outs = list(ex.map(sample, prompts))
@@ -103,19 +108,13 @@ def test_sampling_on_peaked_target(servers, tree):
 
 def test_abort_mid_generation(servers, tree):
     prompt = _prompts(1, seed=7)[0]
-    payload = {
-        "input_ids": prompt,
-        "sampling_params": {"temperature": 0.0, "max_new_tokens": 2000, "ignore_eos": True},
-        "stream": True,
-    }
-    req = urllib.request.Request(
-        tree.url + "/generate", data=json.dumps(payload).encode(),
-        headers={"Content-Type": "application/json"},
+    events = tree.stream(
+        "/generate",
+        {"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": 3000, "ignore_eos": True}},
     )
-    resp = urllib.request.urlopen(req, timeout=60)
-    for _ in range(5):
-        resp.readline()
-    resp.close()  # client disconnect -> the server aborts the request
+    for _ in range(3):
+        next(events)
+    events.close()  # client disconnect -> the server aborts the request
     time.sleep(2)
     out, _ = _greedy(tree, prompt, 8)
     assert len(out) == 8
@@ -123,15 +122,16 @@ def test_abort_mid_generation(servers, tree):
 
 def test_no_kv_leak_and_metrics(servers, tree):
     """The scheduler checks the KV pool whenever it goes idle and, in strict
-    mode (set by the harness), dies on a leak; after all the traffic above the
+    mode (set by the fixture), dies on a leak; after all the traffic above the
     server must be alive and idle-clean."""
     time.sleep(3)  # let the scheduler go idle and run its self-check
     assert tree.alive(), tree.log_tail()
-    log = tree.log_path.read_text(errors="replace")
-    for bad in ("memory leak detected", "double free", "use-after-free"):
-        assert bad not in log, tree.log_tail()
-    get(tree.url + "/health_generate", timeout=30)
-    metrics = get(tree.url + "/metrics")
-    m = re.search(r"^sglang:spec_accept_length\{[^}]*\}\s+([0-9.eE+-]+)", metrics, re.M)
-    assert m is not None, "spec_accept_length missing from /metrics"
-    assert "DDTREE worker: budget=" in log
+    assert not tree.leak_lines(), tree.leak_lines()
+    for bad in ("double free", "use-after-free"):
+        assert bad not in tree.log_text(), tree.log_tail()
+    tree.get("/health_generate", timeout=60)
+    metrics = tree.metrics()
+    assert metrics.get("sglang:spec_accept_length", 0.0) > 1.0, {
+        k: v for k, v in metrics.items() if "spec" in k
+    }
+    assert "DDTREE worker: budget=" in tree.log_text()
