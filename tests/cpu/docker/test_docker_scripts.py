@@ -87,3 +87,12 @@ def test_image_metadata_is_declared():
     for label in ("ddtree.upstream.version", "ddtree.series.digest", "org.opencontainers.image.revision"):
         assert label in DOCKERFILE
     assert re.search(r"^ARG BASE_IMAGE=nvidia/cuda:13\.\S+-runtime-", DOCKERFILE, re.M)
+
+
+def test_nothing_writes_a_layer_after_the_install():
+    """On storage drivers without copy-on-write every later layer would copy the ~9 GB tree."""
+    run = DOCKERFILE[DOCKERFILE.index("FROM base AS runtime"):]
+    after = run[run.index("\nENV ", run.index("RUN ")):]
+    instructions = re.findall(r"^([A-Z]+)\s", after, re.M)
+    assert instructions and set(instructions) <= {"ENV", "LABEL", "EXPOSE", "HEALTHCHECK",
+                                                   "ENTRYPOINT", "CMD", "ARG"}, instructions
