@@ -75,7 +75,7 @@ def test_trtllm_mha_is_decode_only_on_sm12x():
 def test_tree_verify_table():
     assert bs.supports_tree_verify("triton", (12, 0), bs.MLA)
     assert bs.supports_tree_verify("flashinfer", (12, 0), bs.MHA)
-    assert not bs.supports_tree_verify("flashinfer", (12, 0), bs.MLA)
+    assert bs.supports_tree_verify("flashinfer", (12, 0), bs.MLA)  # through the fused path (0031)
     assert not bs.supports_tree_verify("fa3", (9, 0), bs.MHA)
     assert not bs.supports_tree_verify("triton", (7, 5), bs.MHA)
 

@@ -1,0 +1,516 @@
+"""Serve speculative TARGET_VERIFY attention through the fused tree-verify path.
+
+An attention backend owns one :class:`TreeVerifyHook`. Per forward it decides
+whether this TARGET_VERIFY is
+
+* a DDTREE tree verify: the verify input carries ``tree_mask_bits``
+  (``int32 [bs, N, ceil(N/32)]``); the backend then sets
+  ``consumes_tree_mask_bits`` so the DDTree worker builds no dense mask;
+* a DFLASH chain verify: the block is causal, served with a cached causal
+  bitmask (Triton backend only: FlashInfer's MLA kernel runs chains causally
+  and fast already);
+
+and gathers what :func:`tree_verify_attention` needs: the committed prefix as
+an ``int32`` CSR (the backend's own ``kv_indptr`` is reused when it has one),
+the tree's KV slots (``out_cache_loc`` viewed ``[bs, N]``) and the mask.
+Everything that depends on the batch is prepared outside the forward
+(``prepare``), in persistent buffers when CUDA graphs are captured, so the
+captured kernels read fixed addresses and launch with fixed shapes.
+
+``SGLANG_DDTREE_VERIFY_STRATEGY=upstream_extend`` turns the hook off: verify
+then runs upstream's own path (the dense custom mask for DDTREE), for A/B runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from sglang.srt.layers.attention.tree_verify.dispatch import STRATEGY_ENV
+from sglang.srt.layers.attention.tree_verify.masks import causal_tree_mask, mask_words
+
+logger = logging.getLogger(__name__)
+
+TREE = "tree"
+CHAIN = "chain"
+
+#: Strategy name that keeps the backend's upstream verify path (A/B runs).
+UPSTREAM_STRATEGY = "upstream_extend"
+
+# Backends whose TARGET_VERIFY applies a dense custom mask when the verify
+# input carries one. The others in upstream's DFlash skip list run the block
+# causally whatever the input says.
+DENSE_MASK_VERIFY_BACKENDS = frozenset({"TritonAttnBackend", "FlashInferAttnBackend"})
+
+
+class TreeVerifyUnavailable(RuntimeError):
+    """A tree verify reached a backend that cannot apply its mask."""
+
+
+def static_verify_kind(spec_algorithm: Any) -> Optional[str]:
+    """TREE for DDTREE, CHAIN for DFLASH, None for every other algorithm."""
+    if spec_algorithm is None:
+        return None
+    if getattr(spec_algorithm, "verify_uses_tree_mask", False):
+        return TREE
+    is_dflash = getattr(spec_algorithm, "is_dflash", None)
+    if callable(is_dflash) and is_dflash():
+        return CHAIN
+    return None
+
+
+def _innermost(attn_backend: Any) -> Any:
+    backend = attn_backend
+    for _ in range(4):
+        inner = getattr(backend, "full_attn_backend", None)
+        if inner is None:
+            break
+        backend = inner
+    return backend
+
+
+def active_hook(attn_backend: Any) -> Optional["TreeVerifyHook"]:
+    """The backend's hook when it serves TARGET_VERIFY itself, else None."""
+    hook = getattr(_innermost(attn_backend), "tree_verify", None)
+    if isinstance(hook, TreeVerifyHook) and hook.kind is not None:
+        return hook
+    return None
+
+
+def dflash_verify_mask_policy(attn_backend: Any, build_custom_mask: bool) -> bool:
+    """Upstream's DFlash mask policy, relaxed: a backend whose hook serves
+    verify never reads a dense mask, so none is built (or captured) for it."""
+    if active_hook(attn_backend) is not None:
+        return False
+    return build_custom_mask
+
+
+def check_runtime_tree_verify(attn_backend: Any) -> None:
+    """Raise unless ``attn_backend`` applies a DDTree tree mask in TARGET_VERIFY,
+    either through its hook (reads ``tree_mask_bits``) or upstream's dense mask.
+
+    The startup check (``backend_support.check_tree_verify_backend``) refuses
+    such servers first; this guards paths that did not go through ServerArgs.
+    """
+    backend = _innermost(attn_backend)
+    hook = active_hook(backend)
+    if hook is not None and hook.kind == TREE:
+        return
+    name = type(backend).__name__
+    if name in DENSE_MASK_VERIFY_BACKENDS:
+        return
+    raise TreeVerifyUnavailable(
+        f"DDTREE verify needs a tree mask, and the attention backend {name} "
+        f"applies none in TARGET_VERIFY (it would verify the tree causally). "
+        f"Use --attention-backend triton (or flashinfer)."
+    )
+
+
+@dataclass
+class TreeVerifyMetadata:
+    kind: str
+    prefix_kv_indptr: torch.Tensor  # int32 [bs + 1]
+    prefix_kv_indices: torch.Tensor  # int32, >= prefix_kv_indptr[-1] entries
+    tree_kv_indices: torch.Tensor  # int32 [bs, N]
+    tree_mask: torch.Tensor  # int32 [bs, N, ceil(N/32)]
+
+
+def fill_prefix_indices(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    indptr: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """``out[indptr[b] : indptr[b+1]] = req_to_token[req_pool_indices[b], :seq_lens[b]]``
+    as int32, without reading a device value on the host."""
+    bs = req_pool_indices.shape[0]
+    if bs == 0 or out.numel() == 0:
+        return out
+    if out.is_cuda:
+        from sglang.kernels.ops.kvcache.kv_indices import (
+            create_flashinfer_kv_indices_triton,
+        )
+
+        create_flashinfer_kv_indices_triton[(bs,)](
+            req_to_token, req_pool_indices, seq_lens, indptr, None, out,
+            req_to_token.stride(0),
+        )  # fmt: skip
+        return out
+    pos = torch.arange(out.numel(), device=out.device)
+    row = torch.searchsorted(indptr[1:].long(), pos, right=True).clamp_max(bs - 1)
+    col = pos - indptr[row].long()
+    valid = pos < indptr[bs].long()
+    src = req_to_token[req_pool_indices.long()[row], col.clamp(0, req_to_token.shape[1] - 1)]
+    out.copy_(torch.where(valid, src.to(out.dtype), out))
+    return out
+
+
+class TreeVerifyHook:
+    """The tree-verify path of one attention backend.
+
+    ``kind`` is what this backend serves (TREE, CHAIN or None = nothing, in
+    which case every call is a no-op and upstream's path runs). It is fixed
+    at construction from the speculative algorithm, so the CUDA graphs
+    captured for TARGET_VERIFY know which path they record.
+    """
+
+    def __init__(
+        self,
+        *,
+        spec_algorithm: Any,
+        is_draft_worker: bool,
+        req_to_token: torch.Tensor,
+        max_context_len: int,
+        num_draft_tokens: Optional[int],
+        device: Any,
+        backend_name: str,
+        serves_chain: bool = True,
+        unsupported: Optional[str] = None,
+        require_for_tree: bool = False,
+        dense_mask_fallback: bool = True,
+    ):
+        self.backend_name = backend_name
+        # Whether upstream's path of this backend applies a dense custom mask
+        # (so a layer the hook cannot serve may fall back to it).
+        self.dense_mask_fallback = dense_mask_fallback
+        self.req_to_token = req_to_token
+        self.max_context_len = int(max_context_len)
+        self.num_draft_tokens = num_draft_tokens
+        self.device = device
+        wanted = None if is_draft_worker else static_verify_kind(spec_algorithm)
+        if wanted == CHAIN and not serves_chain:
+            wanted = None
+        reason = None
+        if os.environ.get(STRATEGY_ENV) == UPSTREAM_STRATEGY:
+            reason = f"{STRATEGY_ENV}={UPSTREAM_STRATEGY} keeps upstream's verify path"
+        elif unsupported:
+            reason = unsupported
+        self.kind = wanted if reason is None else None
+        if wanted is not None and reason is not None:
+            if wanted == TREE and require_for_tree:
+                raise TreeVerifyUnavailable(
+                    f"DDTREE verify on {backend_name} needs the tree-verify path, "
+                    f"which is off: {reason}. {backend_name} has no other way to "
+                    f"apply a tree mask; use --attention-backend triton."
+                )
+            logger.info("Tree-verify path off on %s: %s.", backend_name, reason)
+        elif self.kind is not None:
+            logger.info("%s serves %s verify through the tree-verify path.", backend_name, self.kind)
+        self.metadata: Optional[TreeVerifyMetadata] = None
+        self._causal: Dict[Tuple[int, int], torch.Tensor] = {}
+        self._graph: Optional[Dict[str, torch.Tensor]] = None
+
+    # ------------------------------------------------------------ construction
+
+    @classmethod
+    def for_backend(cls, backend: Any, model_runner: Any, **kw) -> "TreeVerifyHook":
+        spec = getattr(model_runner, "spec_algorithm", None)
+        num_draft = None
+        server_args = getattr(model_runner, "server_args", None)
+        if server_args is not None:
+            num_draft = getattr(server_args, "speculative_num_draft_tokens", None)
+        return cls(
+            spec_algorithm=spec,
+            is_draft_worker=bool(getattr(model_runner, "is_draft_worker", False)),
+            req_to_token=model_runner.req_to_token_pool.req_to_token,
+            max_context_len=model_runner.model_config.context_len,
+            num_draft_tokens=int(num_draft) if num_draft else None,
+            device=model_runner.device,
+            backend_name=type(backend).__name__,
+            **kw,
+        )
+
+    @property
+    def consumes_tree_mask_bits(self) -> bool:
+        return self.kind == TREE
+
+    # ------------------------------------------------------------ metadata
+
+    def init_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        """Persistent buffers the captured TARGET_VERIFY graphs read."""
+        if self.kind is None:
+            return
+        n = self.num_draft_tokens or max(1, max_num_tokens // max(1, max_bs))
+        words = mask_words(n)
+        self._graph = {
+            "indptr": torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device),
+            "prefix": torch.zeros(
+                max_bs * self.max_context_len, dtype=torch.int32, device=self.device
+            ),
+            "tree": torch.zeros(max_num_tokens, dtype=torch.int32, device=self.device),
+            # Capture runs with a chain; a tree replay overwrites its rows.
+            "mask": causal_tree_mask(max_bs, n, self.device),
+        }
+        assert self._graph["mask"].shape[-1] == words
+
+    def _verify_kind(self, forward_batch: Any, graph: bool) -> Optional[str]:
+        if self.kind is None or not forward_batch.forward_mode.is_target_verify():
+            return None
+        if graph:
+            return self.kind
+        spec_info = forward_batch.spec_info
+        if spec_info is None or getattr(spec_info, "ragged_verify_layout", None) is not None:
+            return None
+        if self.kind == TREE:
+            return TREE if getattr(spec_info, "tree_mask_bits", None) is not None else None
+        from sglang.srt.speculative.spec_info import SpecInputType
+
+        if getattr(spec_info, "spec_input_type", None) != SpecInputType.DFLASH_VERIFY:
+            return None
+        return CHAIN
+
+    def _width(self, forward_batch: Any, bs: int) -> int:
+        n = getattr(forward_batch.spec_info, "draft_token_num", None)
+        if n is None:
+            n = self.num_draft_tokens
+        if n is None:
+            n = forward_batch.out_cache_loc.shape[0] // max(1, bs)
+        return int(n)
+
+    def _causal_mask(self, bs: int, n: int) -> torch.Tensor:
+        key = (bs, n)
+        if key not in self._causal:
+            self._causal[key] = causal_tree_mask(bs, n, self.device)
+        return self._causal[key]
+
+    def prepare(
+        self,
+        forward_batch: Any,
+        kv_indptr: Optional[torch.Tensor] = None,
+        graph: bool = False,
+    ) -> Optional[TreeVerifyMetadata]:
+        """Per-forward metadata, built outside the forward (eager, capture, replay).
+
+        ``kv_indptr``: the backend's prefix CSR row pointers (int32 ``[bs+1]``,
+        ``cumsum(seq_lens)``) when it already built them for this verify.
+        ``graph``: fill the persistent capture buffers (capture and replay).
+        """
+        kind = self._verify_kind(forward_batch, graph)
+        self.metadata = None
+        if kind is None:
+            return None
+        bs = int(forward_batch.req_pool_indices.shape[0])
+        n = self._width(forward_batch, bs)
+        seq_lens = forward_batch.seq_lens[:bs]
+        req_pool_indices = forward_batch.req_pool_indices[:bs]
+        out_cache_loc = forward_batch.out_cache_loc
+        bits = getattr(forward_batch.spec_info, "tree_mask_bits", None)
+        if graph:
+            buf = self._graph
+            if buf is None:
+                raise RuntimeError("TreeVerifyHook.init_graph_state was not called")
+            if kv_indptr is None:
+                kv_indptr = buf["indptr"][: bs + 1]
+                kv_indptr[1:] = torch.cumsum(seq_lens, 0)
+            indices = buf["prefix"][: bs * self.max_context_len]
+            tree = buf["tree"][: bs * n]
+            rows = out_cache_loc.shape[0]
+            tree[:rows].copy_(out_cache_loc)
+            tree[rows:].zero_()
+            if kind == TREE:
+                mask = buf["mask"][:bs]
+                if mask.shape[1] != n:
+                    raise ValueError(
+                        f"tree width {n} differs from the captured width {mask.shape[1]}"
+                    )
+                if bits is not None:
+                    mask[: bits.shape[0]].copy_(bits)
+            else:
+                mask = buf["mask"][:bs]
+        else:
+            if kv_indptr is None:
+                kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=seq_lens.device)
+                kv_indptr[1:] = torch.cumsum(seq_lens, 0)
+            total = forward_batch.seq_lens_sum
+            if total is None:
+                total = bs * self.max_context_len
+            indices = torch.empty(int(total), dtype=torch.int32, device=seq_lens.device)
+            tree = out_cache_loc.to(torch.int32)
+            mask = bits if kind == TREE else self._causal_mask(bs, n)
+        fill_prefix_indices(self.req_to_token, req_pool_indices, seq_lens, kv_indptr, indices)
+        self.metadata = TreeVerifyMetadata(
+            kind=kind,
+            prefix_kv_indptr=kv_indptr,
+            prefix_kv_indices=indices,
+            tree_kv_indices=tree.view(bs, n),
+            tree_mask=mask,
+        )
+        return self.metadata
+
+    # ------------------------------------------------------------ forward
+
+    def _layer_unsupported(
+        self, layer: Any, q: torch.Tensor, k_buffer: torch.Tensor, extra: Optional[str]
+    ) -> Optional[str]:
+        if extra:
+            return extra
+        if getattr(layer, "sliding_window_size", -1) not in (None, -1):
+            return "sliding-window layer"
+        if getattr(layer, "k_scale", None) is not None:
+            return "scaled (fp8) KV cache"
+        if getattr(layer, "xai_temperature_len", -1) not in (None, -1):
+            return "xai temperature scaling"
+        if k_buffer.dtype != q.dtype:
+            return f"KV cache dtype {k_buffer.dtype} differs from the query dtype {q.dtype}"
+        return None
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        layer: Any,
+        forward_batch: Any,
+        out: Optional[torch.Tensor] = None,
+        logit_cap: float = 0.0,
+        unsupported: Optional[str] = None,
+    ) -> Optional[torch.Tensor]:
+        """Attention of this TARGET_VERIFY layer, or None when the hook does not
+        serve it (upstream's path then runs). The tree's KV must already be in
+        the pool. ``q``: ``[bs*N, H, Dqk]``; returns ``[bs*N, H, Dv]``.
+
+        ``unsupported``: a backend-side reason this layer cannot take the
+        path (sinks, score_mod, non-causal...).
+        """
+        meta = self.metadata
+        if meta is None or not forward_batch.forward_mode.is_target_verify():
+            return None
+        reason = self._layer_unsupported(layer, q, k_buffer, unsupported)
+        if reason is not None:
+            has_dense = getattr(forward_batch.spec_info, "custom_mask", None) is not None
+            if meta.kind == TREE and not (self.dense_mask_fallback and has_dense):
+                raise TreeVerifyUnavailable(
+                    f"DDTREE verify on {self.backend_name}, layer "
+                    f"{getattr(layer, 'layer_id', '?')}: the tree-verify path cannot "
+                    f"serve it ({reason}) and no dense mask applies. Use "
+                    f"--attention-backend triton with {STRATEGY_ENV}={UPSTREAM_STRATEGY} "
+                    f"for the dense-mask path."
+                )
+            return None
+        from sglang.srt.layers.attention.tree_verify import tree_verify_attention
+
+        return tree_verify_attention(
+            q,
+            k_buffer,
+            v_buffer,
+            meta.prefix_kv_indptr,
+            meta.prefix_kv_indices,
+            meta.tree_kv_indices,
+            meta.tree_mask,
+            layer.scaling,
+            out=out,
+            logit_cap=float(logit_cap or 0.0),
+        )
+
+
+# ---------------------------------------------------------------------------
+# Backend-specific construction (called from the patched backends)
+# ---------------------------------------------------------------------------
+
+
+def _kv_dtype_reason(model_runner: Any) -> Optional[str]:
+    kv = getattr(model_runner, "kv_cache_dtype", None)
+    dtype = getattr(model_runner, "dtype", None)
+    if kv is not None and dtype is not None and kv != dtype:
+        return f"KV cache dtype {kv} differs from the model dtype {dtype} (fp8 KV)"
+    return None
+
+
+def triton_hook(backend: Any, model_runner: Any) -> TreeVerifyHook:
+    """Hook for ``TritonAttnBackend`` (MHA/GQA and absorbed MLA)."""
+    reasons = []
+    if getattr(backend, "skip_prefill", False):
+        reasons.append("prefill disabled on this backend")
+    if (getattr(backend, "sliding_window_size", None) or -1) > 0:
+        reasons.append("sliding-window model")
+    if getattr(backend, "dcp_size", 1) > 1:
+        reasons.append("decode context parallelism")
+    if getattr(backend, "enable_deterministic", False):
+        reasons.append("deterministic inference")
+    if getattr(backend, "_translate_kv_loc", None) is not None:
+        reasons.append("unified KV pool (translated slot ids)")
+    if (getattr(backend, "page_size", 1) or 1) != 1:
+        reasons.append("page_size > 1")
+    kv = _kv_dtype_reason(model_runner)
+    if kv:
+        reasons.append(kv)
+    return TreeVerifyHook.for_backend(
+        backend, model_runner, unsupported="; ".join(reasons) or None
+    )
+
+
+def triton_layer_unsupported(
+    layer: Any, causal: bool, sinks: Any, score_mod: Any
+) -> Optional[str]:
+    if not causal:
+        return "non-causal attention"
+    if sinks is not None:
+        return "attention sinks"
+    if score_mod is not None:
+        return "score_mod"
+    return None
+
+
+def flashinfer_mla_hook(backend: Any, model_runner: Any) -> TreeVerifyHook:
+    """Hook for ``FlashInferMLAAttnBackend``: DDTREE only (its FA2 MLA kernel
+    takes no custom mask, so without the hook a tree would run causally).
+    DFLASH chains keep FlashInfer's own causal kernel."""
+    reasons = []
+    if getattr(backend, "skip_prefill", False):
+        reasons.append("prefill disabled on this backend")
+    if (getattr(backend, "page_size", 1) or 1) != 1:
+        reasons.append("page_size > 1")
+    updater = getattr(backend, "indices_updater_prefill", None)
+    if getattr(updater, "_translate_kv_loc_dense", None) is not None:
+        reasons.append("unified KV pool (translated slot ids)")
+    kv = _kv_dtype_reason(model_runner)
+    if kv:
+        reasons.append(kv)
+    return TreeVerifyHook.for_backend(
+        backend,
+        model_runner,
+        serves_chain=False,
+        unsupported="; ".join(reasons) or None,
+        require_for_tree=True,
+        dense_mask_fallback=False,
+    )
+
+
+def flashinfer_mla_run(
+    hook: TreeVerifyHook,
+    q: torch.Tensor,
+    q_rope: Optional[torch.Tensor],
+    layer: Any,
+    forward_batch: Any,
+    token_to_kv_pool: Any,
+) -> Optional[torch.Tensor]:
+    """FlashInfer MLA TARGET_VERIFY through the hook: ``q`` is ``[T, H, 512]``
+    with ``q_rope`` ``[T, H, 64]``, or the packed ``[T, H, 576]``. Returns
+    ``[T, H*512]`` or None."""
+    if hook.metadata is None:
+        return None
+    h = layer.tp_q_head_num
+    if q_rope is not None:
+        q_all = torch.cat(
+            [q.view(-1, h, layer.v_head_dim), q_rope.view(-1, h, layer.head_dim - layer.v_head_dim)],
+            dim=-1,
+        )
+    else:
+        q_all = q.reshape(-1, h, layer.head_dim)
+    k_buffer = token_to_kv_pool.get_key_buffer(layer.layer_id)
+    v_buffer = k_buffer[..., : layer.v_head_dim]
+    unsupported = None
+    if getattr(forward_batch, "attn_dcp_metadata", None) is not None:
+        unsupported = "decode context parallelism"
+    o = hook.run(
+        q_all.contiguous(), k_buffer, v_buffer, layer, forward_batch,
+        logit_cap=layer.logit_cap, unsupported=unsupported,
+    )  # fmt: skip
+    if o is None:
+        return None
+    return o.view(-1, h * layer.v_head_dim)
