@@ -113,7 +113,7 @@ if [ "$SKIP_BUILD" = 0 ]; then
     fi
     BUILD_S=$(( $(date +%s) - t0 ))
     [ -z "$SERVER_PID" ] || { kill "$SERVER_PID" 2>/dev/null || true; SERVER_PID=""; }
-    grep -E "series [0-9a-f]{12} \(|slimmed|release 1[0-9]\." "$WORK/build.log" | sed 's/^#[0-9]* [0-9.]* /   /' || true
+    grep -E "series [0-9a-f]{12} \(|slimmed|nvcc.*release" "$WORK/build.log" | sed 's/^#[0-9]* [0-9.]* /   /' || true
 else
     # An existing image is checked against the series it says it was built from.
     DIGEST=$("$DOCKER" image inspect -f '{{index .Config.Labels "ddtree.series.digest"}}' "$TAG") \
@@ -196,7 +196,7 @@ else
 fi
 
 SIZE=$("$DOCKER" image inspect -f '{{.Size}}' "$TAG")
-log "image $TAG: $(awk -v s="$SIZE" 'BEGIN { printf "%.2f GB (%d bytes)", s / 1e9, s }')${BUILD_S:+, built in ${BUILD_S} s}"
+log "image $TAG: $(awk -v s="$SIZE" 'BEGIN { printf "%.2f GB (%.0f bytes)", s / 1e9, s }')${BUILD_S:+, built in ${BUILD_S} s}"
 if [ "$RM_IMAGE" = 1 ]; then
     "$DOCKER" rmi "$TAG" >/dev/null
     "$DOCKER" builder prune -af >/dev/null 2>&1 || true

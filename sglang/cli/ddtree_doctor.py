@@ -271,13 +271,17 @@ def collect(capability: Optional[tuple[int, int]] = None) -> dict:
         problems.append(report["series"].get("error", "patch series problem"))
     build = report["build"] or {}
     built_for = build.get("gpu_arch", "")
-    targets = sorted(set(caps)) if caps else ([capability] if capability else [])
-    if capability and caps and capability not in caps:
+    # Judge the visible GPUs, the one asked about, or else the ones this image was built for.
+    targets = sorted(set(caps))
+    if capability and capability not in targets:
         targets.append(capability)
+    if not targets and built_for:
+        targets = [tuple(int(x) for x in c.split(".")) for c in built_for.split(",")]
     report["verdicts"] = {}
     for cap in targets:
         key = f"{cap[0]}.{cap[1]}"
         report["verdicts"][key] = {
+            "visible": cap in caps,
             "arch": arch_verdicts(cap),
             "backends": backend_verdicts(cap),
             "in_image_gpu_arch": (key in built_for.split(",")) if built_for else None,
@@ -329,7 +333,8 @@ def render(report: dict) -> str:
         add(f"patch stamp  {s.get('error')}")
     for key, v in report["verdicts"].items():
         arch = v["arch"]
-        add(f"verdicts for compute capability {key} ({arch.get('arch', '?')}):")
+        add(f"verdicts for compute capability {key} ({arch.get('arch', '?')})"
+            + ("" if v["visible"] else ", a GPU not visible here") + ":")
         if "error" in arch:
             add(f"  arch helpers: {arch['error']}")
         else:

@@ -113,3 +113,14 @@ def test_build_record_and_image_arch(tmp_path, monkeypatch):
     assert report["verdicts"]["9.0"]["in_image_gpu_arch"] is False
     assert any("differs from the image's recorded series" in p for p in report["problems"])
     assert "left out: sgl_kernel/sm90/" in doctor.render(report)
+
+
+def test_without_a_gpu_the_images_targets_are_judged(tmp_path, monkeypatch):
+    build = tmp_path / "build.json"
+    build.write_text(json.dumps({"gpu_arch": "12.0,12.1", "upstream_version": "0.5.17"}))
+    monkeypatch.setattr(doctor, "BUILD_INFO", str(build))
+    report = doctor.collect(None)
+    assert sorted(report["verdicts"]) == ["12.0", "12.1"]
+    assert report["verdicts"]["12.1"]["arch"]["is_sm121"] is True
+    assert not report["verdicts"]["12.0"]["visible"]
+    assert "verdicts for compute capability 12.1 (sm_121), a GPU not visible here:" in doctor.render(report)
