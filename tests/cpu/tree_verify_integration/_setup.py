@@ -1,0 +1,221 @@
+"""Realistic TARGET_VERIFY inputs on CPU tensors for the patched backends.
+
+The backends are the real (patched) classes, built with ``object.__new__``
+and the attributes their TARGET_VERIFY paths read, because their ``__init__``
+needs a GPU model runner. The KV pool is a minimal stand-in with the pool
+interface those paths call; everything under test (the backends' patched
+methods, the hook, the dispatcher, upstream's index/mask construction) is real.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import torch
+
+from sglang.srt.layers.attention.tree_verify import tree_mask_from_parents
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.speculative.ddtree.info import DDTreeVerifyInput, dense_verify_mask
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+MAX_CTX = 64
+POOL = 512
+
+
+class Pool:
+    """KV pool stand-in: MHA keeps K and V, absorbed MLA keeps one 576-wide
+    buffer whose first 512 columns are V (as MLATokenToKVPool)."""
+
+    def __init__(self, hkv, dqk, dv, dtype, mla):
+        self.mla = mla
+        self.k = torch.randn(POOL, hkv, dqk, dtype=dtype)
+        self.v = None if mla else torch.randn(POOL, hkv, dv, dtype=dtype)
+        self.dv = dv
+
+    def get_key_buffer(self, layer_id):
+        return self.k
+
+    def get_value_buffer(self, layer_id):
+        return self.k[..., : self.dv] if self.mla else self.v
+
+    def get_kv_buffer(self, layer_id):
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def set_kv_buffer(self, layer, loc, k, v, *args, **kwargs):
+        loc = getattr(loc, "loc", loc)
+        self.k[loc.long()] = k.view(-1, *self.k.shape[1:]).to(self.k.dtype)
+        if not self.mla:
+            self.v[loc.long()] = v.view(-1, *self.v.shape[1:]).to(self.v.dtype)
+
+    def set_mla_kv_buffer(self, layer, loc, k_nope, k_rope):
+        k = torch.cat([k_nope, k_rope], dim=-1)
+        self.k[loc.long()] = k.view(-1, *self.k.shape[1:]).to(self.k.dtype)
+
+
+def model_runner(algorithm: str, dtype=torch.float16, is_draft=False):
+    return SimpleNamespace(
+        spec_algorithm=SpeculativeAlgorithm.from_string(algorithm),
+        is_draft_worker=is_draft,
+        req_to_token_pool=SimpleNamespace(req_to_token=None),
+        model_config=SimpleNamespace(context_len=MAX_CTX),
+        server_args=SimpleNamespace(speculative_num_draft_tokens=None),
+        device="cpu",
+        dtype=dtype,
+        kv_cache_dtype=dtype,
+    )
+
+
+class Verify:
+    """One TARGET_VERIFY step: bs requests with ragged committed prefixes
+    (``prefix_lens``) and N draft tokens each, laid out in a req_to_token
+    table as the scheduler does (prefix then the tree window)."""
+
+    def __init__(self, prefix_lens, n, algorithm, gen, dense_mask=False):
+        self.bs = len(prefix_lens)
+        self.n = n
+        self.algorithm = algorithm
+        self.prefix = torch.tensor(prefix_lens, dtype=torch.int64)
+        slots = torch.randperm(POOL - 1, generator=gen)[: int(self.prefix.sum()) + self.bs * n] + 1
+        self.req_to_token = torch.zeros(self.bs + 2, MAX_CTX + n, dtype=torch.int32)
+        self.req_pool_indices = torch.arange(2, self.bs + 2, dtype=torch.int64).flip(0)
+        out, at = [], 0
+        for b, p in enumerate(prefix_lens):
+            row = slots[at : at + p + n].to(torch.int32)
+            at += p + n
+            self.req_to_token[self.req_pool_indices[b], : p + n] = row
+            out.append(row[p:])
+        self.out_cache_loc = torch.cat(out).long()
+        if algorithm == "DDTREE":
+            parents = torch.full((self.bs, n), -1, dtype=torch.int64)
+            for i in range(1, n):
+                parents[:, i] = torch.randint(0, i, (self.bs,), generator=gen)
+            self.tree_mask = tree_mask_from_parents(parents)
+            custom = None
+            if dense_mask:
+                numel = n * int(self.prefix.sum() + self.bs * n)
+                custom = dense_verify_mask(self.tree_mask, self.prefix, numel)
+            self.spec_info = DDTreeVerifyInput(
+                draft_token=torch.zeros(self.bs * n, dtype=torch.int64),
+                positions=torch.zeros(self.bs * n, dtype=torch.int64),
+                draft_token_num=n,
+                custom_mask=custom,
+                capture_hidden_mode=CaptureHiddenMode.FULL,
+                tree_mask_bits=self.tree_mask,
+            )
+        else:
+            self.tree_mask = None
+            self.spec_info = DFlashVerifyInput(
+                draft_token=torch.zeros(self.bs * n, dtype=torch.int64),
+                positions=torch.zeros(self.bs * n, dtype=torch.int64),
+                draft_token_num=n,
+                custom_mask=None,
+                capture_hidden_mode=CaptureHiddenMode.FULL,
+            )
+
+    def forward_batch(self, **overrides):
+        fb = SimpleNamespace(
+            batch_size=self.bs,
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            req_pool_indices=self.req_pool_indices,
+            seq_lens=self.prefix.clone(),
+            seq_lens_sum=int(self.prefix.sum()),
+            seq_lens_cpu=self.prefix.clone(),
+            out_cache_loc=self.out_cache_loc,
+            spec_info=self.spec_info,
+            encoder_lens=None,
+            attn_attend_prefix_cache=None,
+            attn_dcp_metadata=None,
+            positions=None,
+        )
+        for k, v in overrides.items():
+            setattr(fb, k, v)
+        return fb
+
+    def visible(self, b):
+        """Dense ``[N, P + N]`` visibility of request b (the definition)."""
+        p = int(self.prefix[b])
+        vis = torch.ones(self.n, p + self.n, dtype=torch.bool)
+        if self.tree_mask is None:
+            vis[:, p:] = torch.ones(self.n, self.n, dtype=torch.bool).tril()
+        else:
+            words = self.tree_mask[b].long()
+            j = torch.arange(self.n)
+            vis[:, p:] = ((words[:, j // 32] >> (j % 32)) & 1).bool()
+        return vis
+
+
+def dense_reference(verify: Verify, q, pool: Pool, scaling, logit_cap=0.0):
+    """fp32 attention of every verify token over its request's prefix and
+    tree, with the dense mask (what upstream's masked extend path computes)."""
+    h = q.shape[1]
+    k_buf, v_buf = pool.get_key_buffer(0), pool.get_value_buffer(0)
+    group = h // k_buf.shape[1]
+    outs = []
+    for b in range(verify.bs):
+        p = int(verify.prefix[b])
+        slots = verify.req_to_token[verify.req_pool_indices[b], : p + verify.n].long()
+        k = k_buf[slots].float().repeat_interleave(group, 1)
+        v = v_buf[slots].float().repeat_interleave(group, 1)
+        qb = q[b * verify.n : (b + 1) * verify.n].float()
+        s = torch.einsum("nhd,thd->hnt", qb, k) * scaling
+        if logit_cap > 0:
+            s = logit_cap * torch.tanh(s / logit_cap)
+        s = s.masked_fill(~verify.visible(b), -math.inf)
+        outs.append(torch.einsum("hnt,thd->nhd", torch.softmax(s, -1), v))
+    return torch.cat(outs)
+
+
+def layer_for(kind, h, hkv, dqk, dv, logit_cap=0.0):
+    if kind == "mla":
+        return RadixAttention(h, dqk, 1.0 / math.sqrt(dqk), 1, 0, logit_cap=logit_cap, v_head_dim=dv)
+    return RadixAttention(h, dqk, 1.0 / math.sqrt(dqk), hkv, 0, logit_cap=logit_cap, v_head_dim=dv)
+
+
+def triton_backend(runner, pool, verify: Verify, mla: bool):
+    """A real (patched) TritonAttnBackend with the attributes its
+    TARGET_VERIFY paths read, and the hook its patched __init__ installs."""
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+    from sglang.srt.layers.attention.tree_verify_hook import triton_hook
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    max_bs = 8
+    runner.req_to_token_pool.req_to_token = verify.req_to_token
+    runner.server_args.speculative_num_draft_tokens = verify.n
+    be = object.__new__(TritonAttnBackend)
+    be.__dict__.update(
+        device="cpu",
+        req_to_token=verify.req_to_token,
+        token_to_kv_pool=pool,
+        num_draft_tokens=verify.n,
+        kv_indptr=torch.zeros(max_bs + 1, dtype=torch.int32),
+        qo_indptr=torch.zeros(max_bs + 1, dtype=torch.int64),
+        mask_indptr=torch.zeros(max_bs + 1, dtype=torch.int64),
+        sliding_window_size=None,
+        window_kv_indptr=None,
+        use_sliding_window_kv_pool=False,
+        _translate_kv_loc=None,
+        max_context_len=MAX_CTX,
+        dcp_size=1,
+        enable_deterministic=False,
+        page_size=1,
+        skip_prefill=False,
+        use_verify_splitkv=False,
+        allow_bidirectional_attention_in_extend=False,
+        use_mla=mla,
+        extend_attention_fwd=extend_attention_fwd,
+        _verify_mask=None,
+    )
+    be.tree_verify = triton_hook(be, runner)
+    be.consumes_tree_mask_bits = be.tree_verify.consumes_tree_mask_bits
+    return be
+
+
+def qkv(verify: Verify, h, hkv, dqk, dv, dtype, mla, gen):
+    t = verify.bs * verify.n
+    q = torch.randn(t, h * dqk, generator=gen).to(dtype)
+    k = torch.randn(t, 1 if mla else hkv, dqk, generator=gen).to(dtype)
+    v = k[..., :dv].clone() if mla else torch.randn(t, hkv, dv, generator=gen).to(dtype)
+    return q, k, v

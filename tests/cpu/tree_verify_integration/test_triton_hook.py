@@ -1,0 +1,143 @@
+"""The patched Triton backend serves DDTREE / DFLASH TARGET_VERIFY through the
+tree-verify path and matches the dense-custom-mask attention."""
+
+import pytest
+import torch
+
+from _setup import Pool, Verify, dense_reference, layer_for, model_runner, qkv, triton_backend
+from sglang.srt.layers.attention.tree_verify_hook import (
+    CHAIN,
+    TREE,
+    TreeVerifyUnavailable,
+)
+
+SHAPES = {
+    # kind: (H, Hkv, Dqk, Dv)
+    "mha": (4, 2, 64, 64),
+    "mla": (3, 1, 576, 512),
+}
+
+
+def _run(algorithm, kind, prefix_lens, n, seed, strategy=None, monkeypatch=None, logit_cap=0.0):
+    gen = torch.Generator().manual_seed(seed)
+    h, hkv, dqk, dv = SHAPES[kind]
+    dtype = torch.float16
+    verify = Verify(prefix_lens, n, algorithm, gen)
+    pool = Pool(hkv, dqk, dv, dtype, mla=kind == "mla")
+    be = triton_backend(model_runner(algorithm), pool, verify, mla=kind == "mla")
+    layer = layer_for(kind, h, hkv, dqk, dv, logit_cap=logit_cap)
+    fb = verify.forward_batch()
+    be.init_forward_metadata(fb)
+    q, k, v = qkv(verify, h, hkv, dqk, dv, dtype, kind == "mla", gen)
+    o = be.forward_extend(q, k, v, layer, fb)
+    ref = dense_reference(verify, q.view(-1, h, dqk), pool, layer.scaling, logit_cap)
+    return be, o.view(-1, h, dv), ref
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+@pytest.mark.parametrize(
+    "prefix_lens,n",
+    [([5], 4), ([0, 13, 7], 5), ([33, 1, 0, 20], 9), ([17, 40], 33)],
+)
+def test_ddtree_tree_matches_dense_mask(kind, prefix_lens, n):
+    be, o, ref = _run("DDTREE", kind, prefix_lens, n, seed=len(prefix_lens) * 100 + n)
+    assert be.consumes_tree_mask_bits
+    assert be.tree_verify.metadata.kind == TREE
+    torch.testing.assert_close(o.float(), ref, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("kind", ["mha", "mla"])
+@pytest.mark.parametrize("prefix_lens,n", [([9], 8), ([0, 21, 6], 16)])
+def test_dflash_chain_matches_causal(kind, prefix_lens, n):
+    be, o, ref = _run("DFLASH", kind, prefix_lens, n, seed=7 + n)
+    assert not be.consumes_tree_mask_bits  # DFLASH builds no tree mask at all
+    assert be.tree_verify.metadata.kind == CHAIN
+    torch.testing.assert_close(o.float(), ref, atol=2e-3, rtol=2e-3)
+
+
+def test_logit_cap_is_applied():
+    _, o, ref = _run("DDTREE", "mha", [11, 3], 6, seed=3, logit_cap=2.0)
+    torch.testing.assert_close(o.float(), ref, atol=2e-3, rtol=2e-3)
+
+
+def test_fused_kernel_interpreted_through_the_hook(monkeypatch):
+    """The dispatcher's fused Triton kernels (interpreted) behind the hook."""
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "fused")
+    _, o, ref = _run("DDTREE", "mha", [0, 37], 7, seed=11)
+    torch.testing.assert_close(o.float(), ref, atol=3e-3, rtol=3e-3)
+
+
+def test_prefix_csr_reuses_the_backends_indptr():
+    gen = torch.Generator().manual_seed(0)
+    verify = Verify([4, 0, 9], 3, "DDTREE", gen)
+    be = triton_backend(model_runner("DDTREE"), Pool(2, 64, 64, torch.float16, False), verify, False)
+    be.init_forward_metadata(verify.forward_batch())
+    meta = be.tree_verify.metadata
+    assert meta.prefix_kv_indptr.data_ptr() == be.forward_metadata.kv_indptr.data_ptr()
+    assert meta.prefix_kv_indptr.tolist() == [0, 4, 4, 13]
+    upstream = be.forward_metadata.kv_indices[:13]
+    assert meta.prefix_kv_indices.dtype == torch.int32
+    assert meta.prefix_kv_indices[:13].tolist() == upstream.tolist()
+    assert meta.tree_kv_indices.tolist() == verify.out_cache_loc.view(3, 3).tolist()
+    assert meta.tree_mask is verify.spec_info.tree_mask_bits
+
+
+def test_upstream_strategy_keeps_upstream_dense_path(monkeypatch):
+    """SGLANG_DDTREE_VERIFY_STRATEGY=upstream_extend: the hook is off, the
+    worker must build the dense mask, and upstream's extend kernel applies it."""
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "upstream_extend")
+    gen = torch.Generator().manual_seed(5)
+    h, hkv, dqk, dv = SHAPES["mha"]
+    verify = Verify([6, 2], 4, "DDTREE", gen, dense_mask=True)
+    pool = Pool(hkv, dqk, dv, torch.float16, mla=False)
+    be = triton_backend(model_runner("DDTREE"), pool, verify, mla=False)
+    assert be.tree_verify.kind is None and not be.consumes_tree_mask_bits
+    layer = layer_for("mha", h, hkv, dqk, dv)
+    fb = verify.forward_batch()
+    be.init_forward_metadata(fb)
+    assert be.tree_verify.metadata is None
+    q, k, v = qkv(verify, h, hkv, dqk, dv, torch.float16, False, gen)
+    o = be.forward_extend(q, k, v, layer, fb)
+    ref = dense_reference(verify, q.view(-1, h, dqk), pool, layer.scaling)
+    torch.testing.assert_close(o.view(-1, h, dv).float(), ref, atol=3e-3, rtol=3e-3)
+
+
+def test_draft_runner_and_other_algorithms_keep_upstream():
+    gen = torch.Generator().manual_seed(1)
+    verify = Verify([3], 4, "DDTREE", gen)
+    pool = Pool(2, 64, 64, torch.float16, False)
+    assert triton_backend(model_runner("DDTREE", is_draft=True), pool, verify, False).tree_verify.kind is None
+    assert triton_backend(model_runner("EAGLE"), pool, verify, False).tree_verify.kind is None
+    assert triton_backend(model_runner("DSPARK"), pool, verify, False).tree_verify.kind is None
+
+
+def test_unservable_layer_without_dense_mask_refuses():
+    """A tree verify the hook cannot serve must not silently run causal."""
+    gen = torch.Generator().manual_seed(2)
+    h, hkv, dqk, dv = SHAPES["mha"]
+    verify = Verify([5], 4, "DDTREE", gen)
+    pool = Pool(hkv, dqk, dv, torch.float16, mla=False)
+    be = triton_backend(model_runner("DDTREE"), pool, verify, mla=False)
+    fb = verify.forward_batch()
+    be.init_forward_metadata(fb)
+    q, k, v = qkv(verify, h, hkv, dqk, dv, torch.float16, False, gen)
+    sinks = torch.zeros(h)
+    with pytest.raises(TreeVerifyUnavailable, match="sinks"):
+        be.forward_extend(q, k, v, layer_for("mha", h, hkv, dqk, dv), fb, sinks=sinks)
+
+
+def test_static_refusals_leave_the_dense_path():
+    """Sliding-window / fp8-KV backends keep upstream's path: the worker then
+    builds the dense mask (consumes_tree_mask_bits is False)."""
+    from sglang.srt.layers.attention.tree_verify_hook import triton_hook
+
+    gen = torch.Generator().manual_seed(4)
+    verify = Verify([3], 4, "DDTREE", gen)
+    be = triton_backend(model_runner("DDTREE"), Pool(2, 64, 64, torch.float16, False), verify, False)
+    be.sliding_window_size = 128
+    assert triton_hook(be, model_runner("DDTREE")).kind is None
+    be.sliding_window_size = None
+    runner = model_runner("DDTREE")
+    runner.kv_cache_dtype = torch.float8_e4m3fn
+    runner.req_to_token_pool.req_to_token = verify.req_to_token
+    assert not triton_hook(be, runner).consumes_tree_mask_bits
