@@ -65,9 +65,12 @@ def one_request(server, ids, new_tokens, out: dict) -> None:
     payload = {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens,
                                                      "ignore_eos": True}}
     last = None
-    for ev in server.stream("/generate", payload, timeout=900):
-        stamps.append(time.perf_counter())
-        last = ev
+    try:
+        for ev in server.stream("/generate", payload, timeout=900):
+            stamps.append(time.perf_counter())
+            last = ev
+    except Exception as e:  # surfaced by measure(), not lost in the thread
+        out["error"] = repr(e)
     out["stamps"], out["meta"] = stamps, (last or {}).get("meta_info", {})
 
 
@@ -82,6 +85,9 @@ def measure(server, ctx: int, batch: int, new_tokens: int, vocab: int, seed: int
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    errors = [r.get("error", "no tokens streamed") for r in results if "error" in r or not r["stamps"]]
+    if errors:
+        raise RuntimeError(f"requests failed at ctx={ctx} batch={batch}: {errors}")
     start = max(r["stamps"][0] for r in results)  # every request has its first token
     end = min(r["stamps"][-1] for r in results)  # no request has finished yet
     gaps = []

@@ -27,6 +27,7 @@ if not torch.cuda.is_available():
 COMMON = [
     "--mem-fraction-static", "0.25",
     "--max-running-requests", "16",
+    "--max-total-tokens", "65536",  # the drafter's KV per token dwarfs the tiny target's
     "--cuda-graph-max-bs", "8",
     "--enable-metrics",
     "--log-level", "info",
