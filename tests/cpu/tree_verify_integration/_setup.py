@@ -22,6 +22,7 @@ from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 MAX_CTX = 64
+MAX_REQS = 10
 POOL = 512
 
 
@@ -79,7 +80,7 @@ class Verify:
         self.algorithm = algorithm
         self.prefix = torch.tensor(prefix_lens, dtype=torch.int64)
         slots = torch.randperm(POOL - 1, generator=gen)[: int(self.prefix.sum()) + self.bs * n] + 1
-        self.req_to_token = torch.zeros(self.bs + 2, MAX_CTX + n, dtype=torch.int32)
+        self.req_to_token = torch.zeros(MAX_REQS, MAX_CTX + n, dtype=torch.int32)
         self.req_pool_indices = torch.arange(2, self.bs + 2, dtype=torch.int64).flip(0)
         out, at = [], 0
         for b, p in enumerate(prefix_lens):

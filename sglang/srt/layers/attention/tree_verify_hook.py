@@ -286,8 +286,9 @@ class TreeVerifyHook:
     ) -> Optional[TreeVerifyMetadata]:
         """Per-forward metadata, built outside the forward (eager, capture, replay).
 
-        ``kv_indptr``: the backend's prefix CSR row pointers (int32 ``[bs+1]``,
-        ``cumsum(seq_lens)``) when it already built them for this verify.
+        ``kv_indptr``: the backend's prefix CSR row pointers (int32, at least
+        ``bs + 1`` long, ``cumsum(seq_lens)``) when it already built them for
+        this verify.
         ``graph``: fill the persistent capture buffers (capture and replay).
         """
         kind = self._verify_kind(forward_batch, graph)
@@ -300,6 +301,8 @@ class TreeVerifyHook:
         req_pool_indices = forward_batch.req_pool_indices[:bs]
         out_cache_loc = forward_batch.out_cache_loc
         bits = getattr(forward_batch.spec_info, "tree_mask_bits", None)
+        if kv_indptr is not None:
+            kv_indptr = kv_indptr[: bs + 1]
         if graph:
             buf = self._graph
             if buf is None:

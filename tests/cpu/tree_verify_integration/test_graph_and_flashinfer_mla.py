@@ -1,0 +1,186 @@
+"""CUDA-graph buffers of the hook (fixed addresses and launch shapes across
+replays), the patched FlashInfer MLA backend, and the verify-backend policy."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from _setup import (
+    Pool,
+    Verify,
+    dense_reference,
+    layer_for,
+    model_runner,
+    qkv,
+    triton_backend,
+)
+from sglang.srt.layers.attention.tree_verify_hook import (
+    TREE,
+    TreeVerifyUnavailable,
+    check_runtime_tree_verify,
+)
+
+
+def _padded(verify: Verify, bs: int):
+    """The replay view of a padded graph batch: padded req slots 0, seq_len 1,
+    the real (unpadded) out_cache_loc and spec_info, as build_replay_fb_view."""
+    pad = bs - verify.bs
+    return verify.forward_batch(
+        batch_size=bs,
+        req_pool_indices=torch.cat([verify.req_pool_indices, torch.zeros(pad, dtype=torch.int64)]),
+        seq_lens=torch.cat([verify.prefix, torch.ones(pad, dtype=torch.int64)]),
+    )
+
+
+def test_graph_buffers_are_static_and_replays_match():
+    gen = torch.Generator().manual_seed(9)
+    h, hkv, dqk, dv = 4, 2, 64, 64
+    n, graph_bs = 6, 4
+    first = Verify([7, 0, 12], n, "DDTREE", gen)
+    pool = Pool(hkv, dqk, dv, torch.float16, mla=False)
+    be = triton_backend(model_runner("DDTREE"), pool, first, mla=False)
+    be.tree_verify.init_graph_state(max_bs=8, max_num_tokens=8 * n)
+    layer = layer_for("mha", h, hkv, dqk, dv)
+
+    ptrs = None
+    for step, prefix in enumerate(([7, 0, 12], [30, 2], [1, 1, 1, 40])):
+        verify = Verify(prefix, n, "DDTREE", gen)
+        # One req_to_token table for the whole run, as in the server.
+        first.req_to_token.copy_(verify.req_to_token)
+        verify.req_to_token = first.req_to_token
+        fb = _padded(verify, graph_bs)
+        be.kv_indptr[1 : graph_bs + 1] = torch.cumsum(fb.seq_lens, 0)  # upstream's fill
+        meta = be.tree_verify.prepare(fb, be.kv_indptr, graph=True)
+        now = [
+            t.data_ptr()
+            for t in (meta.prefix_kv_indptr, meta.prefix_kv_indices, meta.tree_kv_indices, meta.tree_mask)
+        ]
+        shapes = [tuple(t.shape) for t in (meta.prefix_kv_indices, meta.tree_kv_indices, meta.tree_mask)]
+        if ptrs is None:
+            ptrs, first_shapes = now, shapes
+        assert now == ptrs, "graph buffers must keep their addresses across replays"
+        assert shapes == first_shapes, "launch shapes must not depend on the batch"
+        assert meta.kind == TREE
+        assert meta.prefix_kv_indices.numel() == graph_bs * 64  # capacity, not sum(P)
+
+        q, k, v = qkv(verify, h, hkv, dqk, dv, torch.float16, False, gen)
+        pool.set_kv_buffer(layer, verify.out_cache_loc, k, v)
+        q_pad = torch.cat([q.view(-1, h, dqk), torch.zeros((graph_bs - verify.bs) * n, h, dqk, dtype=q.dtype)])
+        o = be.tree_verify.run(q_pad, pool.k, pool.v, layer, fb)
+        ref = dense_reference(verify, q.view(-1, h, dqk), pool, layer.scaling)
+        torch.testing.assert_close(o[: verify.bs * n].float(), ref, atol=2e-3, rtol=2e-3)
+
+
+def test_graph_capture_without_a_tree_uses_the_static_kind():
+    """At capture the spec_info is the runner's dummy (no tree_mask_bits):
+    the captured graph still records the tree path."""
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+
+    gen = torch.Generator().manual_seed(3)
+    verify = Verify([2, 2], 5, "DDTREE", gen)
+    be = triton_backend(model_runner("DDTREE"), Pool(2, 64, 64, torch.float16, False), verify, False)
+    be.tree_verify.init_graph_state(max_bs=4, max_num_tokens=20)
+    dummy = DFlashVerifyInput(draft_token=None, positions=None, draft_token_num=5, custom_mask=None)
+    meta = be.tree_verify.prepare(verify.forward_batch(spec_info=dummy), be.kv_indptr, graph=True)
+    assert meta is not None and meta.kind == TREE
+    # Eagerly, the same dummy is not a tree: upstream's path runs.
+    assert be.tree_verify.prepare(verify.forward_batch(spec_info=dummy)) is None
+
+
+def _flashinfer_mla_backend(runner, pool, verify):
+    from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAAttnBackend
+    from sglang.srt.layers.attention.tree_verify_hook import flashinfer_mla_hook
+
+    runner.req_to_token_pool.req_to_token = verify.req_to_token
+    runner.server_args.speculative_num_draft_tokens = verify.n
+    be = object.__new__(FlashInferMLAAttnBackend)
+    be.__dict__.update(
+        token_to_kv_pool=pool, page_size=1, skip_prefill=False, enable_chunk_kv=False,
+        forward_metadata=SimpleNamespace(prefill_wrapper=None, use_ragged=False),
+    )
+    be.tree_verify = flashinfer_mla_hook(be, runner)
+    be.consumes_tree_mask_bits = be.tree_verify.consumes_tree_mask_bits
+    return be
+
+
+@pytest.mark.parametrize("split_rope", [True, False])
+def test_flashinfer_mla_ddtree_through_the_hook(split_rope):
+    gen = torch.Generator().manual_seed(21)
+    h, dqk, dv = 4, 576, 512
+    verify = Verify([9, 0, 14], 7, "DDTREE", gen)
+    pool = Pool(1, dqk, dv, torch.float16, mla=True)
+    be = _flashinfer_mla_backend(model_runner("DDTREE"), pool, verify)
+    assert be.consumes_tree_mask_bits
+    layer = layer_for("mla", h, 1, dqk, dv)
+    fb = verify.forward_batch()
+    be.tree_verify.prepare(fb)  # what the patched init_forward_metadata calls last
+    q, k, _ = qkv(verify, h, 1, dqk, dv, torch.float16, True, gen)
+    if split_rope:
+        qv = q.view(-1, h, dqk)
+        o = be.forward_extend(
+            qv[..., :dv].contiguous(), k[..., :dv].contiguous(), k[..., :dv], layer, fb,
+            q_rope=qv[..., dv:].contiguous(), k_rope=k[..., dv:].contiguous(),
+        )  # fmt: skip
+    else:
+        o = be.forward_extend(q, k, k[..., :dv], layer, fb)
+    ref = dense_reference(verify, q.view(-1, h, dqk), pool, layer.scaling)
+    torch.testing.assert_close(o.view(-1, h, dv).float(), ref, atol=2e-3, rtol=2e-3)
+
+
+def test_flashinfer_mla_keeps_dflash_chains_on_flashinfer():
+    gen = torch.Generator().manual_seed(0)
+    verify = Verify([3], 4, "DFLASH", gen)
+    be = _flashinfer_mla_backend(model_runner("DFLASH"), Pool(1, 576, 512, torch.float16, True), verify)
+    assert be.tree_verify.kind is None
+
+
+def test_flashinfer_mla_refuses_ddtree_without_the_hook(monkeypatch):
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "upstream_extend")
+    gen = torch.Generator().manual_seed(0)
+    verify = Verify([3], 4, "DDTREE", gen)
+    with pytest.raises(TreeVerifyUnavailable, match="triton"):
+        _flashinfer_mla_backend(model_runner("DDTREE"), Pool(1, 576, 512, torch.float16, True), verify)
+
+
+def test_mask_policy_and_runtime_check_on_patched_backends():
+    from sglang.srt.speculative.ddtree.info import backend_reads_tree_mask_bits
+    from sglang.srt.speculative.dflash_utils import resolve_dflash_verify_mask_policy
+
+    gen = torch.Generator().manual_seed(0)
+    verify = Verify([3], 4, "DDTREE", gen)
+    pool = Pool(2, 64, 64, torch.float16, False)
+    tri = triton_backend(model_runner("DDTREE"), pool, verify, False)
+    assert backend_reads_tree_mask_bits(tri)
+    assert resolve_dflash_verify_mask_policy(tri) == ("TritonAttnBackend", False)
+    check_runtime_tree_verify(tri)
+
+    class Hybrid:  # upstream's HybridAttnBackend exposes full_attn_backend
+        full_attn_backend = tri
+
+    assert backend_reads_tree_mask_bits(Hybrid())
+    check_runtime_tree_verify(Hybrid())
+
+    fi = _flashinfer_mla_backend(
+        model_runner("DDTREE"), Pool(1, 576, 512, torch.float16, True), verify
+    )
+    check_runtime_tree_verify(fi)
+    fi.tree_verify.kind = None  # as if the hook were off: FA2 MLA would run causal
+    with pytest.raises(TreeVerifyUnavailable):
+        check_runtime_tree_verify(fi)
+
+
+def test_startup_check_matches_what_is_integrated():
+    from sglang.srt.layers.attention import backend_support as bs
+
+    for cap in ((8, 0), (9, 0), (10, 0), (12, 0)):
+        bs.check_tree_verify_backend("triton", bs.MLA, cap)
+        bs.check_tree_verify_backend("triton", bs.MHA, cap)
+        bs.check_tree_verify_backend("flashinfer", bs.MLA, cap)
+        bs.check_tree_verify_backend("flashinfer", bs.MHA, cap)
+        for backend in ("fa3", "flashmla", "trtllm_mla", "cutlass_mla", "fa4", None):
+            with pytest.raises(bs.UnsupportedAttentionBackendError, match="triton"):
+                bs.check_tree_verify_backend(backend, bs.MLA, cap)
+    bs.check_tree_verify_backend("flashinfer", bs.MLA)  # cap unknown: any arch
+    with pytest.raises(ValueError):
+        bs.check_tree_verify_backend("triton", bs.MHA, (7, 5))
