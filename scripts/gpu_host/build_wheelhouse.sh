@@ -18,7 +18,8 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY=${PYTHON:-$REPO/.venv/bin/python}
 [ "${1:-}" = --python ] && PY=$2
 PART_MIB=${PART_MIB:-40}
-WHEELS="$REPO/.cache/gpu-wheels"
+RAW="$REPO/.cache/gpu-wheels/raw"  # as downloaded (pip re-downloads a file whose hash changed)
+WHEELS="$REPO/.cache/gpu-wheels/slim"
 STAGE="$REPO/.cache/gpu-site"
 die() { echo "build_wheelhouse.sh: $*" >&2; exit 1; }
 command -v xz >/dev/null || die "xz not found"
@@ -28,9 +29,10 @@ for n in 17 24 26 27 28 31 34; do PLATS+=(--platform "manylinux_2_${n}_x86_64");
 TARGET=(--only-binary=:all: --implementation cp --python-version 3.12 "${PLATS[@]}")
 
 echo "== download (cp312, manylinux x86_64)"
-mkdir -p "$WHEELS"
-"$PY" -m pip download -q --no-deps "${TARGET[@]}" -d "$WHEELS" -r "$REPO/scripts/gpu_host/wheels.txt" \
+mkdir -p "$RAW"
+"$PY" -m pip download -q --no-deps "${TARGET[@]}" -d "$RAW" -r "$REPO/scripts/gpu_host/wheels.txt" \
     2> >(grep -v "is ignored: it is neither" >&2) || die "pip download failed"
+rm -rf "$WHEELS" && mkdir -p "$WHEELS" && cp "$RAW"/*.whl "$WHEELS/"
 
 echo "== slim"
 "$PY" - "$REPO/docker" "$WHEELS" <<'PY'
