@@ -19,5 +19,9 @@ apply:
 check-patches:
 	PYTHON=$(VPY) bash scripts/apply_patches.sh --target .cache/upstream/sglang-0.5.17 --check
 
+# On the GPU host, after scripts/gpu_host/install.sh (docs/GPU_HOST.md).
+gpu-test:
+	bash scripts/gpu_host/run_e2e.sh
+
 bump-reports:
 	for v in 0.5.16 0.5.18 0.5.23; do PYTHON=$(VPY) bash scripts/bump_upstream.sh $$v || true; done
