@@ -224,10 +224,20 @@ def _tree_verify_split_kernel(
         chunk = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
         lo = pid_s * chunk
         hi = tl.minimum(lo + chunk, prefix_len)
+        offs_n = lo + tl.arange(0, BLOCK_N)
+        slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
         for start in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
             offs_n = start + tl.arange(0, BLOCK_N)
             key_ok = offs_n < hi
-            slots = tl.load(prefix_indices + kv_start + offs_n, mask=key_ok, other=0)
+            # The next tile's slot indices are loaded one iteration ahead as a
+            # loop-carried value, so the K tile load is a direct (depth-0) load
+            # for the pipeliner and gets the full prefetch distance.
+            slots = slots_next
+            slots_next = tl.load(
+                prefix_indices + kv_start + offs_n + BLOCK_N,
+                mask=offs_n + BLOCK_N < hi,
+                other=0,
+            )
             acc, m_i, l_i = _attend_tile(
                 acc, m_i, l_i, q, qpe, K, V, slots.to(tl.int64), key_ok, row_ok[:, None],
                 kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
