@@ -30,10 +30,11 @@ class Pool:
     """KV pool stand-in: MHA keeps K and V, absorbed MLA keeps one 576-wide
     buffer whose first 512 columns are V (as MLATokenToKVPool)."""
 
-    def __init__(self, hkv, dqk, dv, dtype, mla):
+    def __init__(self, hkv, dqk, dv, dtype, mla, size=POOL, device="cpu"):
         self.mla = mla
-        self.k = torch.randn(POOL, hkv, dqk, dtype=dtype)
-        self.v = None if mla else torch.randn(POOL, hkv, dv, dtype=dtype)
+        gen = torch.Generator().manual_seed(size * 7 + dqk)
+        self.k = torch.randn(size, hkv, dqk, generator=gen).to(device, dtype)
+        self.v = None if mla else torch.randn(size, hkv, dv, generator=gen).to(device, dtype)
         self.dv = dv
 
     def get_key_buffer(self, layer_id):
@@ -56,14 +57,14 @@ class Pool:
         self.k[loc.long()] = k.view(-1, *self.k.shape[1:]).to(self.k.dtype)
 
 
-def model_runner(algorithm: str, dtype=torch.float16, is_draft=False):
+def model_runner(algorithm: str, dtype=torch.float16, is_draft=False, max_ctx=MAX_CTX, device="cpu"):
     return SimpleNamespace(
         spec_algorithm=SpeculativeAlgorithm.from_string(algorithm),
         is_draft_worker=is_draft,
         req_to_token_pool=SimpleNamespace(req_to_token=None),
-        model_config=SimpleNamespace(context_len=MAX_CTX),
+        model_config=SimpleNamespace(context_len=max_ctx),
         server_args=SimpleNamespace(speculative_num_draft_tokens=None),
-        device="cpu",
+        device=device,
         dtype=dtype,
         kv_cache_dtype=dtype,
     )
@@ -74,13 +75,18 @@ class Verify:
     (``prefix_lens``) and N draft tokens each, laid out in a req_to_token
     table as the scheduler does (prefix then the tree window)."""
 
-    def __init__(self, prefix_lens, n, algorithm, gen, dense_mask=False):
+    def __init__(
+        self, prefix_lens, n, algorithm, gen, dense_mask=False,
+        max_ctx=MAX_CTX, pool_size=POOL, device="cpu",
+    ):  # fmt: skip
+        self.max_ctx = max_ctx
+        self.device = device
         self.bs = len(prefix_lens)
         self.n = n
         self.algorithm = algorithm
         self.prefix = torch.tensor(prefix_lens, dtype=torch.int64)
-        slots = torch.randperm(POOL - 1, generator=gen)[: int(self.prefix.sum()) + self.bs * n] + 1
-        self.req_to_token = torch.zeros(MAX_REQS, MAX_CTX + n, dtype=torch.int32)
+        slots = torch.randperm(pool_size - 1, generator=gen)[: int(self.prefix.sum()) + self.bs * n] + 1
+        self.req_to_token = torch.zeros(MAX_REQS, max_ctx + n, dtype=torch.int32)
         self.req_pool_indices = torch.arange(2, self.bs + 2, dtype=torch.int64).flip(0)
         out, at = [], 0
         for b, p in enumerate(prefix_lens):
@@ -98,6 +104,9 @@ class Verify:
             if dense_mask:
                 numel = n * int(self.prefix.sum() + self.bs * n)
                 custom = dense_verify_mask(self.tree_mask, self.prefix, numel)
+            if dense_mask:
+                custom = custom.to(device)
+            self.tree_mask = self.tree_mask.to(device)
             self.spec_info = DDTreeVerifyInput(
                 draft_token=torch.zeros(self.bs * n, dtype=torch.int64),
                 positions=torch.zeros(self.bs * n, dtype=torch.int64),
@@ -115,6 +124,18 @@ class Verify:
                 custom_mask=None,
                 capture_hidden_mode=CaptureHiddenMode.FULL,
             )
+        if device != "cpu":
+            self.to_device()
+
+    def to_device(self):
+        d = self.device
+        self.prefix = self.prefix.to(d)
+        self.req_to_token = self.req_to_token.to(d)
+        self.req_pool_indices = self.req_pool_indices.to(d)
+        self.out_cache_loc = self.out_cache_loc.to(d)
+        self.spec_info.draft_token = self.spec_info.draft_token.to(d)
+        self.spec_info.positions = self.spec_info.positions.to(d)
+        return self
 
     def forward_batch(self, **overrides):
         fb = SimpleNamespace(
@@ -122,7 +143,7 @@ class Verify:
             forward_mode=ForwardMode.TARGET_VERIFY,
             req_pool_indices=self.req_pool_indices,
             seq_lens=self.prefix.clone(),
-            seq_lens_sum=int(self.prefix.sum()),
+            seq_lens_sum=int(self.prefix.sum()),  # host mirror
             seq_lens_cpu=self.prefix.clone(),
             out_cache_loc=self.out_cache_loc,
             spec_info=self.spec_info,
@@ -138,12 +159,12 @@ class Verify:
     def visible(self, b):
         """Dense ``[N, P + N]`` visibility of request b (the definition)."""
         p = int(self.prefix[b])
-        vis = torch.ones(self.n, p + self.n, dtype=torch.bool)
+        vis = torch.ones(self.n, p + self.n, dtype=torch.bool, device=self.device)
         if self.tree_mask is None:
-            vis[:, p:] = torch.ones(self.n, self.n, dtype=torch.bool).tril()
+            vis[:, p:] = torch.ones(self.n, self.n, dtype=torch.bool, device=self.device).tril()
         else:
             words = self.tree_mask[b].long()
-            j = torch.arange(self.n)
+            j = torch.arange(self.n, device=self.device)
             vis[:, p:] = ((words[:, j // 32] >> (j % 32)) & 1).bool()
         return vis
 
@@ -183,22 +204,23 @@ def triton_backend(runner, pool, verify: Verify, mla: bool):
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     max_bs = 8
+    dev = verify.device
     runner.req_to_token_pool.req_to_token = verify.req_to_token
     runner.server_args.speculative_num_draft_tokens = verify.n
     be = object.__new__(TritonAttnBackend)
     be.__dict__.update(
-        device="cpu",
+        device=dev,
         req_to_token=verify.req_to_token,
         token_to_kv_pool=pool,
         num_draft_tokens=verify.n,
-        kv_indptr=torch.zeros(max_bs + 1, dtype=torch.int32),
-        qo_indptr=torch.zeros(max_bs + 1, dtype=torch.int64),
-        mask_indptr=torch.zeros(max_bs + 1, dtype=torch.int64),
+        kv_indptr=torch.zeros(max_bs + 1, dtype=torch.int32, device=dev),
+        qo_indptr=torch.zeros(max_bs + 1, dtype=torch.int64, device=dev),
+        mask_indptr=torch.zeros(max_bs + 1, dtype=torch.int64, device=dev),
         sliding_window_size=None,
         window_kv_indptr=None,
         use_sliding_window_kv_pool=False,
         _translate_kv_loc=None,
-        max_context_len=MAX_CTX,
+        max_context_len=verify.max_ctx,
         dcp_size=1,
         enable_deterministic=False,
         page_size=1,
@@ -216,7 +238,8 @@ def triton_backend(runner, pool, verify: Verify, mla: bool):
 
 def qkv(verify: Verify, h, hkv, dqk, dv, dtype, mla, gen):
     t = verify.bs * verify.n
-    q = torch.randn(t, h * dqk, generator=gen).to(dtype)
-    k = torch.randn(t, 1 if mla else hkv, dqk, generator=gen).to(dtype)
-    v = k[..., :dv].clone() if mla else torch.randn(t, hkv, dv, generator=gen).to(dtype)
+    d = verify.device
+    q = torch.randn(t, h * dqk, generator=gen).to(d, dtype)
+    k = torch.randn(t, 1 if mla else hkv, dqk, generator=gen).to(d, dtype)
+    v = k[..., :dv].clone() if mla else torch.randn(t, hkv, dv, generator=gen).to(d, dtype)
     return q, k, v
