@@ -13,6 +13,8 @@
 #   --no-wheel-cache   let the build download from PyPI itself
 #   --skip-build       only run the smoke tests against an existing TAG
 #   --rm-image         remove the image and the build cache afterwards (CI)
+#   --setup-docker     install docker.io and debootstrap with apt when missing, and start a
+#                      Docker daemon (overlay2) for this run when none answers (CI)
 #
 # Smoke tests: sglang imports patched and the stamp matches the series; `--help` shows ours
 # and upstream's flags; `doctor` reports the missing GPU cleanly; the server refuses to start
@@ -22,8 +24,8 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-TAG=ddtree-sglang:sm120-test BASE="" WORKTREE=0 CACHE="" USE_CACHE=1 SKIP_BUILD=0 RM_IMAGE=0
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+TAG=ddtree-sglang:sm120-test BASE="" WORKTREE=0 CACHE="" USE_CACHE=1 SKIP_BUILD=0 RM_IMAGE=0 SETUP=0
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --tag) TAG=$2; shift 2 ;;
@@ -33,6 +35,7 @@ while [ $# -gt 0 ]; do
         --no-wheel-cache) USE_CACHE=0; shift ;;
         --skip-build) SKIP_BUILD=1; shift ;;
         --rm-image) RM_IMAGE=1; shift ;;
+        --setup-docker) SETUP=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "test_image.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
@@ -43,7 +46,22 @@ die() { echo "test_image.sh: $*" >&2; exit 1; }
 
 # ---------------------------------------------------------------- docker with BuildKit
 DOCKER=${DOCKER:-docker}
-"$DOCKER" info >/dev/null 2>&1 || die "no Docker daemon answers (start dockerd; see docs/docker.md)"
+DOCKERD_PID=""
+if [ "$SETUP" = 1 ]; then
+    if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
+        log "installing docker.io and debootstrap"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            docker.io debootstrap >/dev/null
+    fi
+    command -v "$DOCKER" >/dev/null || DOCKER=/usr/bin/docker
+    if ! "$DOCKER" info >/dev/null 2>&1; then
+        log "starting dockerd (overlay2)"
+        "${NICE[@]}" dockerd --storage-driver=overlay2 >/var/tmp/ddtree-dockerd.log 2>&1 &
+        DOCKERD_PID=$!
+        for _ in $(seq 60); do "$DOCKER" info >/dev/null 2>&1 && break; sleep 1; done
+    fi
+fi
+"$DOCKER" info >/dev/null 2>&1 || die "no Docker daemon answers (start dockerd, or pass --setup-docker; see docs/docker.md)"
 if "$DOCKER" buildx version >/dev/null 2>&1; then
     BUILD=("$DOCKER" buildx build --load)
 else
@@ -61,6 +79,7 @@ WORK=$(mktemp -d /var/tmp/ddtree-image-test.XXXXXX)
 SERVER_PID=""
 cleanup() {
     [ -z "$SERVER_PID" ] || kill "$SERVER_PID" 2>/dev/null || true
+    [ -z "$DOCKERD_PID" ] || { kill "$DOCKERD_PID" 2>/dev/null; wait "$DOCKERD_PID" 2>/dev/null || true; }
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -113,7 +132,7 @@ if [ "$SKIP_BUILD" = 0 ]; then
     fi
     BUILD_S=$(( $(date +%s) - t0 ))
     [ -z "$SERVER_PID" ] || { kill "$SERVER_PID" 2>/dev/null || true; SERVER_PID=""; }
-    grep -E "series [0-9a-f]{12} \(|slimmed|nvcc.*release" "$WORK/build.log" | sed 's/^#[0-9]* [0-9.]* /   /' || true
+    grep -E "^#[0-9]+ [0-9.]+ (series [0-9a-f]{12} \(|slimmed|nvcc: )" "$WORK/build.log" | sed 's/^#[0-9]* [0-9.]* /   /' || true
 else
     # An existing image is checked against the series it says it was built from.
     DIGEST=$("$DOCKER" image inspect -f '{{index .Config.Labels "ddtree.series.digest"}}' "$TAG") \
