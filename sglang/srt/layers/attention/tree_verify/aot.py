@@ -73,7 +73,8 @@ def split_kernel_source(
         D_MAIN=d_main, D_PE=d_pe, D_V=dv, BLOCK_D=block_d, BLOCK_DPE=block_dpe,
         BLOCK_DV=block_dv, HAS_CAP=has_cap,
         SHARE_KV=share_kv and config.reuse_k_tile and dv == d_main,
-        Q_AS_B=config.q_as_b, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        Q_AS_B=config.q_as_b, QK_AHEAD=config.qk_ahead,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
     )  # fmt: skip
     aligned = {"Q", "K", "V", "O_part", "Lse_part", "prefix_indptr",

@@ -25,6 +25,9 @@ class TreeVerifyConfig:
     num_stages: int
     # Compute K.Q^T instead of Q.K^T so the query tile stays in shared memory.
     q_as_b: bool = False
+    # Prefix slices: compute the scores one tile ahead of the PV product
+    # (Q.K^T only; see prefix_split._prefix_slice_qk_ahead).
+    qk_ahead: bool = False
     # For absorbed MLA, feed the PV product from the K tile already in shared
     # memory (V = K[..., :512]) instead of loading V again.
     reuse_k_tile: bool = True

@@ -140,6 +140,95 @@ def _attend_tile(
 
 
 @triton.jit
+def _prefix_scores(
+    q, qpe, K, slots, key_ok, kvh, stride_kt, stride_kh, qk_scale, logit_cap,
+    offs_d, offs_dpe,
+    D_MAIN: tl.constexpr, D_PE: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DPE: tl.constexpr, HAS_CAP: tl.constexpr,
+):  # fmt: skip
+    """Base-2 scaled scores of a query tile against one prefix KV tile, -inf
+    for keys past the slice end."""
+    k_row = K + slots[:, None] * stride_kt + kvh * stride_kh
+    k = tl.load(
+        k_row + offs_d[None, :],
+        mask=key_ok[:, None] & (offs_d[None, :] < D_MAIN),
+        other=0.0,
+    )
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if BLOCK_DPE > 0:
+        kpe = tl.load(
+            k_row + D_MAIN + offs_dpe[None, :],
+            mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
+            other=0.0,
+        )
+        # Scaled and added, not accumulated into one dot: a dot that feeds
+        # another dot is laid out as an attention chain (every warpgroup
+        # computing the whole tile), and Triton folds a plain add into it.
+        s += tl.dot(qpe, tl.trans(kpe)) * qk_scale
+    if HAS_CAP:
+        s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
+        s = s * 1.4426950408889634
+    return tl.where(key_ok[None, :], s, float("-inf"))
+
+
+@triton.jit
+def _prefix_slice_qk_ahead(
+    acc, m_i, l_i, q, qpe, K, V, prefix_indices, kv_start, lo, hi,
+    kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
+    offs_d, offs_dpe, offs_dv,
+    D_MAIN: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+):  # fmt: skip
+    """A prefix slice with the scores one tile ahead of the PV product.
+
+    Iteration i computes the scores of tile i + 1 and the softmax + PV of
+    tile i. With the score product no longer feeding the PV product inside
+    one iteration, Triton does not treat the two as a chained (attention)
+    dot, so it splits the score tile's keys across the warpgroups instead of
+    having every warpgroup compute the whole tile (Hopper, 8 warps: half the
+    score MMAs), and the score MMAs of tile i + 1 overlap the softmax of
+    tile i. The price is reading the V columns of tile i again (from L2).
+    """
+    # One extra iteration: the first one only computes the scores of tile 0
+    # (its "current" tile is empty), the last one computes none.
+    s_next = tl.full([BLOCK_M, BLOCK_N], float("-inf"), dtype=tl.float32)
+    slots = tl.zeros([BLOCK_N], dtype=tl.int64)
+    key_ok = tl.zeros([BLOCK_N], dtype=tl.int1)
+    for start in tl.range(lo - BLOCK_N, hi, BLOCK_N, num_stages=NUM_STAGES):
+        s = s_next
+        slots_cur = slots
+        cur_ok = key_ok
+        offs_n = start + BLOCK_N + tl.arange(0, BLOCK_N)
+        key_ok = offs_n < hi
+        slots = tl.load(prefix_indices + kv_start + offs_n, mask=key_ok, other=0).to(tl.int64)
+        s_next = _prefix_scores(
+            q, qpe, K, slots, key_ok, kvh, stride_kt, stride_kh, qk_scale, logit_cap,
+            offs_d, offs_dpe, D_MAIN, D_PE, BLOCK_D, BLOCK_DPE, HAS_CAP,
+        )  # fmt: skip
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if SHARE_KV:
+            v_row = K + slots_cur[:, None] * stride_kt + kvh * stride_kh
+        else:
+            v_row = V + slots_cur[:, None] * stride_vt + kvh * stride_vh
+        v = tl.load(
+            v_row + offs_dv[None, :],
+            mask=cur_ok[:, None] & (offs_dv[None, :] < D_V),
+            other=0.0,
+        )
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _tree_verify_split_kernel(
     Q,
     K,
@@ -178,6 +267,7 @@ def _tree_verify_split_kernel(
     SHARE_KV: tl.constexpr,
     HAS_CAP: tl.constexpr,
     Q_AS_B: tl.constexpr,
+    QK_AHEAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
@@ -224,6 +314,15 @@ def _tree_verify_split_kernel(
         chunk = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
         lo = pid_s * chunk
         hi = tl.minimum(lo + chunk, prefix_len)
+        if QK_AHEAD:
+            acc, m_i, l_i = _prefix_slice_qk_ahead(
+                acc, m_i, l_i, q, qpe, K, V, prefix_indices, kv_start, lo, hi,
+                kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
+                offs_d, offs_dpe, offs_dv,
+                D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP,
+                BLOCK_M, BLOCK_N, NUM_STAGES,
+            )  # fmt: skip
+            hi = lo  # the slice is done; skip the loop below
         offs_n = lo + tl.arange(0, BLOCK_N)
         slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
         for start in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
@@ -426,6 +525,7 @@ def split_partials(
         D_MAIN=d_main, D_PE=d_pe, D_V=dv,
         BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=block_dv,
         SHARE_KV=share_kv, HAS_CAP=has_cap, Q_AS_B=config.q_as_b,
+        QK_AHEAD=config.qk_ahead,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
         num_warps=config.num_warps, num_stages=config.num_stages,
