@@ -73,6 +73,18 @@ def test_flashinfer_allowed_for_mha(model_dirs):
     assert sa.speculative_num_draft_tokens == flags.DEFAULT_BUDGET + 1
 
 
+def test_flashinfer_mla_needs_the_tree_verify_hook(model_dirs, monkeypatch):
+    # Served by the fork's tree-verify hook (tree_mask_bits) ...
+    sa = _make(model_dirs, attention_backend="flashinfer")
+    assert sa.attention_backend == "flashinfer"
+    # ... which the upstream-strategy switch turns off: FlashInfer MLA has no mask.
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "upstream_extend")
+    with pytest.raises(ValueError, match="needs the tree-verify hook"):
+        _make(model_dirs, attention_backend="flashinfer")
+    # Triton keeps working on its dense-mask path.
+    assert _make(model_dirs).attention_backend == "triton"
+
+
 @pytest.mark.parametrize(
     "kw, message",
     [
@@ -90,11 +102,10 @@ def test_flashinfer_allowed_for_mha(model_dirs):
         ),
         (dict(page_size=16), r"requires --page-size 1"),
         (dict(tp_size=2), r"supports --tp-size 1 only"),
-        (dict(attention_backend="flashinfer"), r"'flashinfer' does not provide one for MLA"),
-        (dict(attention_backend="fa3"), r"'fa3' does not provide one for MLA"),
+        (dict(attention_backend="fa3"), r"verify backend 'fa3' has none for MLA models"),
         (
             dict(prefill_attention_backend="flashmla", decode_attention_backend="triton"),
-            r"'flashmla' does not provide one",
+            r"verify backend 'flashmla' has none",
         ),
         (dict(speculative_draft_window_size=64), r"does not support --speculative-draft-window-size"),
         (dict(speculative_draft_model_path=None), r"requires setting --speculative-draft-model-path"),

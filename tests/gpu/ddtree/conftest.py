@@ -8,8 +8,10 @@ DDTREE and its DFlash drafter, once with CUDA graphs + the overlap scheduler
 and once eager + synchronous. Every server runs the scheduler's idle KV check
 in strict mode, so a leak, double free or use-after-free kills it.
 
-``DDTREE_E2E_BUDGET`` (default 16) sets the tree budget; ``DDTREE_E2E_EXTRA_ARGS``
-is appended to both DDTREE servers.
+``DDTREE_E2E_SERVERS`` picks the DDTREE servers (default ``ddtree,ddtree_eager``;
+``ddtree_dense`` runs upstream's Triton extend kernel with the dense mask),
+``DDTREE_E2E_BUDGET`` (default 16) sets the tree budget, ``DDTREE_E2E_EXTRA_ARGS``
+is appended to the DDTREE servers.
 """
 
 from __future__ import annotations
@@ -21,10 +23,17 @@ from pathlib import Path
 
 import pytest
 
+# DDTREE servers to run, beside the no-speculation baseline.
+TREE_SERVERS = [
+    s for s in os.environ.get("DDTREE_E2E_SERVERS", "ddtree,ddtree_eager").split(",") if s
+]
 STRICT_KV_CHECK = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
 COMMON = [
     "--attention-backend", "triton",
-    "--mem-fraction-static", "0.2",
+    # Three servers start at once: cap the KV pools instead of sizing them from
+    # free memory, which each start would measure while the others allocate.
+    "--mem-fraction-static", "0.85",
+    "--max-total-tokens", "131072",
     "--max-running-requests", "16",
     "--cuda-graph-max-bs", "8",
     "--enable-metrics",
@@ -51,15 +60,24 @@ def servers(request, tiny_models, gpu_log_dir):
         "--speculative-ddtree-budget", os.environ.get("DDTREE_E2E_BUDGET", "16"),
         *shlex.split(os.environ.get("DDTREE_E2E_EXTRA_ARGS", "")),
     ]
+    dense = {"SGLANG_DDTREE_VERIFY_STRATEGY": "upstream_extend"}
     configs = {
-        "baseline": COMMON,
-        "ddtree": COMMON + ddtree,
-        "ddtree_eager": COMMON + ddtree + ["--disable-cuda-graph", "--disable-overlap-schedule"],
+        "baseline": (COMMON, {}),
+        # CUDA graphs (draft and tree verify) and the overlap scheduler.
+        "ddtree": (COMMON + ddtree, {}),
+        # Eager and synchronous: the other code paths of the same step.
+        "ddtree_eager": (COMMON + ddtree + ["--disable-cuda-graph", "--disable-overlap-schedule"], {}),
+        # Upstream's Triton extend kernel with the dense custom mask (the
+        # fork's tree-verify hook switched off), CUDA graphs on.
+        "ddtree_dense": (COMMON + ddtree, dense),
     }
+    configs = {k: configs[k] for k in ["baseline", *TREE_SERVERS]}
     started = []
     try:
-        for name, args in configs.items():
-            started.append(ServerProcess(f"ddtree-e2e-{name}", target, args, gpu_log_dir, env=STRICT_KV_CHECK))
+        for name, (args, env) in configs.items():
+            started.append(
+                ServerProcess(f"ddtree-e2e-{name}", target, args, gpu_log_dir, env={**STRICT_KV_CHECK, **env})
+            )
         timeout = float(os.environ.get("DDTREE_SERVER_TIMEOUT", "420"))
         for s in started:
             s.wait_healthy(timeout)
@@ -70,6 +88,6 @@ def servers(request, tiny_models, gpu_log_dir):
             s.stop()
 
 
-@pytest.fixture(params=["ddtree", "ddtree_eager"])
+@pytest.fixture(params=TREE_SERVERS)
 def tree(request, servers):
     return servers[request.param]

@@ -15,6 +15,7 @@ than at the first forward.
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
@@ -31,16 +32,6 @@ DEFAULT_BUDGET = 64
 MIN_BUDGET = 1
 MAX_BUDGET = 256
 
-# Verify attention backends that can apply a tree mask in TARGET_VERIFY, and the
-# attention architectures each one does it for. Triton's extend kernel takes the
-# dense custom mask for MHA and MLA alike; FlashInfer's paged prefill takes one
-# for MHA only (its MLA path on sm_120 is FA2 without custom-mask support).
-TREE_VERIFY_BACKENDS = {
-    "triton": frozenset({"mha", "mla"}),
-    "flashinfer": frozenset({"mha"}),
-}
-
-
 def _verify_backend(view) -> Optional[str]:
     """The attention backend TARGET_VERIFY runs on (see HybridAttnBackend)."""
     from sglang.srt.arg_groups.overrides import attention_backends_of
@@ -51,8 +42,30 @@ def _verify_backend(view) -> Optional[str]:
     return prefill
 
 
-def _attention_arch(server_args: ServerArgs) -> str:
-    return "mla" if server_args.use_mla_backend() else "mha"
+def _check_verify_backend(server_args: ServerArgs, backend: Optional[str]) -> None:
+    """The verify backend must apply the tree mask; the fork's support table
+    (``layers/attention/backend_support.py``) says which do, per arch and
+    attention kind. FlashInfer serves MLA trees only through the fork's
+    tree-verify hook, which the upstream-strategy switch turns off."""
+    from sglang.srt.layers.attention.backend_support import (
+        MHA,
+        MLA,
+        _nvidia_capability,
+        check_tree_verify_backend,
+    )
+
+    kind = MLA if server_args.use_mla_backend() else MHA
+    check_tree_verify_backend(backend, kind, _nvidia_capability())
+    if backend == "flashinfer" and kind == MLA:
+        from sglang.srt.layers.attention.tree_verify.dispatch import STRATEGY_ENV
+        from sglang.srt.layers.attention.tree_verify_hook import UPSTREAM_STRATEGY
+
+        if os.environ.get(STRATEGY_ENV) == UPSTREAM_STRATEGY:
+            raise ValueError(
+                f"DDTREE on --attention-backend flashinfer with an MLA model needs the "
+                f"tree-verify hook, which {STRATEGY_ENV}={UPSTREAM_STRATEGY} turns off "
+                f"(FlashInfer's MLA kernel takes no mask). Use --attention-backend triton."
+            )
 
 
 def _check_int(name: str, value, lo: int, hi: int) -> int:
@@ -122,19 +135,7 @@ def _check_supported_combination(server_args: ServerArgs) -> None:
             "(the compact draft cache is not wired into the tree step)."
         )
 
-    backend = _verify_backend(view)
-    arch = _attention_arch(server_args)
-    archs = TREE_VERIFY_BACKENDS.get(backend)
-    if archs is None or arch not in archs:
-        supported = ", ".join(
-            f"{name} ({'/'.join(sorted(a)).upper()})"
-            for name, a in TREE_VERIFY_BACKENDS.items()
-        )
-        raise ValueError(
-            f"DDTREE needs a tree-masked verify attention; the verify backend "
-            f"{backend!r} does not provide one for {arch.upper()} models. "
-            f"Supported: {supported}. Pass e.g. --attention-backend triton."
-        )
+    _check_verify_backend(server_args, _verify_backend(view))
 
 
 def handle_ddtree_server_args(server_args: ServerArgs) -> None:
