@@ -81,3 +81,23 @@ def test_future_map_is_built_for_ddtree():
     fm = algo.create_future_map(torch.device("cpu"), _Pool(), needs_cpu_seq_lens=False)
     assert isinstance(fm, FutureMap)
     assert fm.spec_algo is algo
+
+
+def test_factory_returns_the_ddtree_worker(model_dirs):
+    from sglang.srt.speculative.ddtree.worker import DDTreeWorker
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    algo = SpeculativeAlgorithm.from_string("DDTREE")
+    for overlap_off in (False, True):
+        sa = ServerArgs(
+            model_path=model_dirs["mla"],
+            speculative_algorithm="DDTREE",
+            speculative_draft_model_path=model_dirs["draft"],
+            disable_overlap_schedule=overlap_off,
+            device="cuda",
+            skip_tokenizer_init=True,
+        )
+        worker_cls = algo.create_worker(sa)
+        assert worker_cls is DDTreeWorker and issubclass(worker_cls, DFlashWorkerV2)
+    # The drafter's folded greedy head is never used: DDTree needs top-K.
+    assert DDTreeWorker._maybe_build_draft_sampler(object.__new__(DDTreeWorker)) is None
