@@ -90,10 +90,12 @@ def combine_kernel_source(dv: int, dtype: str = "bf16", parts: int = 257) -> AST
     types = {n: "i32" for n in ("total_rows", "num_parts", "num_heads", "stride_ps",
                                 "stride_pr", "stride_ls", "stride_ot", "stride_oh")}  # fmt: skip
     types.update(O_part="*fp32", Lse_part="*fp32", Out=f"*{dtype}")
+    block_dv, parts_per_step, _ = _compiled_kernels().combine_tiles(dv, parts)
     constexprs = dict(
         D_V=dv,
         BLOCK_P=triton.next_power_of_2(parts),
-        BLOCK_DV=min(128, triton.next_power_of_2(dv)),
+        BLOCK_DV=block_dv,
+        PARTS_PER_STEP=parts_per_step,
     )
     aligned = {"O_part", "Lse_part", "Out", "stride_ps", "stride_pr", "stride_ot"}
     return _source(
@@ -112,9 +114,10 @@ def compile_split_kernel(config: TreeVerifyConfig, dqk: int, dv: int, cap, **kw)
     )
 
 
-def compile_combine_kernel(dv: int, cap, dtype: str = "bf16"):
-    src = combine_kernel_source(dv, dtype)
-    return triton.compile(src, target=cuda_target(cap), options={"num_warps": 1})
+def compile_combine_kernel(dv: int, cap, dtype: str = "bf16", parts: int = 257):
+    src = combine_kernel_source(dv, dtype, parts)
+    warps = _compiled_kernels().combine_tiles(dv, parts)[2]
+    return triton.compile(src, target=cuda_target(cap), options={"num_warps": warps})
 
 
 def compile_arch_report(cap) -> list:

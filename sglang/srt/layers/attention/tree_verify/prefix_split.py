@@ -395,10 +395,12 @@ def _tree_verify_combine_kernel(
     D_V: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    PARTS_PER_STEP: tl.constexpr,
 ):
     """Merge every split's partial output of one row (one ``BLOCK_DV`` slice)
     by its log-sum-exp and write ``Out``. All LSEs of the row are read at once,
-    so the loop over parts only streams the partial outputs."""
+    and the partial outputs stream in ``PARTS_PER_STEP x BLOCK_DV`` tiles, so
+    a row with many splits keeps many loads in flight."""
     row = tl.program_id(0)
     offs_d = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     d_ok = offs_d < D_V
@@ -408,11 +410,19 @@ def _tree_verify_combine_kernel(
     m = tl.where(m == float("-inf"), 0.0, m)
     den = tl.sum(tl.math.exp2(lse - m), 0)
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    part_row = O_part + row.to(tl.int64) * stride_pr + offs_d
-    for s in tl.range(0, num_parts, num_stages=4):
-        w = tl.math.exp2(tl.load(Lse_part + s * stride_ls + row) - m)
-        o = tl.load(part_row + s * stride_ps, mask=d_ok, other=0.0)
-        acc += w * o
+    part_row = O_part + row.to(tl.int64) * stride_pr
+    for s0 in tl.range(0, num_parts, PARTS_PER_STEP, num_stages=2):
+        offs_s = s0 + tl.arange(0, PARTS_PER_STEP)
+        s_ok = offs_s < num_parts
+        w = tl.math.exp2(
+            tl.load(Lse_part + offs_s * stride_ls + row, mask=s_ok, other=float("-inf")) - m
+        )
+        o = tl.load(
+            part_row + offs_s[:, None].to(tl.int64) * stride_ps + offs_d[None, :],
+            mask=s_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
+        acc += tl.sum(w[:, None] * o, 0)
     out = acc / tl.where(den > 0.0, den, 1.0)
     tok = row // num_heads
     head = row % num_heads
@@ -533,6 +543,16 @@ def split_partials(
     return o_part, lse_part
 
 
+def combine_tiles(dv: int, parts: int):
+    """``(BLOCK_DV, PARTS_PER_STEP, num_warps)`` of the combine kernel: few
+    parts (compute-bound shapes) read one part per step with one warp; many
+    parts (long prefixes split across the GPU) read 16 at a time."""
+    block_dv = min(128, triton.next_power_of_2(dv))
+    if parts <= 4:
+        return block_dv, triton.next_power_of_2(parts), 1
+    return block_dv, 16, 4
+
+
 def combine_partials(
     o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor
 ) -> torch.Tensor:
@@ -541,13 +561,13 @@ def combine_partials(
     parts, total_rows, dv = o_part.shape
     if total_rows == 0:
         return out
-    block_dv = min(128, triton.next_power_of_2(dv))
+    block_dv, parts_per_step, warps = combine_tiles(dv, parts)
     _tree_verify_combine_kernel[(total_rows, triton.cdiv(dv, block_dv))](
         o_part, lse_part, out, total_rows, parts, out.shape[1],
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         out.stride(0), out.stride(1),
         D_V=dv, BLOCK_P=triton.next_power_of_2(parts), BLOCK_DV=block_dv,
-        num_warps=1,
+        PARTS_PER_STEP=parts_per_step, num_warps=warps,
     )  # fmt: skip
     return out
 
