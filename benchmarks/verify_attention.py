@@ -215,7 +215,8 @@ def tune(peaks, configs=TUNE_CONFIGS, shapes=None, split_factors=(1,)):
         flops, nbytes = flops_bytes(h, n, p, bs)
         for cfg in configs:
             auto = num_splits_for(inputs[0], inputs[1], inputs[4], bs, n, cfg)
-            for s in sorted({max(1, int(auto * f)) for f in split_factors}):
+            factors = split_factors if cfg is configs[0] else (1,)
+            for s in sorted({max(1, int(auto * f)) for f in factors}):
                 try:
                     fn = lambda: tree_verify_fused(*inputs, None, 0.0, cfg, num_splits=s)  # noqa: E731
                     err = check(fn(), inputs, h, n, p, bs)
@@ -300,6 +301,12 @@ def main():
             shapes = [tuple(int(x) for x in v.split(":")) for v in args.shapes.split(",")]
         factors = tuple(float(f) for f in args.split_factors.split(","))
         rows = tune(peaks, shapes=shapes, split_factors=factors)
+        for r in rows:
+            c = r["cfg"]
+            name = f"{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['num_stages']}" + (
+                "qb" if c["q_as_b"] else "") + ("ahead" if c.get("qk_ahead") else "")
+            print(f"H{r['H']} N{r['N']} P{r['P']} bs{r['bs']} {name:<16} splits {r['splits']:>3} "
+                  f"{r['ms']:.4f} ms {r['tflops']:6.1f} TF/s {r['gbps']:7.1f} GB/s err {r['max_err']}")
         with open(os.path.join(args.out, stem + "_tune.json"), "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         return
