@@ -118,7 +118,13 @@ if [ "$SKIP_BUILD" = 0 ]; then
         log "wheel cache $CACHE (python $PYV, $ARCH)"
         "${NICE[@]}" bash "$CTX/scripts/build_wheelhouse.sh" --out "$CACHE" ${TARGET[@]+"${TARGET[@]}"} \
             | sed 's/^/   /'
-        PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        # A fixed port keeps the build argument, and so the wheels stage's build cache, stable.
+        PORT=$(python3 -c 'import socket, sys
+for port in (int(sys.argv[1]), 0):
+    try:
+        s = socket.socket(); s.bind(("127.0.0.1", port)); print(s.getsockname()[1]); break
+    except OSError:
+        pass' "${DDTREE_WHEEL_PORT:-38017}")
         python3 -m http.server --bind 127.0.0.1 --directory "$CACHE" "$PORT" >"$WORK/http.log" 2>&1 &
         SERVER_PID=$!
         ARGS+=(--network host --build-arg "WHEELHOUSE_URL=http://127.0.0.1:$PORT/")
