@@ -9,8 +9,10 @@ they load. One launch covers the whole batch:
   64 x BLOCK_N x D matrix product;
 * grid axis 1: ``num_splits`` equal slices of each request's prefix (computed
   in the kernel from the request's length, so the launch shape depends only
-  on static sizes and the launch is CUDA-graph capturable), plus one last
-  split for the tree tail, which applies the packed ancestor bitmask;
+  on static sizes and the launch is CUDA-graph capturable); the last split
+  then goes on with the tree tail, applying the packed ancestor bitmask (the
+  last slice is the shortest, and a program of its own for the tail would
+  start a second wave when the slices fill the GPU);
 * grid axis 2: request x KV head.
 
 Each split writes a normalised partial output and its base-2 log-sum-exp;
@@ -344,7 +346,7 @@ def _tree_verify_split_kernel(
                 D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP, Q_AS_B,
                 MASKED=False,
             )  # fmt: skip
-    else:
+    if pid_s == tl.maximum(num_splits, 1) - 1:
         # The tree tail: node i sees node j iff bit j of its ancestor mask is set.
         mask_row = tree_mask + b * stride_mb + node * stride_mn
         for start in tl.range(0, num_nodes, BLOCK_N, num_stages=1):
@@ -497,7 +499,9 @@ def split_partials(
     """Run the split kernel: ``num_splits`` prefix slices plus the tree tail.
 
     Returns ``(o_part, lse_part)`` of shapes ``[parts, bs*N*H, Dv]`` and
-    ``[parts, bs*N*H]`` (fp32, base-2 LSE); the tail is part ``num_splits``.
+    ``[parts, bs*N*H]`` (fp32, base-2 LSE), ``parts = max(num_splits, 1) +
+    extra_parts``; the tail is folded into the last split (part 0 when
+    ``num_splits`` is 0).
     ``extra_parts`` appends unwritten parts for another strategy's prefix pass.
     """
     bs, n = tree_kv_indices.shape
@@ -512,7 +516,7 @@ def split_partials(
         and block_dv == block_d
         and dv == d_main
     )
-    parts = num_splits + 1 + extra_parts
+    parts = max(num_splits, 1) + extra_parts
     total_rows = bs * n * h
     o_part = torch.empty(parts, total_rows, dv, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(parts, total_rows, dtype=torch.float32, device=q.device)
@@ -521,7 +525,7 @@ def split_partials(
     if bs == 0:
         return o_part, lse_part
     row_tiles = triton.cdiv(n * group, config.block_m)
-    _tree_verify_split_kernel[(row_tiles, num_splits + 1, bs * hkv)](
+    _tree_verify_split_kernel[(row_tiles, max(num_splits, 1), bs * hkv)](
         q, k_buffer, v_buffer, o_part, lse_part,
         prefix_kv_indptr, prefix_kv_indices, tree_kv_indices, tree_mask,
         qk_scale, float(logit_cap),
