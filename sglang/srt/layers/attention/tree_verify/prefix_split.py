@@ -324,28 +324,30 @@ def _tree_verify_split_kernel(
                 D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP,
                 BLOCK_M, BLOCK_N, NUM_STAGES,
             )  # fmt: skip
-            hi = lo  # the slice is done; skip the loop below
-        offs_n = lo + tl.arange(0, BLOCK_N)
-        slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
-        for start in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
-            offs_n = start + tl.arange(0, BLOCK_N)
-            key_ok = offs_n < hi
-            # The next tile's slot indices are loaded one iteration ahead as a
-            # loop-carried value, so the K tile load is a direct (depth-0) load
-            # for the pipeliner and gets the full prefetch distance.
-            slots = slots_next
-            slots_next = tl.load(
-                prefix_indices + kv_start + offs_n + BLOCK_N,
-                mask=offs_n + BLOCK_N < hi,
-                other=0,
-            )
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, qpe, K, V, slots.to(tl.int64), key_ok, row_ok[:, None],
-                kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
-                offs_d, offs_dpe, offs_dv,
-                D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP, Q_AS_B,
-                MASKED=False,
-            )  # fmt: skip
+        else:
+            offs_n = lo + tl.arange(0, BLOCK_N)
+            slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
+            for start in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
+                offs_n = start + tl.arange(0, BLOCK_N)
+                key_ok = offs_n < hi
+                # The next tile's slot indices are loaded one iteration ahead
+                # as a loop-carried value: to the pipeliner the K tile load is
+                # then a direct load and gets the whole prefetch distance (an
+                # index load in the same iteration makes it an indirect chain,
+                # and Triton splits the stages between the chain's levels).
+                slots = slots_next
+                slots_next = tl.load(
+                    prefix_indices + kv_start + offs_n + BLOCK_N,
+                    mask=offs_n + BLOCK_N < hi,
+                    other=0,
+                )
+                acc, m_i, l_i = _attend_tile(
+                    acc, m_i, l_i, q, qpe, K, V, slots.to(tl.int64), key_ok, row_ok[:, None],
+                    kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
+                    offs_d, offs_dpe, offs_dv,
+                    D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP,
+                    Q_AS_B, MASKED=False,
+                )  # fmt: skip
     if pid_s == tl.maximum(num_splits, 1) - 1:
         # The tree tail: node i sees node j iff bit j of its ancestor mask is set.
         mask_row = tree_mask + b * stride_mb + node * stride_mn
