@@ -15,7 +15,7 @@ import sys
 
 from .engine import TargetError, read_stamp, resolve_target
 from .series import HEADER_FIELDS, REPO, SeriesError, load_series, read_lock
-from .unidiff import FileDiff, PatchFormatError, apply_file_diff, make_file_diff, parse_patch
+from .unidiff import HunkFailed, PatchFormatError, apply_file_diff, make_file_diff, parse_patch
 
 
 def _split_header(text: str) -> tuple[str, str]:
@@ -73,9 +73,10 @@ def refresh(edited: pathlib.Path, pristine: pathlib.Path, patches_dir: pathlib.P
                 after = (edited / fd.path).read_text()
             else:
                 after, _ = apply_file_diff(before, fd)
-            try:
-                unchanged = apply_file_diff(before, fd)[0] == after
-            except Exception:
+            try:  # keep the patch's bytes only if it still applies exactly where it says
+                applied, hunks = apply_file_diff(before, fd)
+                unchanged = applied == after and not any(h.offset for h in hunks)
+            except HunkFailed:
                 unchanged = False
             if unchanged:
                 sections.append(_diff_text_for(p.text, fd.path))

@@ -121,3 +121,19 @@ def test_pristine_tree_is_the_locked_wheel(pristine):
     digest = (pristine / ".wheel-sha256").read_text().strip()
     assert digest in lock["sha256"].values()
     assert lock["version"] == "0.5.17" and lock["pins"]["torch"] == "2.11.0"
+
+
+def test_refresh_rewrites_a_patch_that_needs_an_offset(capsys, upstream_copy, synthetic_series, pristine):
+    import re
+
+    patches, overlay = synthetic_series
+    p1 = patches / "0001-version-note.patch"
+    shifted = re.sub(r"@@ -(\d+),(\d+) \+(\d+),(\d+) @@",
+                     lambda m: f"@@ -{int(m[1]) - 5},{m[2]} +{int(m[3]) - 5},{m[4]} @@", p1.read_text())
+    p1.write_text(shifted)
+    apply(capsys, patches, overlay, upstream_copy)
+    rc, out = refresh(capsys, patches, overlay, upstream_copy, pristine)
+    assert rc == 0 and "1 of 2 patches changed" in out
+    assert p1.read_text() != shifted
+    rc = apply_cli.main(["--target", str(pristine), "--check", "--patches", str(patches), "--overlay", str(overlay)])
+    assert rc == 0 and "offset" not in capsys.readouterr().out
