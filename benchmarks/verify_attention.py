@@ -196,10 +196,10 @@ TUNE_CONFIGS = [
     # Hopper-sized (one program per SM): 3 or 4 stages = 2 or 3 tiles in flight
     TreeVerifyConfig(64, 32, 8, 3),
     TreeVerifyConfig(64, 32, 8, 4),
-    # scores one tile ahead of PV: no duplicated score MMAs, V read twice;
-    # 32-key tiles fit 2 stages only, 16-key tiles 4 (3 tiles in flight)
-    TreeVerifyConfig(64, 32, 8, 2, qk_ahead=True),
-    TreeVerifyConfig(64, 16, 8, 4, qk_ahead=True),
+    # scores one tile ahead of PV: no duplicated score MMAs, the K tile
+    # carried to the next iteration as its V tile
+    TreeVerifyConfig(64, 32, 8, 3, qk_ahead=True),
+    TreeVerifyConfig(64, 32, 8, 4, qk_ahead=True),
     # sm_12x-sized (<= 99 KiB when compiled for sm_120); mma.sync on the H200
     TreeVerifyConfig(32, 32, 4, 3, q_as_b=True, ctas_per_sm=2),
     TreeVerifyConfig(32, 16, 4, 4, q_as_b=True),

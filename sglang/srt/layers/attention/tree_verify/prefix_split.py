@@ -170,7 +170,7 @@ def _prefix_scores(
     if HAS_CAP:
         s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
         s = s * 1.4426950408889634
-    return tl.where(key_ok[None, :], s, float("-inf"))
+    return tl.where(key_ok[None, :], s, float("-inf")), k
 
 
 @triton.jit
@@ -190,22 +190,25 @@ def _prefix_slice_qk_ahead(
     one iteration, Triton does not treat the two as a chained (attention)
     dot, so it splits the score tile's keys across the warpgroups instead of
     having every warpgroup compute the whole tile (Hopper, 8 warps: half the
-    score MMAs), and the score MMAs of tile i + 1 overlap the softmax of
-    tile i. The price is reading the V columns of tile i again (from L2).
+    score MMAs). For absorbed MLA the K tile of tile i + 1 is carried to the
+    next iteration as its V tile (a register copy of the pipelined shared
+    tile, stored back for the PV product), so KV is still read once.
     """
     # One extra iteration: the first one only computes the scores of tile 0
     # (its "current" tile is empty), the last one computes none.
     s_next = tl.full([BLOCK_M, BLOCK_N], float("-inf"), dtype=tl.float32)
+    k_next = tl.zeros([BLOCK_N, BLOCK_D], dtype=K.dtype.element_ty)
     slots = tl.zeros([BLOCK_N], dtype=tl.int64)
     key_ok = tl.zeros([BLOCK_N], dtype=tl.int1)
     for start in tl.range(lo - BLOCK_N, hi, BLOCK_N, num_stages=NUM_STAGES):
         s = s_next
+        k_cur = k_next
         slots_cur = slots
         cur_ok = key_ok
         offs_n = start + BLOCK_N + tl.arange(0, BLOCK_N)
         key_ok = offs_n < hi
         slots = tl.load(prefix_indices + kv_start + offs_n, mask=key_ok, other=0).to(tl.int64)
-        s_next = _prefix_scores(
+        s_next, k_next = _prefix_scores(
             q, qpe, K, slots, key_ok, kvh, stride_kt, stride_kh, qk_scale, logit_cap,
             offs_d, offs_dpe, D_MAIN, D_PE, BLOCK_D, BLOCK_DPE, HAS_CAP,
         )  # fmt: skip
@@ -216,14 +219,14 @@ def _prefix_slice_qk_ahead(
         p = tl.math.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         if SHARE_KV:
-            v_row = K + slots_cur[:, None] * stride_kt + kvh * stride_kh
+            v = k_cur
         else:
             v_row = V + slots_cur[:, None] * stride_vt + kvh * stride_vh
-        v = tl.load(
-            v_row + offs_dv[None, :],
-            mask=cur_ok[:, None] & (offs_dv[None, :] < D_V),
-            other=0.0,
-        )
+            v = tl.load(
+                v_row + offs_dv[None, :],
+                mask=cur_ok[:, None] & (offs_dv[None, :] < D_V),
+                other=0.0,
+            )
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
