@@ -267,7 +267,7 @@ Upstream SGLang's flags follow; every one of them is accepted.
 def print_help(environ: Mapping[str, str]) -> int:
     info = build_info()
     envs = "\n".join(
-        f"  {ef.env:<22} {ef.flags[0]}" + (f"  ({ef.help})" if ef.help else "") for ef in ENV_FLAGS
+        f"  {ef.env:<22} {ef.flags[0]:<32} {ef.help}".rstrip() for ef in ENV_FLAGS
     )
     print(HELP.format(upstream=info.get("upstream_version", "?"),
                       gpu_arch=info.get("gpu_arch", "?"),
