@@ -26,7 +26,8 @@ class TreeVerifyConfig:
     # Compute K.Q^T instead of Q.K^T so the query tile stays in shared memory.
     q_as_b: bool = False
     # Prefix slices: compute the scores one tile ahead of the PV product
-    # (Q.K^T only; see prefix_split._prefix_slice_qk_ahead).
+    # (always Q.K^T, q_as_b applies to the tail only; see
+    # prefix_split._prefix_slice_qk_ahead). Opt-in until measured.
     qk_ahead: bool = False
     # For absorbed MLA, feed the PV product from the K tile already in shared
     # memory (V = K[..., :512]) instead of loading V again.
