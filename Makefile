@@ -1,7 +1,7 @@
 # One command to set up, one to test. See README.md.
 VPY := .venv/bin/python
 
-.PHONY: setup test apply check-patches bump-reports gpu-test
+.PHONY: setup test apply check-patches bump-reports gpu-test image-test
 
 setup:
 	bash scripts/setup_dev.sh
@@ -22,6 +22,10 @@ check-patches:
 # On the GPU host, after scripts/gpu_host/install.sh (docs/GPU_HOST.md).
 gpu-test:
 	bash scripts/gpu_host/run_e2e.sh
+
+# Builds ddtree-sglang:sm120 from this checkout and smoke-tests it in a container (~10 min; docs/docker.md).
+image-test:
+	bash scripts/test_image.sh --setup-docker --rm-image
 
 bump-reports:
 	for v in 0.5.16 0.5.18 0.5.23; do PYTHON=$(VPY) bash scripts/bump_upstream.sh $$v || true; done
