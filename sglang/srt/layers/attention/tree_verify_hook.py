@@ -63,7 +63,8 @@ def static_verify_kind(spec_algorithm: Any) -> Optional[str]:
     return None
 
 
-def _innermost(attn_backend: Any) -> Any:
+def innermost_attention_backend(attn_backend: Any) -> Any:
+    """The backend that runs full attention, below hybrid/wrapper backends."""
     backend = attn_backend
     for _ in range(4):
         inner = getattr(backend, "full_attn_backend", None)
@@ -75,7 +76,7 @@ def _innermost(attn_backend: Any) -> Any:
 
 def active_hook(attn_backend: Any) -> Optional["TreeVerifyHook"]:
     """The backend's hook when it serves TARGET_VERIFY itself, else None."""
-    hook = getattr(_innermost(attn_backend), "tree_verify", None)
+    hook = getattr(innermost_attention_backend(attn_backend), "tree_verify", None)
     if isinstance(hook, TreeVerifyHook) and hook.kind is not None:
         return hook
     return None
@@ -96,7 +97,7 @@ def check_runtime_tree_verify(attn_backend: Any) -> None:
     The startup check (``backend_support.check_tree_verify_backend``) refuses
     such servers first; this guards paths that did not go through ServerArgs.
     """
-    backend = _innermost(attn_backend)
+    backend = innermost_attention_backend(attn_backend)
     hook = active_hook(backend)
     if hook is not None and hook.kind == TREE:
         return

@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from sglang.srt.layers.attention.tree_verify_hook import innermost_attention_backend
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.ddtree.tree_compile import CompiledTree, tree_mask_to_dense
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
@@ -34,12 +35,7 @@ def backend_reads_tree_mask_bits(attn_backend) -> bool:
     ``consumes_tree_mask_bits = True`` gets no dense mask: building one would
     only cost ``N * (prefix + N)`` bytes per request per step.
     """
-    backend = attn_backend
-    for _ in range(4):
-        inner = getattr(backend, "full_attn_backend", None)
-        if inner is None:
-            break
-        backend = inner
+    backend = innermost_attention_backend(attn_backend)
     return bool(getattr(backend, "consumes_tree_mask_bits", False))
 
 
