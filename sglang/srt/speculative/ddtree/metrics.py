@@ -3,17 +3,22 @@
 Accepted length per step already reaches the logs and ``/metrics`` through the
 scheduler's spec-v2 plumbing (``accept_lens`` -> ``spec_accept_length``,
 ``spec_accept_rate`` = accepted draft nodes / budget). This adds what is
-specific to a tree: the histogram of accepted depths and the depth of the
-trees drafted. Counters live on the device; every ``interval`` steps a
-snapshot is copied to pinned host memory asynchronously and logged at the next
-snapshot, once its copy has landed, so logging never blocks the step.
+specific to a tree: the histogram of accepted depths and of the depths of the
+trees drafted, per request and verify step.
+
+Counters live on the device. Every ``interval`` steps a snapshot is copied to
+pinned host memory asynchronously; once its copy has landed (an event query,
+never a wait) it is logged and, with ``--enable-metrics``, the increments since
+the previous snapshot go to Prometheus under the scheduler collector's labels.
+Like the scheduler's own metrics, only the stats rank (attention-TP rank 0)
+records anything.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -21,52 +26,177 @@ logger = logging.getLogger(__name__)
 
 _DEFAULT_INTERVAL = int(os.environ.get("SGLANG_DDTREE_STATS_INTERVAL", "256"))
 
+# Depths are small integers (at most the draft block, at most the budget):
+# one bucket per depth up to 16, coarser above, up to the largest budget.
+DEPTH_BUCKETS = tuple(range(17)) + (20, 24, 32, 48, 64, 96, 128, 192, 256)
+
+ACCEPTED_DEPTH = "sglang:ddtree_accepted_depth"
+TREE_DEPTH = "sglang:ddtree_tree_depth"
+BUDGET = "sglang:ddtree_budget"
+
+_ACCEPTED, _TREE = 0, 1  # rows of the device counters
+
+
+def scheduler_metric_labels(server_args, ps) -> Dict[str, str]:
+    """The label set of the scheduler's collector, so DDTree series join its
+    series. Mirrors ``SchedulerMetricsCollector.init_new`` (0.5.17); a CPU test
+    compares the two."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    labels = {
+        "model_name": server_args.served_model_name,
+        "engine_type": DisaggregationMode.to_engine_type(server_args.disaggregation_mode),
+        "tp_rank": ps.tp_rank,
+        "pp_rank": ps.pp_rank,
+        "moe_ep_rank": ps.moe_ep_rank,
+    }
+    if server_args.enable_priority_scheduling:
+        labels["priority"] = ""
+    if ps.dp_rank is not None:
+        labels["dp_rank"] = ps.dp_rank
+    if server_args.extra_metric_labels:
+        labels.update(server_args.extra_metric_labels)
+    return labels
+
+
+class _DDTreePrometheus:
+    """The DDTree series. Registered once per process: the registry refuses a
+    second registration of a name, and two workers may share a process (tests)."""
+
+    def __init__(self, labelnames: List[str]):
+        # Imported here, as upstream does, after PROMETHEUS_MULTIPROC_DIR is set.
+        from prometheus_client import Gauge, Histogram
+
+        self.labelnames = tuple(labelnames)
+        self.accepted_depth = Histogram(
+            name=ACCEPTED_DEPTH,
+            documentation="Draft tokens accepted (depth of the accepted tree node) per request per verify step.",
+            labelnames=labelnames,
+            buckets=DEPTH_BUCKETS,
+        )
+        self.tree_depth = Histogram(
+            name=TREE_DEPTH,
+            documentation="Depth of the drafted tree per request per verify step.",
+            labelnames=labelnames,
+            buckets=DEPTH_BUCKETS,
+        )
+        self.budget = Gauge(
+            name=BUDGET,
+            documentation="Configured DDTree budget (draft nodes per tree).",
+            labelnames=labelnames,
+            multiprocess_mode="mostrecent",
+        )
+
+
+_prometheus: Optional[_DDTreePrometheus] = None
+
+
+def _get_prometheus(labels: Dict[str, str]) -> _DDTreePrometheus:
+    global _prometheus
+    if _prometheus is None:
+        _prometheus = _DDTreePrometheus(list(labels))
+    elif _prometheus.labelnames != tuple(labels):
+        raise ValueError(
+            f"DDTREE metrics are already registered in this process with labels "
+            f"{list(_prometheus.labelnames)}; a second worker asked for {list(labels)}."
+        )
+    return _prometheus
+
+
+def _observe_counts(histogram, counts: List[int]) -> None:
+    """Observe value ``v`` ``counts[v]`` times, one bucket increment per value
+    (what ``Histogram.observe`` does per sample; upstream's
+    ``observe_inter_token_latency`` batches the same way)."""
+    for value, n in enumerate(counts):
+        if n <= 0:
+            continue
+        histogram._sum.inc(value * n)
+        for i, bound in enumerate(histogram._upper_bounds):
+            if value <= bound:
+                histogram._buckets[i].inc(n)
+                break
+
 
 class DDTreeStepStats:
-    def __init__(self, budget: int, tp_rank: int = 0, interval: int = _DEFAULT_INTERVAL):
+    def __init__(
+        self,
+        budget: int,
+        stats_rank: bool = True,
+        metric_labels: Optional[Dict[str, str]] = None,
+        interval: int = _DEFAULT_INTERVAL,
+    ):
+        """``metric_labels`` None: no Prometheus export (``--enable-metrics`` off)."""
         self.budget = int(budget)
-        self.enabled = tp_rank == 0 and interval > 0
+        self.enabled = bool(stats_rank) and interval > 0
         self.interval = interval
         self.steps = 0
-        self._accept_hist: Optional[torch.Tensor] = None  # [budget + 1] int64
-        self._depth_sum: Optional[torch.Tensor] = None  # [2] int64: sum max depth, requests
-        self._pending = None
+        self._counts: Optional[torch.Tensor] = None  # [2, budget + 1] int64
+        self._host: Optional[torch.Tensor] = None
+        self._event = None
+        self._pending = False
+        self._published = [0] * (self.budget + 1), [0] * (self.budget + 1)
+        self._series = None
+        if self.enabled and metric_labels is not None:
+            prom = _get_prometheus(metric_labels)
+            # Create the children now so the series are in /metrics from startup.
+            self._series = (
+                prom.accepted_depth.labels(**metric_labels),
+                prom.tree_depth.labels(**metric_labels),
+            )
+            prom.budget.labels(**metric_labels).set(self.budget)
+
+    @classmethod
+    def for_worker(cls, server_args, ps, budget: int) -> "DDTreeStepStats":
+        stats_rank = ps.attn_tp_rank == 0
+        labels = None
+        if server_args.enable_metrics and stats_rank:
+            labels = scheduler_metric_labels(server_args, ps)
+        return cls(budget, stats_rank=stats_rank, metric_labels=labels)
+
+    @property
+    def exports_metrics(self) -> bool:
+        return self._series is not None
 
     def record(self, num_accepted: torch.Tensor, depth: torch.Tensor) -> None:
         """``num_accepted`` ``[bs]`` accepted draft nodes, ``depth`` ``[bs, N]``."""
         if not self.enabled or num_accepted.numel() == 0:
             return
-        if self._accept_hist is None:
-            self._accept_hist = torch.zeros(
-                (self.budget + 1,), dtype=torch.int64, device=num_accepted.device
+        if self._counts is None:
+            self._counts = torch.zeros(
+                (2, self.budget + 1), dtype=torch.int64, device=num_accepted.device
             )
-            self._depth_sum = torch.zeros((2,), dtype=torch.int64, device=num_accepted.device)
-        self._accept_hist.index_add_(
-            0,
-            num_accepted.to(torch.int64),
-            torch.ones_like(num_accepted, dtype=torch.int64),
-        )
-        self._depth_sum[0] += depth.max(dim=1).values.to(torch.int64).sum()
-        self._depth_sum[1] += num_accepted.shape[0]
+        ones = torch.ones_like(num_accepted, dtype=torch.int64)
+        self._counts[_ACCEPTED].index_add_(0, num_accepted.to(torch.int64), ones)
+        self._counts[_TREE].index_add_(0, depth.max(dim=1).values.to(torch.int64), ones)
         self.steps += 1
-        if self.steps % self.interval == 0:
+        if not self._pending and self.steps % self.interval == 0:
             self._snapshot()
+        if self._pending and (self._event is None or self._event.query()):
+            self._pending = False
+            self._publish(self._host.tolist())
 
     def _snapshot(self) -> None:
-        if self._pending is not None and self._pending[2].query():
-            self._log(self._pending[0], self._pending[1])
-            self._pending = None
-        if self._pending is None:
-            hist = torch.empty_like(self._accept_hist, device="cpu").pin_memory()
-            depth = torch.empty_like(self._depth_sum, device="cpu").pin_memory()
-            hist.copy_(self._accept_hist, non_blocking=True)
-            depth.copy_(self._depth_sum, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            self._pending = (hist, depth, event)
+        if self._counts.is_cuda:
+            if self._host is None:
+                self._host = torch.empty(self._counts.shape, dtype=torch.int64, pin_memory=True)
+            self._host.copy_(self._counts, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = self._counts.clone()
+        self._pending = True
 
-    def _log(self, hist: torch.Tensor, depth: torch.Tensor) -> None:
-        summary = summarize(hist, depth)
+    def _publish(self, counts: List[List[int]]) -> None:
+        accepted, tree = counts[_ACCEPTED], counts[_TREE]
+        if self._series is not None:
+            for series, new, old in zip(self._series, (accepted, tree), self._published):
+                _observe_counts(series, [a - b for a, b in zip(new, old)])
+        self._published = accepted, tree
+        self._log(accepted, tree)
+
+    def _log(self, accepted: List[int], tree: List[int]) -> None:
+        depth_sum = torch.tensor([sum(d * c for d, c in enumerate(tree)), sum(tree)])
+        summary = summarize(torch.tensor(accepted), depth_sum)
         if summary is None:
             return
         logger.info(
@@ -81,7 +211,8 @@ class DDTreeStepStats:
 
 
 def summarize(hist: torch.Tensor, depth: torch.Tensor) -> Optional[dict]:
-    """Host-side summary of a counters snapshot (cumulative since start)."""
+    """Host-side summary of a counters snapshot (cumulative since start):
+    ``hist`` accepted-depth counts, ``depth`` = [sum of tree depths, requests]."""
     hist = hist.to(torch.int64).tolist()
     requests = int(sum(hist))
     if requests == 0:

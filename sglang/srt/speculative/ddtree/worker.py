@@ -73,7 +73,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self.max_depth = max_tree_depth(self.budget, int(self.block_size) - 1)
         self._algo = SpeculativeAlgorithm.from_string("DDTREE")
         self._context_len = int(self.model_runner.model_config.context_len)
-        self.stats = DDTreeStepStats(budget=self.budget, tp_rank=self.ps.tp_rank)
+        self.stats = DDTreeStepStats.for_worker(server_args, self.ps, self.budget)
         if self.ps.tp_rank == 0:
             logger.info(
                 "DDTREE worker: budget=%d (verify width %d), topk=%d, draft block=%d, max depth=%d.",

@@ -1,0 +1,270 @@
+"""DDTree tree statistics in /metrics, through upstream's real export path.
+
+SGLang exports Prometheus metrics in multiprocess mode: the scheduler process
+writes values to files under PROMETHEUS_MULTIPROC_DIR and the HTTP process
+serves ``MultiProcessCollector`` over that directory. prometheus_client picks
+the multiprocess value class when it is first imported, so each case runs the
+real ``DDTreeStepStats`` in a fresh interpreter (the "scheduler") beside the
+real upstream ``SchedulerMetricsCollector``, built from a real ``ServerArgs``;
+this process reads the directory as the HTTP server would.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+from prometheus_client.parser import text_string_to_metric_families
+
+from sglang.srt.speculative.ddtree import metrics
+
+BUDGET = 8
+INTERVAL = 3
+NUM_STEPS = 10
+
+_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 512,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+}
+
+# The scheduler side: upstream's collector and the DDTree stats, as the
+# scheduler and the worker build them, fed with CPU tensors step by step.
+_SCHEDULER = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess
+    from sglang.srt.distributed.parallel_state_wrapper import ParallelState
+    from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.ddtree import metrics
+
+    cfg = json.load(open(sys.argv[1]))
+    sa = ServerArgs(
+        model_path=cfg["model"], device="cuda", skip_tokenizer_init=True,
+        enable_metrics=cfg["enable_metrics"], served_model_name="ddtree-metrics-test",
+        enable_priority_scheduling=True, extra_metric_labels={"cluster": "ci"},
+    )
+    ps = ParallelState.trivial()
+    ctx = SchedulerMetricsCollector.init_new(
+        server_args=sa, ps=ps, tp_rank=ps.tp_rank, pp_rank=ps.pp_rank, dp_rank=ps.dp_rank,
+        enable_priority_scheduling=sa.enable_priority_scheduling,
+        enable_lora=False, enable_hierarchical_cache=False,
+    )
+    if ctx.collector is not None:
+        ctx.collector.spec_accept_length.labels(**ctx.collector.labels).set(2.5)
+
+    stats = metrics.DDTreeStepStats.for_worker(sa, ps, cfg["budget"])
+    # A second worker in the same process must not register the names again.
+    metrics.DDTreeStepStats.for_worker(sa, ps, cfg["budget"])
+    class Other:  # the same args with another label set (ServerArgs is read-only)
+        extra_metric_labels = {"region": "x"}
+        def __getattr__(self, name):
+            return getattr(sa, name)
+    try:
+        other = Other()
+        metrics.DDTreeStepStats.for_worker(other, ps, cfg["budget"])
+        label_clash = None
+    except ValueError as e:
+        label_clash = str(e)
+
+    def scrape():
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry).decode()
+
+    scrapes = [scrape()]
+    for accepted, depth in cfg["steps"]:
+        stats.record(torch.tensor(accepted, dtype=torch.int32), torch.tensor(depth, dtype=torch.int32))
+        scrapes.append(scrape())
+    json.dump({
+        "upstream_labels": ctx.collector.labels if ctx.collector else None,
+        "our_labels": metrics.scheduler_metric_labels(sa, ps),
+        "exports": stats.exports_metrics,
+        "interval": stats.interval,
+        "registered": sorted(n for n in REGISTRY._names_to_collectors if "ddtree" in n),
+        "label_clash": label_clash,
+        "scrapes": scrapes,
+    }, open(cfg["out"], "w"))
+    """
+)
+
+
+def _steps(seed=0):
+    """Verify steps with different batch sizes: accepted draft nodes per
+    request and a ``[bs, N]`` node-depth matrix (root first, depth 0)."""
+    rng = random.Random(seed)
+    steps = []
+    for _ in range(NUM_STEPS):
+        bs = rng.randint(1, 4)
+        accepted, depth = [], []
+        for _ in range(bs):
+            d = rng.randint(1, min(BUDGET, 6))
+            row = [0] + sorted(rng.randint(1, d) for _ in range(BUDGET - 1)) + [d]
+            depth.append(row)
+            accepted.append(rng.randint(0, d))
+        steps.append((accepted, depth))
+    return steps
+
+
+def _run_scheduler(tmp_path, enable_metrics):
+    model = tmp_path / "llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(_LLAMA))
+    prom_dir = tmp_path / "prom"
+    prom_dir.mkdir()
+    cfg = {
+        "model": str(model),
+        "enable_metrics": enable_metrics,
+        "budget": BUDGET,
+        "steps": _steps(),
+        "out": str(tmp_path / "out.json"),
+    }
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(prom_dir),
+        "SGLANG_DDTREE_STATS_INTERVAL": str(INTERVAL),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCHEDULER, str(tmp_path / "cfg.json")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return cfg["steps"], json.loads((tmp_path / "out.json").read_text()), prom_dir
+
+
+def _samples(text):
+    """{(sample name, le): value} of the DDTree series, and their label sets."""
+    values, label_sets = {}, set()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if "ddtree" not in s.name:
+                continue
+            labels = dict(s.labels)
+            le = labels.pop("le", None)
+            values[(s.name, le)] = s.value
+            label_sets.add(tuple(sorted(labels.items())))
+    return values, label_sets
+
+
+def _expected_histogram(name, observations):
+    out = {(f"{name}_count", None): float(len(observations)), (f"{name}_sum", None): float(sum(observations))}
+    for b in metrics.DEPTH_BUCKETS:
+        out[(f"{name}_bucket", f"{float(b)}")] = float(sum(v <= b for v in observations))
+    out[(f"{name}_bucket", "+Inf")] = float(len(observations))
+    return out
+
+
+def _expected(steps, upto):
+    """What /metrics shows after ``upto`` steps: everything up to the last
+    snapshot (on CPU a snapshot lands at once and is published the same step)."""
+    done = steps[: (upto // INTERVAL) * INTERVAL]
+    accepted = [a for acc, _ in done for a in acc]
+    tree = [max(row) for _, depth in done for row in depth]
+    return {
+        **_expected_histogram(metrics.ACCEPTED_DEPTH, accepted),
+        **_expected_histogram(metrics.TREE_DEPTH, tree),
+        (metrics.BUDGET, None): float(BUDGET),
+    }
+
+
+def test_tree_stats_exported_with_scheduler_labels(tmp_path):
+    steps, out, prom_dir = _run_scheduler(tmp_path, enable_metrics=True)
+    assert out["exports"] and out["interval"] == INTERVAL
+
+    # Same label set as the scheduler's collector, so the series join upstream's.
+    assert out["our_labels"] == out["upstream_labels"]
+    assert out["upstream_labels"]["cluster"] == "ci" and "priority" in out["upstream_labels"]
+    assert out["registered"] == sorted(
+        [f"{metrics.ACCEPTED_DEPTH}{s}" for s in ("", "_bucket", "_count", "_sum", "_created")]
+        + [f"{metrics.TREE_DEPTH}{s}" for s in ("", "_bucket", "_count", "_sum", "_created")]
+        + [metrics.BUDGET]
+    )
+    assert out["label_clash"] and "already registered" in out["label_clash"]
+
+    # Every scrape, from startup on, shows exactly the published snapshots.
+    for upto, text in enumerate(out["scrapes"]):
+        values, label_sets = _samples(text)
+        assert values == _expected(steps, upto), f"after {upto} steps"
+        upstream = {k: str(v) for k, v in out["upstream_labels"].items()}
+        assert label_sets == {tuple(sorted(upstream.items()))}
+    assert _expected(steps, NUM_STEPS)[(f"{metrics.ACCEPTED_DEPTH}_count", None)] > 0
+
+    # The HTTP server's view: another process reading the same directory.
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(prom_dir))
+    text = generate_latest(registry).decode()
+    assert _samples(text)[0] == _expected(steps, NUM_STEPS)
+    assert "sglang:spec_accept_length{" in text
+
+
+def test_metrics_off_exports_nothing(tmp_path):
+    _, out, prom_dir = _run_scheduler(tmp_path, enable_metrics=False)
+    assert out["upstream_labels"] is None and not out["exports"]
+    assert out["registered"] == []
+    assert out["label_clash"] is None
+    for text in out["scrapes"]:
+        assert "ddtree" not in text
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(prom_dir))
+    assert "ddtree" not in generate_latest(registry).decode()
+
+
+def test_log_line_keeps_cumulative_summary(caplog):
+    steps = _steps(seed=1)
+    stats = metrics.DDTreeStepStats(BUDGET, metric_labels=None, interval=INTERVAL)
+    assert not stats.exports_metrics
+    with caplog.at_level(logging.INFO, logger=metrics.__name__):
+        for accepted, depth in steps:
+            stats.record(torch.tensor(accepted), torch.tensor(depth))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("DDTREE stats:")]
+    assert len(lines) == NUM_STEPS // INTERVAL
+    done = steps[: (NUM_STEPS // INTERVAL) * INTERVAL]
+    accepted = [a for acc, _ in done for a in acc]
+    hist = [accepted.count(v) for v in range(max(accepted) + 1)]
+    mean_depth = sum(max(r) for _, d in done for r in d) / len(accepted)
+    assert lines[-1].endswith(f"accepted-depth histogram={hist}")
+    assert f"steps(req)={len(accepted)}," in lines[-1]
+    assert f"mean tree depth={mean_depth:.2f}," in lines[-1]
+
+
+def test_other_ranks_and_interval_zero_record_nothing():
+    for stats in (
+        metrics.DDTreeStepStats(BUDGET, stats_rank=False, metric_labels=None, interval=1),
+        metrics.DDTreeStepStats(BUDGET, metric_labels=None, interval=0),
+    ):
+        stats.record(torch.tensor([1, 2]), torch.tensor([[0, 1, 2], [0, 1, 2]]))
+        assert stats.steps == 0 and stats._counts is None
+
+
+def test_for_worker_on_a_non_stats_rank_registers_nothing():
+    class Args:
+        enable_metrics = True
+
+    class PS:
+        attn_tp_rank = 1
+
+    stats = metrics.DDTreeStepStats.for_worker(Args(), PS(), BUDGET)
+    assert not stats.enabled and not stats.exports_metrics
+    assert metrics._prometheus is None
