@@ -1,38 +1,55 @@
 #!/usr/bin/env python3
 """Decode step time of the whole server on the DeepSeek-V2-Lite-shaped dummy model.
 
-One server start per configuration (120-250 s with CUDA graphs at this shape), then for
-every (context, batch) point: ``batch`` concurrent streaming /generate requests of
-``context`` random prompt tokens. The step time is the median gap between consecutive
-stream chunks (one chunk per decode or verify step with the default stream interval)
-inside the window where every request of the batch is decoding; the accept length is
-``completion_tokens / spec_verify_ct`` from the final meta info. Dummy weights make a
-DFlash drafter useless (accept length 1), so for speculative configurations the step time,
-not tokens/s, is the number to compare; it is what upstream's reference run reports
-(../shared/reference/e2e_baseline_h200.jsonl).
+One server start per configuration (60-190 s at this shape: CUDA-graph capture for the
+measured batch sizes only, Triton JIT shared through one cache directory), then for every
+(context, batch) point ``batch`` concurrent streaming /generate requests of ``context``
+random prompt tokens. The step time is the median gap between consecutive stream chunks
+(one chunk per decode or verify step) inside the window where every request of the batch
+is decoding; a point stops after ``--new-tokens`` tokens or ``--point-max-s`` seconds,
+whichever comes first, so slow paths cost bounded time. The accept length is
+``completion_tokens / spec_verify_ct``. Dummy weights make a DFlash drafter useless
+(accept length ~1), so the step time, not tokens/s, is the number to compare; it is what
+upstream's reference run reports (../shared/reference/e2e_baseline_h200.jsonl).
 
-Run on the GPU host after scripts/gpu_host/install.sh (source scripts/gpu_host/env.sh):
-  python3 benchmarks/e2e_step.py --models /tmp/ddtree-models --configs nospec,dflash \\
-      --backend triton --ctx 16384 --batch 1 --tag h200_16k_b1
-Subsets are chosen by flags so that each group fits one <=10-minute device call.
-Writes benchmarks/results/e2e_step_<tag>.json (+ .png when matplotlib is present).
+A configuration is ``CONFIG[@VERIFY][:BACKEND]``: ``ddtree64@upstream_extend`` runs DDTREE
+B=64 with SGLANG_DDTREE_VERIFY_STRATEGY=upstream_extend (the fork's hook off: upstream's
+verify path), ``dflash:flashinfer`` upstream's FlashInfer MLA chain. Without a suffix,
+``--verify`` / ``--backend`` apply. Per server, one point (``--profile-at``, default the
+largest context at batch 1) is traced with the server's profiler (benchmarks/e2e_profile.py)
+to measure the verify attention's share of the step.
+
+The JSON is rewritten after every point, so a killed run keeps what it measured; with
+``--deadline-s`` a server or point that would not fit the remaining time is skipped and
+listed under ``skipped``. ``--report A.json B.json`` merges runs (split device calls) and
+recomputes the ratios against the reference run, the PNG and the README table.
+
+GPU host, after scripts/gpu_host/install.sh and ``source scripts/gpu_host/env.sh``:
+  python3 scripts/make_test_models.py /tmp/ddtree-models --only shapes
+  python3 benchmarks/e2e_step.py --configs dflash,dflash@upstream_extend,ddtree64 \\
+      --ctx 1024,4096,16384,32768 --batch 1,8 --deadline-s 520 --tag h200_a --out-dir $OUT
+Here:  python3 benchmarks/e2e_step.py --report results/e2e_step_h200_*.json --tag h200 --markdown
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
+import re
 import statistics
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "gpu"))
-from conftest import launch_server  # noqa: E402  (the GPU tier's server launcher)
+sys.path.insert(0, str(REPO / "benchmarks"))
+import e2e_profile  # noqa: E402
 
 CONFIGS = {
     "nospec": [],
@@ -41,77 +58,310 @@ CONFIGS = {
     "ddtree64": ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "64"],
     "ddtree128": ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "128"],
 }
+BACKENDS = ("triton", "flashinfer")
+#: SGLANG_DDTREE_VERIFY_STRATEGY values (tree_verify/dispatch.py STRATEGIES); "fused" is
+#: the dispatcher's default, so it runs with the variable unset.
+VERIFY_PATHS = ("fused", "upstream_extend", "flashinfer_split", "flashmla_split", "reference")
+DEFAULT_REFERENCE = REPO.parent / "shared" / "reference" / "e2e_baseline_h200.jsonl"
+BASELINE = ("dflash", "fused", "triton")  # the "x DFLASH-fused" column divides by this
 
 
-def server_args(config: str, backend: str, drafter: str, max_ctx: int, max_batch: int) -> list[str]:
+@dataclass(frozen=True)
+class Spec:
+    config: str
+    verify: str  # "-" for no speculation
+    backend: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.config}@{self.verify}:{self.backend}"
+
+    @property
+    def key(self) -> tuple:
+        return (self.config, self.verify, self.backend)
+
+
+def parse_spec(text: str, verify: str = "fused", backend: str = "triton") -> Spec:
+    """``CONFIG[@VERIFY][:BACKEND]`` with the run's defaults for what is left out."""
+    m = re.fullmatch(r"([a-z0-9]+)(?:@([a-z_0-9]+))?(?::([a-z0-9_]+))?", text.strip())
+    if not m:
+        raise ValueError(f"bad configuration {text!r}: expected CONFIG[@VERIFY][:BACKEND], e.g. ddtree64@upstream_extend")
+    config, v, b = m.group(1), m.group(2) or verify, m.group(3) or backend
+    if config not in CONFIGS:
+        raise ValueError(f"unknown configuration {config!r} in {text!r}; choose from {list(CONFIGS)}")
+    if v not in VERIFY_PATHS:
+        raise ValueError(f"unknown verify path {v!r} in {text!r}; choose from {list(VERIFY_PATHS)}")
+    if b not in BACKENDS:
+        raise ValueError(f"unknown backend {b!r} in {text!r}; choose from {list(BACKENDS)}")
+    if config == "nospec":
+        if m.group(2):
+            raise ValueError(f"{text!r}: no speculation has no verify path")
+        v = "-"
+    return Spec(config, v, b)
+
+
+def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int]) -> list[str]:
+    """Capture CUDA graphs for exactly the measured batch sizes: each extra size costs start time."""
     args = [
         "--load-format", "dummy",
-        "--attention-backend", backend,
+        "--attention-backend", spec.backend,
         "--disable-radix-cache",
         "--skip-tokenizer-init",
         "--context-length", str(max_ctx + 1024),
-        "--max-running-requests", str(max(8, max_batch)),
-        "--cuda-graph-max-bs", str(max_batch),
+        "--max-running-requests", str(max(8, *batches)),
+        "--cuda-graph-bs-decode", *[str(b) for b in sorted(set(batches))],
         "--mem-fraction-static", "0.8",
         "--chunked-prefill-size", "16384",
-    ] + CONFIGS[config]
-    if config != "nospec":
+    ] + CONFIGS[spec.config]
+    if spec.config != "nospec":
         args += ["--speculative-draft-model-path", drafter]
     return args
 
 
-def one_request(server, ids, new_tokens, out: dict) -> None:
-    stamps = []
+def server_env(spec: Spec, triton_cache: Path) -> dict:
+    env = {"TRITON_CACHE_DIR": str(triton_cache)}
+    if spec.verify not in ("-", "fused"):
+        env["SGLANG_DDTREE_VERIFY_STRATEGY"] = spec.verify
+    return env
+
+
+def step_stats(stamps: list[list[float]], min_gaps: int = 5) -> dict:
+    """Median/p90 chunk gap over the window where every request is decoding."""
+    if not stamps or any(not s for s in stamps):
+        raise ValueError("a request streamed no tokens")
+    start = max(s[0] for s in stamps)  # every request has its first token
+    end = min(s[-1] for s in stamps)  # no request has finished yet
+    gaps = []
+    for s in stamps:
+        w = [x for x in s if start <= x <= end]
+        gaps += [b - a for a, b in zip(w, w[1:])]
+    if len(gaps) < min_gaps:
+        raise ValueError(f"too few decode steps in the common window ({len(gaps)} < {min_gaps}); "
+                         "raise --new-tokens or --point-max-s")
+    gaps.sort()
+    return {
+        "ms_per_step": 1000 * statistics.median(gaps),
+        "ms_per_step_p90": 1000 * gaps[int(0.9 * (len(gaps) - 1))],
+        "steps_measured": len(gaps),
+    }
+
+
+class Budget:
+    """Wall-clock guard: start a server or a point only if its estimate fits what is left."""
+
+    def __init__(self, deadline_s: Optional[float], start_estimate_s: float, margin_s: float = 25.0,
+                 clock=time.monotonic):
+        self.clock = clock
+        self.t0 = clock()
+        self.deadline_s, self.margin_s = deadline_s, margin_s
+        self.start_estimate_s = start_estimate_s
+        self.starts: list[float] = []
+
+    def left(self) -> float:
+        if self.deadline_s is None:
+            return float("inf")
+        return self.deadline_s - (self.clock() - self.t0) - self.margin_s
+
+    def start_estimate(self) -> float:
+        """The first start pays Triton JIT; later ones reuse its cache (worst seen + 15 %)."""
+        return 1.15 * max(self.starts) if self.starts else self.start_estimate_s
+
+    def point_estimate(self, ctx: int, batch: int, point_max_s: float) -> float:
+        # prefill (~40K tokens/s at this shape, conservatively) + the bounded decode window
+        return 5.0 + ctx * batch / 40000.0 + point_max_s
+
+    def fits(self, seconds: float) -> bool:
+        return self.left() >= seconds
+
+
+def one_request(server, ids, new_tokens, stop_at: list, out: dict) -> None:
+    """Stream one request; ``out["stamps"]`` grows live so measure() can see the first token."""
+    stamps = out["stamps"] = []
     payload = {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens,
                                                      "ignore_eos": True}}
     last = None
+    events = server.stream("/generate", payload, timeout=900)
     try:
-        for ev in server.stream("/generate", payload, timeout=900):
+        for ev in events:
             stamps.append(time.perf_counter())
             last = ev
+            if stop_at[0] is not None and stamps[-1] > stop_at[0]:
+                break  # closing the stream aborts the request
     except Exception as e:  # surfaced by measure(), not lost in the thread
         out["error"] = repr(e)
-    out["stamps"], out["meta"] = stamps, (last or {}).get("meta_info", {})
+    finally:
+        events.close()
+    out["meta"] = (last or {}).get("meta_info", {})
 
 
-def measure(server, ctx: int, batch: int, new_tokens: int, vocab: int, seed: int) -> dict:
+def random_prompts(ctx: int, batch: int, vocab: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
-    prompts = [[rng.randrange(16, vocab) for _ in range(ctx)] for _ in range(batch)]
+    return [[rng.randrange(16, vocab) for _ in range(ctx)] for _ in range(batch)]
+
+
+def measure(server, ctx: int, batch: int, new_tokens: int, vocab: int, seed: int, point_max_s: float) -> dict:
+    prompts = random_prompts(ctx, batch, vocab, seed)
     results = [{} for _ in range(batch)]
-    threads = [threading.Thread(target=one_request, args=(server, p, new_tokens, r)) for p, r in zip(prompts, results)]
+    stop_at = [None]  # set once every request streams: the decode window is bounded in time
+    threads = [threading.Thread(target=one_request, args=(server, p, new_tokens, stop_at, r))
+               for p, r in zip(prompts, results)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
+    while any(t.is_alive() for t in threads):
+        time.sleep(0.02)
+        firsts = [r["stamps"][0] for r in results if r.get("stamps")]
+        if stop_at[0] is None and point_max_s > 0 and len(firsts) == batch:
+            stop_at[0] = max(firsts) + point_max_s  # the decode window starts when all stream
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
     errors = [r.get("error", "no tokens streamed") for r in results if "error" in r or not r["stamps"]]
     if errors:
         raise RuntimeError(f"requests failed at ctx={ctx} batch={batch}: {errors}")
-    start = max(r["stamps"][0] for r in results)  # every request has its first token
-    end = min(r["stamps"][-1] for r in results)  # no request has finished yet
-    gaps = []
-    for r in results:
-        s = [x for x in r["stamps"] if start <= x <= end]
-        gaps += [b - a for a, b in zip(s, s[1:])]
-    if len(gaps) < 8:
-        raise RuntimeError(f"too few decode steps in the common window ({len(gaps)}); raise --new-tokens")
     metas = [r["meta"] for r in results]
     verify = sum(m.get("spec_verify_ct", 0) or 0 for m in metas)
     tokens = sum(m.get("completion_tokens", 0) for m in metas)
     return {
         "ctx": ctx,
         "batch": batch,
-        "ms_per_step": 1000 * statistics.median(gaps),
-        "ms_per_step_p90": 1000 * sorted(gaps)[int(0.9 * (len(gaps) - 1))],
-        "steps_measured": len(gaps),
+        **step_stats([r["stamps"] for r in results]),
         "accept_length": (tokens / verify) if verify else 1.0,
         "completion_tokens": tokens,
         "wall_s": wall,
     }
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def profile_point(server, ctx: int, vocab: int, steps: int, trace_dir: Path, profile_id: str) -> dict:
+    """Trace ``steps`` forwards of one decoding request at ``ctx`` and break the GPU time down."""
+    prompt = random_prompts(ctx, 1, vocab, seed=ctx + 7)[0]
+    payload = {"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": 3 * steps + 48,
+                                                        "ignore_eos": True}}
+    path, chunks, chunks_at_start = None, 0, 0
+    events = server.stream("/generate", payload, timeout=900)
+    try:
+        for _ in events:
+            chunks += 1
+            if chunks == 4:  # decoding, past the prefill
+                path = e2e_profile.start_profile(server, trace_dir, profile_id, steps)
+                chunks_at_start = chunks
+            elif path is not None and path.exists():
+                break  # the profiler stopped by itself after `steps` forwards
+    finally:
+        events.close()
+    if path is None:
+        raise RuntimeError("the profiling request ended before decoding started")
+    counted = steps
+    if not e2e_profile.wait_for_trace(path, timeout=20 if path.exists() else 3):
+        # The request ended first: stop by hand, count the steps from the stream.
+        e2e_profile._post_text(server, "/stop_profile", {})
+        counted = max(1, chunks - chunks_at_start)
+        if not e2e_profile.wait_for_trace(path, timeout=60):
+            raise RuntimeError(f"no trace at {path}")
+    out = e2e_profile.breakdown(e2e_profile.load_trace(path), counted)
+    out.update(ctx=ctx, batch=1, trace=str(path), steps_from="profiler num_steps" if counted == steps else "stream")
+    return out
+
+
+# -- ratios, report ------------------------------------------------------------------------
+
+def load_reference(path: Path) -> list[dict]:
+    """Rows of upstream's reference run: {config, ctx, batch, ms_per_step}."""
+    rows = []
+    if not path or not Path(path).exists():
+        return rows
+    for line in Path(path).read_text().splitlines():
+        rec = json.loads(line) if line.strip() else {}
+        if "config" not in rec:
+            continue
+        for key, val in rec.items():
+            m = re.fullmatch(r"ctx(\d+)_ms_per_step", key)
+            if m:
+                rows.append({"config": rec["config"], "ctx": int(m.group(1)), "batch": 1, "ms_per_step": val})
+    return rows
+
+
+def _reference_kind(label: str) -> Optional[str]:
+    low = label.lower()
+    if low.startswith("no speculation"):
+        return "nospec"
+    if "dflash" in low and "flashinfer" in low:
+        return "dflash_flashinfer"
+    if "dflash" in low and "triton" in low:
+        return "dflash_triton"
+    return None
+
+
+def ratios(rows: list[dict], reference: list[dict]) -> list[dict]:
+    """Per (ctx, batch): the issue-6 ratios of this run, then against the reference run."""
+    ms = {(r["config"], r["verify"], r["backend"], r["ctx"], r["batch"]): r["ms_per_step"] for r in rows}
+    ref = {(_reference_kind(r["config"]), r["ctx"], r["batch"]): r["ms_per_step"] for r in reference}
+    out = []
+    for ctx, batch in sorted({(r["ctx"], r["batch"]) for r in rows}):
+        def get(config, verify, backend="triton"):
+            return ms.get((config, verify, backend, ctx, batch))
+
+        def add(name, num, den, source="this run", target=None):
+            if num is not None and den is not None and den > 0:
+                rec = {"ctx": ctx, "batch": batch, "ratio": name, "value": num / den, "source": source}
+                if target is not None:
+                    rec["target"] = target
+                out.append(rec)
+
+        fused = get("dflash", "fused")
+        add("DFLASH upstream-triton / DFLASH fused (speedup)", get("dflash", "upstream_extend"), fused)
+        add("DFLASH upstream-flashinfer / DFLASH fused", get("dflash", "upstream_extend", "flashinfer"), fused)
+        for b in (16, 64, 128):
+            add(f"DDTREE B={b} fused / DFLASH fused", get(f"ddtree{b}", "fused"), fused,
+                target=1.25 if b == 64 else None)
+            add(f"DDTREE B={b} upstream / DDTREE B={b} fused (speedup)", get(f"ddtree{b}", "upstream_extend"),
+                get(f"ddtree{b}", "fused"))
+        add("DFLASH fused / no speculation", fused, get("nospec", "-"))
+        ref_note = "reference run, not this run (../shared/reference/e2e_baseline_h200.jsonl)"
+        add("DFLASH fused / reference DFLASH flashinfer (causal, sm_90)", fused,
+            ref.get(("dflash_flashinfer", ctx, batch)), ref_note, target=1.3)
+        add("DDTREE B=64 fused / reference DFLASH flashinfer (causal, sm_90)", get("ddtree64", "fused"),
+            ref.get(("dflash_flashinfer", ctx, batch)), ref_note)
+        add("reference DFLASH upstream triton / DFLASH fused (speedup)", ref.get(("dflash_triton", ctx, batch)),
+            fused, ref_note)
+        add("no speculation / reference no speculation (host check)", get("nospec", "-"),
+            ref.get(("nospec", ctx, batch)), ref_note)
+    return out
+
+
+def verify_shares(profiles: list[dict]) -> list[dict]:
+    """The verify attention's ms and share of the step per profiled server."""
+    fused = {(p["config"], p["backend"], p["ctx"]): p for p in profiles if p["verify"] == "fused"}
+    out = []
+    for p in profiles:
+        twin = fused.get((p["config"], p["backend"], p["ctx"]))
+        ms = e2e_profile.verify_attention_ms(p, p["verify"], twin)
+        if ms is None:
+            continue
+        out.append({"config": p["config"], "verify": p["verify"], "backend": p["backend"], "ctx": p["ctx"],
+                    "batch": p["batch"], "verify_attention_ms": ms, "gpu_ms_per_step": p["gpu_ms_per_step"],
+                    "share": ms / p["gpu_ms_per_step"]})
+    return out
+
+
+def markdown(rows: list[dict], shares: list[dict] = ()) -> str:
+    base = {(r["ctx"], r["batch"]): r["ms_per_step"] for r in rows
+            if (r["config"], r["verify"], r["backend"]) == BASELINE}
+    share = {(s["config"], s["verify"], s["backend"], s["ctx"], s["batch"]): s["share"] for s in shares}
+    lines = ["| config | verify path | backend | ctx | bs | ms/step | x DFLASH-fused | accept len | verify attn share |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["ctx"], r["batch"], list(CONFIGS).index(r["config"]), r["verify"],
+                                         r["backend"])):
+        b = base.get((r["ctx"], r["batch"]))
+        s = share.get((r["config"], r["verify"], r["backend"], r["ctx"], r["batch"]))
+        rel = f"{r['ms_per_step'] / b:.2f}" if b else "-"
+        pct = f"{100 * s:.0f} %" if s is not None else "-"
+        lines.append(f"| {r['config']} | {r['verify']} | {r['backend']} | {r['ctx']} | {r['batch']} | "
+                     f"{r['ms_per_step']:.2f} | {rel} | {r['accept_length']:.2f} | {pct} |")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
     try:
         import matplotlib
 
@@ -120,79 +370,238 @@ def plot(rows: list[dict], path: Path) -> None:
     except ImportError:
         print("matplotlib missing: no plot", file=sys.stderr)
         return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    keys = sorted({(r["config"], r["backend"], r["verify"], r["batch"]) for r in rows})
-    for key in keys:
-        pts = sorted((r["ctx"], r["ms_per_step"]) for r in rows if (r["config"], r["backend"], r["verify"], r["batch"]) == key)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label="%s %s %s bs%d" % key)
+    rows, profiles = result["rows"], result.get("profiles", [])
+    if not rows:
+        return
+    fig, axes = plt.subplots(1, 2 if profiles else 1, figsize=(13 if profiles else 7.5, 4.8), squeeze=False)
+    ax = axes[0][0]
+    for key in sorted({(r["config"], r["verify"], r["backend"], r["batch"]) for r in rows}):
+        pts = sorted((r["ctx"], r["ms_per_step"]) for r in rows if (r["config"], r["verify"], r["backend"], r["batch"]) == key)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="-" if key[3] == 1 else "--",
+                label="%s @%s %s bs%d" % key)
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ax.set_xlabel("context tokens")
     ax.set_ylabel("ms per decode/verify step (median)")
-    ax.set_title("DeepSeek-V2-Lite shape, dummy weights")
-    ax.legend(fontsize=7)
+    ax.set_title(f"DeepSeek-V2-Lite shape, dummy weights, {result.get('device', '')}")
+    ax.legend(fontsize=6)
     ax.grid(alpha=0.3)
+    if profiles:
+        ax = axes[0][1]
+        names = [f"{p['config']}@{p['verify']}\n{p['backend']} {p['ctx'] // 1024}K" for p in profiles]
+        bottom = [0.0] * len(profiles)
+        for cat in e2e_profile.ORDER:
+            vals = [p["categories"].get(cat, {}).get("ms_per_step", 0.0) for p in profiles]
+            if any(vals):
+                ax.bar(names, vals, bottom=bottom, label=cat)
+                bottom = [b + v for b, v in zip(bottom, vals)]
+        ax.set_ylabel("GPU ms per step (profiler)")
+        ax.set_title("where the step goes (bs 1)")
+        ax.tick_params(axis="x", labelsize=6)
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def finish(result: dict, reference: list[dict]) -> dict:
+    result["ratios"] = ratios(result["rows"], reference)
+    result["verify_attention"] = verify_shares(result.get("profiles", []))
+    return result
+
+
+def write(result: dict, out: Path) -> None:
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(out)
+
+
+def _gpu_harness():
+    """tests/gpu/conftest.py by path (a plain ``import conftest`` may find another one)."""
+    spec = importlib.util.spec_from_file_location("ddtree_gpu_harness", REPO / "tests" / "gpu" / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path, reference: list[dict]) -> dict:
+    target, drafter = args.models / "v2lite-shape", args.models / "v2lite-shape-dflash"
+    if not (target / "config.json").exists():
+        raise SystemExit(f"{target} missing: run scripts/make_test_models.py {args.models} --only shapes")
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    args.triton_cache.mkdir(parents=True, exist_ok=True)
+    launch_server = _gpu_harness().launch_server
+    import torch
+
+    budget = Budget(args.deadline_s, args.start_estimate_s)
+    profile_at = _parse_point(args.profile_at, ctxs) if args.profile_steps > 0 else None
+    result = {
+        "what": "decode step time, DeepSeek-V2-Lite-shaped target (dummy weights), benchmarks/e2e_step.py",
+        "date": time.strftime("%Y-%m-%d"),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "argv": sys.argv[1:],
+        "triton_cache": str(args.triton_cache),
+        "servers": [],
+        "rows": [],
+        "profiles": [],
+        "skipped": [],
+    }
+    points = [(c, b) for c in ctxs for b in batches]
+    for spec in specs:
+        need = budget.start_estimate() + budget.point_estimate(ctxs[0], batches[0], args.point_max_s)
+        if not budget.fits(need):
+            result["skipped"].append({"config": spec.label, "what": "server",
+                                      "reason": f"{budget.left():.0f} s left < {need:.0f} s estimated"})
+            write(finish(result, reference), out)
+            continue
+        t0 = time.monotonic()
+        sargs = server_args(spec, str(drafter), max(ctxs), batches)
+        try:
+            with launch_server(spec.label.replace(":", "-").replace("@", "-"), str(target), sargs, args.log_dir,
+                               timeout=max(60.0, min(600.0, budget.left())), env=server_env(spec, args.triton_cache)) as server:
+                start_s = time.monotonic() - t0
+                budget.starts.append(start_s)
+                result["servers"].append({"config": spec.label, "start_s": start_s, "log": str(server.log_path)})
+                print(f"[{spec.label}] healthy after {start_s:.0f} s", flush=True)
+                measure(server, 256, 1, 16, vocab, seed=0, point_max_s=5)  # warm-up outside the numbers
+                for ctx, batch in points:
+                    need = budget.point_estimate(ctx, batch, args.point_max_s)
+                    if not budget.fits(need):
+                        result["skipped"].append({"config": spec.label, "what": f"ctx {ctx} bs {batch}",
+                                                  "reason": f"{budget.left():.0f} s left < {need:.0f} s"})
+                        continue
+                    try:
+                        r = measure(server, ctx, batch, args.new_tokens, vocab, seed=ctx + batch,
+                                    point_max_s=args.point_max_s)
+                    except Exception as e:  # one bad point must not lose the others
+                        result["skipped"].append({"config": spec.label, "what": f"ctx {ctx} bs {batch}",
+                                                  "reason": f"failed: {e}"[:2000]})
+                        print(f"[{spec.label}] ctx {ctx} bs {batch} failed: {e}", flush=True)
+                        if not server.alive():
+                            raise
+                        continue
+                    r.update(config=spec.config, verify=spec.verify, backend=spec.backend, server_start_s=start_s)
+                    result["rows"].append(r)
+                    print(json.dumps(r), flush=True)
+                    write(finish(result, reference), out)
+                if profile_at and (spec.config != "nospec" or args.profile_nospec):
+                    _profile(server, spec, profile_at, vocab, args, budget, result)
+        except Exception as e:
+            result["skipped"].append({"config": spec.label, "what": "server", "reason": f"failed: {e}"[-3000:]})
+            print(f"[{spec.label}] failed: {e}", flush=True)
+        write(finish(result, reference), out)
+    return result
+
+
+def _profile(server, spec: Spec, at: tuple, vocab: int, args, budget: Budget, result: dict) -> None:
+    ctx, _ = at
+    need = budget.point_estimate(ctx, 1, 10.0) + 20
+    if not budget.fits(need):
+        result["skipped"].append({"config": spec.label, "what": f"profile ctx {ctx}",
+                                  "reason": f"{budget.left():.0f} s left < {need:.0f} s"})
+        return
+    pid = f"e2e-{spec.label.replace(':', '-').replace('@', '-')}-{ctx}"
+    try:
+        prof = profile_point(server, ctx, vocab, args.profile_steps, args.log_dir / "traces", pid)
+    except Exception as e:
+        result["skipped"].append({"config": spec.label, "what": f"profile ctx {ctx}", "reason": f"failed: {e}"})
+        print(f"[{spec.label}] profile failed: {e}", flush=True)
+        return
+    prof.update(config=spec.config, verify=spec.verify, backend=spec.backend)
+    result["profiles"].append(prof)
+    cats = ", ".join(f"{c} {v['ms_per_step']:.2f}" for c, v in prof["categories"].items())
+    print(f"[{spec.label}] profile ctx {ctx}: {prof['gpu_ms_per_step']:.2f} GPU ms/step ({cats})", flush=True)
+
+
+def _parse_point(text: Optional[str], ctxs: list[int]) -> tuple:
+    if not text:
+        return (max(ctxs), 1)
+    m = re.fullmatch(r"(\d+)x(\d+)", text)
+    if not m or int(m.group(2)) != 1:
+        raise SystemExit(f"--profile-at {text!r}: expected CTXx1, e.g. 16384x1")
+    return (int(m.group(1)), 1)
+
+
+def report(paths: list[Path], out: Path, reference: list[dict]) -> dict:
+    """Merge split runs; a later file's row for the same point replaces an earlier one."""
+    merged: dict = {"what": None, "date": None, "device": None, "argv": [], "servers": [], "rows": [],
+                    "profiles": [], "skipped": [], "merged_from": [str(p) for p in paths]}
+    rows, profiles = {}, {}
+    for p in paths:
+        data = json.loads(Path(p).read_text())
+        for k in ("what", "date", "device"):
+            merged[k] = data.get(k) or merged[k]
+        merged["argv"].append(data.get("argv", []))
+        merged["servers"] += data.get("servers", [])
+        merged["skipped"] += data.get("skipped", [])
+        for r in data.get("rows", []):
+            rows[(r["config"], r.get("verify", "fused"), r.get("backend", "triton"), r["ctx"], r["batch"])] = r
+        for q in data.get("profiles", []):
+            profiles[(q["config"], q["verify"], q["backend"], q["ctx"])] = q
+    merged["rows"], merged["profiles"] = list(rows.values()), list(profiles.values())
+    return finish(merged, reference)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", type=Path, default=Path(os.environ.get("DDTREE_TEST_MODELS", "/tmp/ddtree-models")))
-    ap.add_argument("--configs", default="nospec,dflash", help=f"comma list of {list(CONFIGS)}")
-    ap.add_argument("--backend", default="triton", choices=["triton", "flashinfer"])
-    ap.add_argument("--verify", default="default", help="SGLANG_DDTREE_VERIFY_STRATEGY for DDTREE (fused, upstream_extend, ...)")
+    ap.add_argument("--configs", default="nospec,dflash",
+                    help=f"comma list of CONFIG[@VERIFY][:BACKEND]; CONFIG in {list(CONFIGS)}, VERIFY in {list(VERIFY_PATHS)}")
+    ap.add_argument("--backend", default="triton", choices=BACKENDS, help="for configurations without :BACKEND")
+    ap.add_argument("--verify", default="fused", choices=VERIFY_PATHS, help="for configurations without @VERIFY")
     ap.add_argument("--ctx", default="16384", help="comma list, e.g. 1024,4096,16384,32768")
     ap.add_argument("--batch", default="1", help="comma list, e.g. 1,8")
-    ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--point-max-s", type=float, default=12.0, help="decode window per point (0: no limit)")
+    ap.add_argument("--deadline-s", type=float, default=None, help="wall budget of the whole run")
+    ap.add_argument("--start-estimate-s", type=float, default=200.0, help="first server start, for --deadline-s")
+    ap.add_argument("--profile-steps", type=int, default=16, help="forwards traced per server (0: no profile)")
+    ap.add_argument("--profile-at", default=None, help="CTXx1 (default: the largest context, batch 1)")
+    ap.add_argument("--profile-nospec", action="store_true", help="also profile the no-speculation server")
+    ap.add_argument("--triton-cache", type=Path,
+                    default=Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache"),
+                    help="TRITON_CACHE_DIR of every server (default: Triton's own, which the GPU tests warm)")
+    ap.add_argument("--reference", type=Path, default=DEFAULT_REFERENCE)
+    ap.add_argument("--report", type=Path, nargs="+", help="merge these result JSONs instead of measuring")
+    ap.add_argument("--markdown", action="store_true", help="print the README table")
     ap.add_argument("--tag", default=time.strftime("%Y%m%d-%H%M%S"))
     ap.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp/ddtree-bench-logs"))
     args = ap.parse_args(argv)
 
-    ctxs = [int(x) for x in args.ctx.split(",")]
-    batches = [int(x) for x in args.batch.split(",")]
-    configs = args.configs.split(",")
-    bad = [c for c in configs if c not in CONFIGS]
-    if bad:
-        ap.error(f"unknown configs {bad}; choose from {list(CONFIGS)}")
-    target, drafter = args.models / "v2lite-shape", args.models / "v2lite-shape-dflash"
-    if not (target / "config.json").exists():
-        ap.error(f"{target} missing: run scripts/make_test_models.py {args.models} --only shapes")
-    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
-    args.log_dir.mkdir(parents=True, exist_ok=True)
+    reference = load_reference(args.reference)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-
-    import torch
-
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    rows = []
-    for config in configs:
-        env = {"SGLANG_DDTREE_VERIFY_STRATEGY": args.verify} if args.verify != "default" else {}
-        t0 = time.time()
-        with launch_server(config, str(target), server_args(config, args.backend, str(drafter), max(ctxs), max(batches)),
-                           args.log_dir, timeout=600, env=env) as server:
-            start_s = time.time() - t0
-            print(f"[{config}] healthy after {start_s:.0f} s", flush=True)
-            measure(server, 256, 1, 24, vocab, seed=0)  # warm-up outside the numbers
-            for ctx in ctxs:
-                for batch in batches:
-                    r = measure(server, ctx, batch, args.new_tokens, vocab, seed=ctx + batch)
-                    r.update(config=config, backend=args.backend, verify=args.verify, server_start_s=start_s)
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
-    result = {
-        "what": "decode step time, DeepSeek-V2-Lite-shaped target (dummy weights), benchmarks/e2e_step.py",
-        "date": time.strftime("%Y-%m-%d"),
-        "device": device,
-        "argv": sys.argv[1:],
-        "rows": rows,
-    }
     out = args.out_dir / f"e2e_step_{args.tag}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    plot(rows, out.with_suffix(".png"))
-    print(f"{'config':10} {'ctx':>6} {'bs':>3} {'ms/step':>8} {'accept':>6}")
-    for r in rows:
-        print(f"{r['config']:10} {r['ctx']:>6} {r['batch']:>3} {r['ms_per_step']:>8.2f} {r['accept_length']:>6.2f}")
+    if args.report:
+        result = report(args.report, out, reference)
+        write(result, out)
+    else:
+        try:
+            specs = [parse_spec(s, args.verify, args.backend) for s in args.configs.split(",") if s]
+            ctxs = [int(x) for x in args.ctx.split(",")]
+            batches = [int(x) for x in args.batch.split(",")]
+        except ValueError as e:
+            ap.error(str(e))
+        if len({s.key for s in specs}) != len(specs):
+            ap.error("a configuration is listed twice")
+        result = run(args, specs, ctxs, batches, out, reference)
+    plot(result, out.with_suffix(".png"))
+    print(f"{'config':36} {'ctx':>6} {'bs':>3} {'ms/step':>8} {'accept':>6}")
+    for r in result["rows"]:
+        label = Spec(r["config"], r["verify"], r["backend"]).label
+        print(f"{label:36} {r['ctx']:>6} {r['batch']:>3} {r['ms_per_step']:>8.2f} {r['accept_length']:>6.2f}")
+    for s in result["skipped"]:
+        print(f"skipped {s['config']} {s['what']}: {s['reason'][:200]}")
+    for q in result["ratios"]:
+        print(f"ratio ctx {q['ctx']} bs {q['batch']}: {q['ratio']} = {q['value']:.2f}"
+              + (f" (target <= {q['target']})" if "target" in q else "")
+              + ("" if q["source"] == "this run" else f"  [{q['source']}]"))
+    for v in result["verify_attention"]:
+        print(f"verify attention {v['config']}@{v['verify']}:{v['backend']} ctx {v['ctx']}: "
+              f"{v['verify_attention_ms']:.2f} of {v['gpu_ms_per_step']:.2f} GPU ms/step ({100 * v['share']:.0f} %)")
+    if args.markdown:
+        print(markdown(result["rows"], result["verify_attention"]))
     print(f"wrote {out}")
     return 0
 

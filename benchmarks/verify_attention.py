@@ -192,33 +192,43 @@ def run_matrix(shapes, strategies, peaks, arch, verbose=True):
     return rows
 
 
-def tune(peaks):
-    """Sweep MLA tile configs and split counts on the target shapes."""
-    cands = [
-        TreeVerifyConfig(64, 32, 8, 3, q_as_b=True),
-        TreeVerifyConfig(64, 32, 8, 2, q_as_b=True),
-        TreeVerifyConfig(64, 64, 8, 2, q_as_b=True),
-        TreeVerifyConfig(64, 32, 8, 3),
-        # sm_12x-sized (<= 99 KiB when compiled for sm_120)
-        TreeVerifyConfig(64, 16, 8, 3, q_as_b=True),
-        TreeVerifyConfig(32, 32, 4, 2, q_as_b=True),
-    ]
+TUNE_CONFIGS = [
+    # Hopper-sized (one program per SM): 3 or 4 stages = 2 or 3 tiles in flight
+    TreeVerifyConfig(64, 32, 8, 3),
+    TreeVerifyConfig(64, 32, 8, 4),
+    # scores one tile ahead of PV: no duplicated score MMAs, the K tile
+    # carried to the next iteration as its V tile
+    TreeVerifyConfig(64, 32, 8, 3, qk_ahead=True),
+    TreeVerifyConfig(64, 32, 8, 4, qk_ahead=True),
+    # sm_12x-sized (<= 99 KiB when compiled for sm_120); mma.sync on the H200
+    TreeVerifyConfig(32, 32, 4, 3, q_as_b=True, ctas_per_sm=2),
+    TreeVerifyConfig(32, 16, 4, 4, q_as_b=True),
+    TreeVerifyConfig(32, 32, 4, 2, q_as_b=True, ctas_per_sm=2),
+]
+
+
+def tune(peaks, configs=TUNE_CONFIGS, shapes=None, split_factors=(1,)):
+    """Sweep MLA tile configs (and split counts, as factors of the model's
+    choice) on the target shapes; each row carries the max error where
+    ``check`` can afford the reference."""
     rows = []
-    for h, n, p, bs in TARGET_SHAPES + [(128, 17, 16384, 1), (16, 129, 4096, 8)]:
+    for h, n, p, bs in shapes or TARGET_SHAPES:
         inputs = make_inputs(h, n, p, bs)
         flops, nbytes = flops_bytes(h, n, p, bs)
-        for cfg in cands:
+        for cfg in configs:
             auto = num_splits_for(inputs[0], inputs[1], inputs[4], bs, n, cfg)
-            for s in sorted({auto, auto * 2}):
+            factors = split_factors if cfg is configs[0] else (1,)
+            for s in sorted({max(1, int(auto * f)) for f in factors}):
                 try:
                     fn = lambda: tree_verify_fused(*inputs, None, 0.0, cfg, num_splits=s)  # noqa: E731
+                    err = check(fn(), inputs, h, n, p, bs)
                     ms = bench(fn)
                 except Exception as e:  # a config that fails to compile is data here
                     print("FAIL", h, n, p, bs, cfg, str(e)[:200], flush=True)
                     break
                 rec = dict(H=h, N=n, P=p, bs=bs, cfg=cfg.__dict__, splits=s, auto=s == auto,
                            ms=round(ms, 4), tflops=round(flops / ms / 1e9, 1),
-                           gbps=round(nbytes / ms / 1e6, 1))  # fmt: skip
+                           gbps=round(nbytes / ms / 1e6, 1), max_err=err)  # fmt: skip
                 rows.append(rec)
                 print(json.dumps(rec), flush=True)
         del inputs
@@ -265,6 +275,7 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--no-graph", action="store_true", help="time eager calls, not graph replays")
     ap.add_argument("--shapes", default="", help="H:N:P:bs,... instead of the matrix")
+    ap.add_argument("--split-factors", default="1", help="--tune: split counts as factors of the model's")
     args = ap.parse_args()
 
     from sglang.srt.utils.gpu_arch import device_capability, kernel_arch
@@ -287,7 +298,17 @@ def main():
     print(json.dumps(meta), flush=True)
     stem = "verify_attention" + (f"_{args.tag}" if args.tag else "")
     if args.tune:
-        rows = tune(peaks)
+        shapes = None
+        if args.shapes:
+            shapes = [tuple(int(x) for x in v.split(":")) for v in args.shapes.split(",")]
+        factors = tuple(float(f) for f in args.split_factors.split(","))
+        rows = tune(peaks, shapes=shapes, split_factors=factors)
+        for r in rows:
+            c = r["cfg"]
+            name = f"{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['num_stages']}" + (
+                "qb" if c["q_as_b"] else "") + ("ahead" if c.get("qk_ahead") else "")
+            print(f"H{r['H']} N{r['N']} P{r['P']} bs{r['bs']} {name:<16} splits {r['splits']:>3} "
+                  f"{r['ms']:.4f} ms {r['tflops']:6.1f} TF/s {r['gbps']:7.1f} GB/s err {r['max_err']}")
         with open(os.path.join(args.out, stem + "_tune.json"), "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         return

@@ -73,7 +73,8 @@ def split_kernel_source(
         D_MAIN=d_main, D_PE=d_pe, D_V=dv, BLOCK_D=block_d, BLOCK_DPE=block_dpe,
         BLOCK_DV=block_dv, HAS_CAP=has_cap,
         SHARE_KV=share_kv and config.reuse_k_tile and dv == d_main,
-        Q_AS_B=config.q_as_b, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        Q_AS_B=config.q_as_b, QK_AHEAD=config.qk_ahead,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
     )  # fmt: skip
     aligned = {"Q", "K", "V", "O_part", "Lse_part", "prefix_indptr",
@@ -89,10 +90,12 @@ def combine_kernel_source(dv: int, dtype: str = "bf16", parts: int = 257) -> AST
     types = {n: "i32" for n in ("total_rows", "num_parts", "num_heads", "stride_ps",
                                 "stride_pr", "stride_ls", "stride_ot", "stride_oh")}  # fmt: skip
     types.update(O_part="*fp32", Lse_part="*fp32", Out=f"*{dtype}")
+    block_dv, parts_per_step, _ = _compiled_kernels().combine_tiles(dv, parts)
     constexprs = dict(
         D_V=dv,
         BLOCK_P=triton.next_power_of_2(parts),
-        BLOCK_DV=min(128, triton.next_power_of_2(dv)),
+        BLOCK_DV=block_dv,
+        PARTS_PER_STEP=parts_per_step,
     )
     aligned = {"O_part", "Lse_part", "Out", "stride_ps", "stride_pr", "stride_ot"}
     return _source(
@@ -111,9 +114,10 @@ def compile_split_kernel(config: TreeVerifyConfig, dqk: int, dv: int, cap, **kw)
     )
 
 
-def compile_combine_kernel(dv: int, cap, dtype: str = "bf16"):
-    src = combine_kernel_source(dv, dtype)
-    return triton.compile(src, target=cuda_target(cap), options={"num_warps": 1})
+def compile_combine_kernel(dv: int, cap, dtype: str = "bf16", parts: int = 257):
+    src = combine_kernel_source(dv, dtype, parts)
+    warps = _compiled_kernels().combine_tiles(dv, parts)[2]
+    return triton.compile(src, target=cuda_target(cap), options={"num_warps": warps})
 
 
 def compile_arch_report(cap) -> list:

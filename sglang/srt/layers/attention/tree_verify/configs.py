@@ -25,6 +25,10 @@ class TreeVerifyConfig:
     num_stages: int
     # Compute K.Q^T instead of Q.K^T so the query tile stays in shared memory.
     q_as_b: bool = False
+    # Prefix slices: compute the scores one tile ahead of the PV product
+    # (always Q.K^T, q_as_b applies to the tail only; see
+    # prefix_split._prefix_slice_qk_ahead). Opt-in until measured.
+    qk_ahead: bool = False
     # For absorbed MLA, feed the PV product from the K tile already in shared
     # memory (V = K[..., :512]) instead of loading V again.
     reuse_k_tile: bool = True
@@ -78,11 +82,12 @@ _SM90 = {
 }
 
 # Workstation Blackwell, Ada, GA10x: 99 KiB smem per block, mma.sync.
-# MLA: 32 rows x 32 keys, K.Q^T keeps the query tile in shared memory
-# (75,776 B when compiled for sm_120). Two programs fit an SM's registers.
+# MLA: 32 rows x 16 keys, K.Q^T keeps the query tile in shared memory; four
+# stages = three 16-key tiles in flight (93,184 B when compiled for sm_120,
+# so one program per SM).
 _SM12X = {
-    MLA: _C(block_m=32, block_n=32, num_warps=4, num_stages=2, q_as_b=True, ctas_per_sm=2),
-    MLA_SEPARATE_V: _C(block_m=32, block_n=16, num_warps=4, num_stages=3, q_as_b=True),
+    MLA: _C(block_m=32, block_n=16, num_warps=4, num_stages=4, q_as_b=True),
+    MLA_SEPARATE_V: _C(block_m=32, block_n=16, num_warps=4, num_stages=2, q_as_b=True),
     "d64": _C(block_m=64, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=2),
     "d128": _C(block_m=64, block_n=32, num_warps=4, num_stages=2, ctas_per_sm=2),
     "d256": _C(block_m=32, block_n=32, num_warps=4, num_stages=2),

@@ -9,8 +9,10 @@ they load. One launch covers the whole batch:
   64 x BLOCK_N x D matrix product;
 * grid axis 1: ``num_splits`` equal slices of each request's prefix (computed
   in the kernel from the request's length, so the launch shape depends only
-  on static sizes and the launch is CUDA-graph capturable), plus one last
-  split for the tree tail, which applies the packed ancestor bitmask;
+  on static sizes and the launch is CUDA-graph capturable); the last split
+  then goes on with the tree tail, applying the packed ancestor bitmask (the
+  last slice is the shortest, and a program of its own for the tail would
+  start a second wave when the slices fill the GPU);
 * grid axis 2: request x KV head.
 
 Each split writes a normalised partial output and its base-2 log-sum-exp;
@@ -140,6 +142,98 @@ def _attend_tile(
 
 
 @triton.jit
+def _prefix_scores(
+    q, qpe, K, slots, key_ok, kvh, stride_kt, stride_kh, qk_scale, logit_cap,
+    offs_d, offs_dpe,
+    D_MAIN: tl.constexpr, D_PE: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DPE: tl.constexpr, HAS_CAP: tl.constexpr,
+):  # fmt: skip
+    """Base-2 scaled scores of a query tile against one prefix KV tile, -inf
+    for keys past the slice end."""
+    k_row = K + slots[:, None] * stride_kt + kvh * stride_kh
+    k = tl.load(
+        k_row + offs_d[None, :],
+        mask=key_ok[:, None] & (offs_d[None, :] < D_MAIN),
+        other=0.0,
+    )
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    if BLOCK_DPE > 0:
+        kpe = tl.load(
+            k_row + D_MAIN + offs_dpe[None, :],
+            mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
+            other=0.0,
+        )
+        # Scaled and added, not accumulated into one dot: a dot that feeds
+        # another dot is laid out as an attention chain (every warpgroup
+        # computing the whole tile), and Triton folds a plain add into it.
+        s += tl.dot(qpe, tl.trans(kpe)) * qk_scale
+    if HAS_CAP:
+        s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
+        s = s * 1.4426950408889634
+    return tl.where(key_ok[None, :], s, float("-inf")), k
+
+
+@triton.jit
+def _prefix_slice_qk_ahead(
+    acc, m_i, l_i, q, qpe, K, V, prefix_indices, kv_start, lo, hi,
+    kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
+    offs_d, offs_dpe, offs_dv,
+    D_MAIN: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+):  # fmt: skip
+    """A prefix slice with the scores one tile ahead of the PV product.
+
+    Iteration i computes the scores of tile i + 1 and the softmax + PV of
+    tile i. With the score product no longer feeding the PV product inside
+    one iteration, Triton does not treat the two as a chained (attention)
+    dot, so it splits the score tile's keys across the warpgroups instead of
+    having every warpgroup compute the whole tile (Hopper, 8 warps: half the
+    score MMAs). For absorbed MLA the K tile of tile i + 1 is carried to the
+    next iteration as its V tile (a register copy of the pipelined shared
+    tile, stored back for the PV product), so KV is still read once.
+    """
+    # One extra iteration: the first one only computes the scores of tile 0
+    # (its "current" tile is empty), the last one computes none.
+    s_next = tl.full([BLOCK_M, BLOCK_N], float("-inf"), dtype=tl.float32)
+    k_next = tl.zeros([BLOCK_N, BLOCK_D], dtype=K.dtype.element_ty)
+    slots = tl.zeros([BLOCK_N], dtype=tl.int64)
+    key_ok = tl.zeros([BLOCK_N], dtype=tl.int1)
+    for start in tl.range(lo - BLOCK_N, hi, BLOCK_N, num_stages=NUM_STAGES):
+        s = s_next
+        k_cur = k_next
+        slots_cur = slots
+        cur_ok = key_ok
+        offs_n = start + BLOCK_N + tl.arange(0, BLOCK_N)
+        key_ok = offs_n < hi
+        slots = tl.load(prefix_indices + kv_start + offs_n, mask=key_ok, other=0).to(tl.int64)
+        s_next, k_next = _prefix_scores(
+            q, qpe, K, slots, key_ok, kvh, stride_kt, stride_kh, qk_scale, logit_cap,
+            offs_d, offs_dpe, D_MAIN, D_PE, BLOCK_D, BLOCK_DPE, HAS_CAP,
+        )  # fmt: skip
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        p = tl.math.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if SHARE_KV:
+            v = k_cur
+        else:
+            v_row = V + slots_cur[:, None] * stride_vt + kvh * stride_vh
+            v = tl.load(
+                v_row + offs_dv[None, :],
+                mask=cur_ok[:, None] & (offs_dv[None, :] < D_V),
+                other=0.0,
+            )
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _tree_verify_split_kernel(
     Q,
     K,
@@ -178,6 +272,7 @@ def _tree_verify_split_kernel(
     SHARE_KV: tl.constexpr,
     HAS_CAP: tl.constexpr,
     Q_AS_B: tl.constexpr,
+    QK_AHEAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
@@ -224,18 +319,39 @@ def _tree_verify_split_kernel(
         chunk = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
         lo = pid_s * chunk
         hi = tl.minimum(lo + chunk, prefix_len)
-        for start in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
-            offs_n = start + tl.arange(0, BLOCK_N)
-            key_ok = offs_n < hi
-            slots = tl.load(prefix_indices + kv_start + offs_n, mask=key_ok, other=0)
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, qpe, K, V, slots.to(tl.int64), key_ok, row_ok[:, None],
+        if QK_AHEAD:
+            acc, m_i, l_i = _prefix_slice_qk_ahead(
+                acc, m_i, l_i, q, qpe, K, V, prefix_indices, kv_start, lo, hi,
                 kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
                 offs_d, offs_dpe, offs_dv,
-                D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP, Q_AS_B,
-                MASKED=False,
+                D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP,
+                BLOCK_M, BLOCK_N, NUM_STAGES,
             )  # fmt: skip
-    else:
+        else:
+            offs_n = lo + tl.arange(0, BLOCK_N)
+            slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
+            for start in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
+                offs_n = start + tl.arange(0, BLOCK_N)
+                key_ok = offs_n < hi
+                # The next tile's slot indices are loaded one iteration ahead
+                # as a loop-carried value: to the pipeliner the K tile load is
+                # then a direct load and gets the whole prefetch distance (an
+                # index load in the same iteration makes it an indirect chain,
+                # and Triton splits the stages between the chain's levels).
+                slots = slots_next
+                slots_next = tl.load(
+                    prefix_indices + kv_start + offs_n + BLOCK_N,
+                    mask=offs_n + BLOCK_N < hi,
+                    other=0,
+                )
+                acc, m_i, l_i = _attend_tile(
+                    acc, m_i, l_i, q, qpe, K, V, slots.to(tl.int64), key_ok, row_ok[:, None],
+                    kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
+                    offs_d, offs_dpe, offs_dv,
+                    D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP,
+                    Q_AS_B, MASKED=False,
+                )  # fmt: skip
+    if pid_s == tl.maximum(num_splits, 1) - 1:
         # The tree tail: node i sees node j iff bit j of its ancestor mask is set.
         mask_row = tree_mask + b * stride_mb + node * stride_mn
         for start in tl.range(0, num_nodes, BLOCK_N, num_stages=1):
@@ -286,10 +402,12 @@ def _tree_verify_combine_kernel(
     D_V: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    PARTS_PER_STEP: tl.constexpr,
 ):
     """Merge every split's partial output of one row (one ``BLOCK_DV`` slice)
     by its log-sum-exp and write ``Out``. All LSEs of the row are read at once,
-    so the loop over parts only streams the partial outputs."""
+    and the partial outputs stream in ``PARTS_PER_STEP x BLOCK_DV`` tiles, so
+    a row with many splits keeps many loads in flight."""
     row = tl.program_id(0)
     offs_d = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     d_ok = offs_d < D_V
@@ -299,11 +417,19 @@ def _tree_verify_combine_kernel(
     m = tl.where(m == float("-inf"), 0.0, m)
     den = tl.sum(tl.math.exp2(lse - m), 0)
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    part_row = O_part + row.to(tl.int64) * stride_pr + offs_d
-    for s in tl.range(0, num_parts, num_stages=4):
-        w = tl.math.exp2(tl.load(Lse_part + s * stride_ls + row) - m)
-        o = tl.load(part_row + s * stride_ps, mask=d_ok, other=0.0)
-        acc += w * o
+    part_row = O_part + row.to(tl.int64) * stride_pr
+    for s0 in tl.range(0, num_parts, PARTS_PER_STEP, num_stages=2):
+        offs_s = s0 + tl.arange(0, PARTS_PER_STEP)
+        s_ok = offs_s < num_parts
+        w = tl.math.exp2(
+            tl.load(Lse_part + offs_s * stride_ls + row, mask=s_ok, other=float("-inf")) - m
+        )
+        o = tl.load(
+            part_row + offs_s[:, None].to(tl.int64) * stride_ps + offs_d[None, :],
+            mask=s_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
+        acc += tl.sum(w[:, None] * o, 0)
     out = acc / tl.where(den > 0.0, den, 1.0)
     tok = row // num_heads
     head = row % num_heads
@@ -378,7 +504,9 @@ def split_partials(
     """Run the split kernel: ``num_splits`` prefix slices plus the tree tail.
 
     Returns ``(o_part, lse_part)`` of shapes ``[parts, bs*N*H, Dv]`` and
-    ``[parts, bs*N*H]`` (fp32, base-2 LSE); the tail is part ``num_splits``.
+    ``[parts, bs*N*H]`` (fp32, base-2 LSE), ``parts = max(num_splits, 1) +
+    extra_parts``; the tail is folded into the last split (part 0 when
+    ``num_splits`` is 0).
     ``extra_parts`` appends unwritten parts for another strategy's prefix pass.
     """
     bs, n = tree_kv_indices.shape
@@ -393,7 +521,7 @@ def split_partials(
         and block_dv == block_d
         and dv == d_main
     )
-    parts = num_splits + 1 + extra_parts
+    parts = max(num_splits, 1) + extra_parts
     total_rows = bs * n * h
     o_part = torch.empty(parts, total_rows, dv, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(parts, total_rows, dtype=torch.float32, device=q.device)
@@ -402,7 +530,7 @@ def split_partials(
     if bs == 0:
         return o_part, lse_part
     row_tiles = triton.cdiv(n * group, config.block_m)
-    _tree_verify_split_kernel[(row_tiles, num_splits + 1, bs * hkv)](
+    _tree_verify_split_kernel[(row_tiles, max(num_splits, 1), bs * hkv)](
         q, k_buffer, v_buffer, o_part, lse_part,
         prefix_kv_indptr, prefix_kv_indices, tree_kv_indices, tree_mask,
         qk_scale, float(logit_cap),
@@ -416,11 +544,22 @@ def split_partials(
         D_MAIN=d_main, D_PE=d_pe, D_V=dv,
         BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=block_dv,
         SHARE_KV=share_kv, HAS_CAP=has_cap, Q_AS_B=config.q_as_b,
+        QK_AHEAD=config.qk_ahead,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return o_part, lse_part
+
+
+def combine_tiles(dv: int, parts: int):
+    """``(BLOCK_DV, PARTS_PER_STEP, num_warps)`` of the combine kernel: few
+    parts (compute-bound shapes) read one part per step with one warp; many
+    parts (long prefixes split across the GPU) read 16 at a time."""
+    block_dv = min(128, triton.next_power_of_2(dv))
+    if parts <= 4:
+        return block_dv, triton.next_power_of_2(parts), 1
+    return block_dv, 16, 4
 
 
 def combine_partials(
@@ -431,13 +570,13 @@ def combine_partials(
     parts, total_rows, dv = o_part.shape
     if total_rows == 0:
         return out
-    block_dv = min(128, triton.next_power_of_2(dv))
+    block_dv, parts_per_step, warps = combine_tiles(dv, parts)
     _tree_verify_combine_kernel[(total_rows, triton.cdiv(dv, block_dv))](
         o_part, lse_part, out, total_rows, parts, out.shape[1],
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         out.stride(0), out.stride(1),
         D_V=dv, BLOCK_P=triton.next_power_of_2(parts), BLOCK_DV=block_dv,
-        num_warps=1,
+        PARTS_PER_STEP=parts_per_step, num_warps=warps,
     )  # fmt: skip
     return out
 

@@ -1,0 +1,170 @@
+"""Where the GPU time of one decode step goes, from the server's own torch profiler.
+
+SGLang 0.5.17 profiles through ``POST /start_profile`` (body: the ``ProfileReq`` fields of
+``srt/managers/io_struct.py``). Without ``start_step`` the scheduler starts the profiler at
+once and, with ``num_steps=S``, stops it by itself when the S-th forward after the request
+has been launched (``SchedulerProfilerManager._profile_batch_predicate``); it then writes
+``<output_dir>/<profile_id>-TP-0.trace.json.gz`` (``output_dir`` defaults to
+``$SGLANG_TORCH_PROFILER_DIR`` or /tmp). One forward is one decode step, or one
+draft + verify step under speculation. CUDA-graph replays are traced kernel by kernel.
+
+:func:`breakdown` sums the traced GPU kernel time per category and divides by S. The
+profiler starts and stops between scheduler iterations while the GPU may still be running
+the previous one, so the step count is good to about one step in S; the *shares* do not
+depend on it. On the upstream verify path the target's verify attention runs upstream's
+Triton extend kernel, which the DFlash drafter's own attention also uses, so
+``extend_attention`` there holds both; subtract the same configuration's fused-path
+``extend_attention`` (the drafter part) to isolate the verify (``verify_attention_ms``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import time
+from pathlib import Path
+from typing import Iterable, Optional
+
+#: (category, pattern on the kernel name), first match wins. Names are Triton function
+#: names (``_tree_verify_split_kernel`` ...) or CUDA library symbols.
+CATEGORIES = (
+    ("tree_verify", re.compile(r"^_tree_verify_")),
+    # upstream's Triton extend attention (kernels/ops/attention/extend_attention.py)
+    ("extend_attention", re.compile(r"^_fwd_kernel(_unified)?$")),
+    # upstream's Triton decode attention (kernels/ops/attention/decode_attention.py)
+    ("decode_attention", re.compile(r"^_fwd_(grouped_)?kernel_stage[12]$")),
+    ("other_attention", re.compile(r"attn|attention|flashinfer|flash_|mla|merge_state|BatchPrefill|BatchDecode",
+                                   re.IGNORECASE)),
+    ("moe", re.compile(r"moe|expert", re.IGNORECASE)),
+    ("gemm", re.compile(r"gemm|gemv|nvjet|cutlass|xmma|cublas|matmul|bmm|splitk", re.IGNORECASE)),
+)
+MEMORY_EVENT_CATS = {"gpu_memcpy", "gpu_memset"}
+KERNEL_EVENT_CATS = {"kernel"} | MEMORY_EVENT_CATS
+ORDER = [name for name, _ in CATEGORIES] + ["memcpy", "other"]
+
+
+def categorize(name: str, cat: str = "kernel") -> str:
+    if cat.lower() in MEMORY_EVENT_CATS:
+        return "memcpy"
+    for category, pattern in CATEGORIES:
+        if pattern.search(name):
+            return category
+    return "other"
+
+
+def gpu_events(trace: dict) -> Iterable[dict]:
+    """Complete ('X') GPU kernel / memcpy / memset events of a Chrome trace."""
+    events = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
+    for ev in events:
+        if ev.get("ph") == "X" and str(ev.get("cat", "")).lower() in KERNEL_EVENT_CATS and "dur" in ev:
+            yield ev
+
+
+def breakdown(trace: dict, steps: int, top: int = 12) -> dict:
+    """GPU time per step per category (Chrome trace durations are microseconds)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    per_cat = {c: 0.0 for c in ORDER}
+    count = {c: 0 for c in ORDER}
+    per_kernel: dict[str, list] = {}
+    first, last = None, None
+    for ev in gpu_events(trace):
+        name, dur, ts = ev.get("name", "?"), float(ev["dur"]), float(ev.get("ts", 0.0))
+        category = categorize(name, ev["cat"])
+        per_cat[category] += dur
+        count[category] += 1
+        k = per_kernel.setdefault(name, [category, 0.0, 0])
+        k[1] += dur
+        k[2] += 1
+        first = ts if first is None else min(first, ts)
+        last = ts + dur if last is None else max(last, ts + dur)
+    total = sum(per_cat.values())
+    if total <= 0:
+        raise ValueError("the trace holds no GPU kernel events (was the GPU activity profiled?)")
+    categories = {
+        c: {"ms_per_step": per_cat[c] / 1000 / steps, "share": per_cat[c] / total, "launches": count[c]}
+        for c in ORDER
+        if count[c]
+    }
+    kernels = sorted(per_kernel.items(), key=lambda kv: -kv[1][1])[:top]
+    return {
+        "steps": steps,
+        "gpu_ms_per_step": total / 1000 / steps,
+        "span_ms_per_step": (last - first) / 1000 / steps,
+        "categories": categories,
+        "top_kernels": [
+            {"name": n, "category": c, "ms_per_step": t / 1000 / steps, "launches_per_step": k / steps}
+            for n, (c, t, k) in kernels
+        ],
+    }
+
+
+def verify_category(verify: Optional[str]) -> Optional[str]:
+    """The category that holds the target's verify attention on a verify path."""
+    if verify is None or verify == "-":
+        return None
+    return "extend_attention" if verify == "upstream_extend" else "tree_verify"
+
+
+def verify_attention_ms(prof: dict, verify: Optional[str], fused_twin: Optional[dict] = None) -> Optional[float]:
+    """Verify attention ms per step; on the upstream path minus the drafter's share of the
+    extend kernel, taken from the fused-path profile of the same configuration when given."""
+    category = verify_category(verify)
+    if category is None:
+        return None
+    ms = prof["categories"].get(category, {}).get("ms_per_step", 0.0)
+    if category == "extend_attention":
+        if fused_twin is None:
+            return None  # not separable from the drafter's attention without the twin
+        ms -= fused_twin["categories"].get("extend_attention", {}).get("ms_per_step", 0.0)
+    return max(ms, 0.0)
+
+
+def load_trace(path: Path) -> dict:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def start_profile(server, out_dir: Path, profile_id: str, steps: int) -> Path:
+    """Ask the server to trace the next ``steps`` forwards (GPU activity only, no stacks)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    body = {
+        "output_dir": str(out_dir),
+        "num_steps": steps,
+        "activities": ["GPU"],
+        "with_stack": False,
+        "record_shapes": False,
+        "profile_id": profile_id,
+    }
+    _post_text(server, "/start_profile", body)
+    return out_dir / f"{profile_id}-TP-0.trace.json.gz"
+
+
+def _post_text(server, path: str, body: dict) -> str:
+    """The profiler endpoints answer plain text, not JSON."""
+    import urllib.request
+
+    req = urllib.request.Request(server.base_url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return r.read().decode()
+
+
+def wait_for_trace(path: Path, timeout: float) -> bool:
+    """The scheduler writes the gzip in one go after the last step; wait until it is whole."""
+    deadline = time.time() + timeout
+    size = -1
+    while time.time() < deadline:
+        if path.exists():
+            now = path.stat().st_size
+            if now == size and now > 0:
+                try:
+                    load_trace(path)
+                    return True
+                except (OSError, EOFError, ValueError):
+                    pass
+            size = now
+        time.sleep(0.5)
+    return False

@@ -1,0 +1,149 @@
+"""The profiler-trace breakdown of benchmarks/e2e_profile.py on small synthetic Chrome traces,
+and its kernel-name rules against the real kernel names in the installed (patched) sglang."""
+
+import ast
+import gzip
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import e2e_profile as ep  # noqa: E402
+
+
+def kernel(name, ts, dur, cat="kernel"):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7}
+
+
+def synthetic_trace(steps=4):
+    """Per step: 2 tree-verify launches (30 + 10 us), one extend (50), a MoE (100),
+    a GEMM (200), an elementwise (5), a memcpy (5); plus CPU ops that must be ignored."""
+    ev, t = [], 1000.0
+    for _ in range(steps):
+        for name, dur, cat in [("_tree_verify_split_kernel", 30, "kernel"),
+                               ("_tree_verify_combine_kernel", 10, "kernel"),
+                               ("_fwd_kernel", 50, "kernel"),
+                               ("fused_moe_kernel", 100, "kernel"),
+                               ("nvjet_tst_128x64_64x4_1x2_h_bz_TNT", 200, "kernel"),
+                               ("void at::native::vectorized_elementwise_kernel<4>", 5, "kernel"),
+                               ("Memcpy DtoD (Device -> Device)", 5, "gpu_memcpy")]:
+            ev.append(kernel(name, t, dur, cat))
+            t += dur + 1
+    ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 99999})
+    ev.append({"ph": "i", "cat": "kernel", "name": "_tree_verify_split_kernel", "ts": 0})  # not complete
+    ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0, "dur": 12345})
+    return {"traceEvents": ev, "displayTimeUnit": "ms"}
+
+
+def test_breakdown_sums_per_category_and_step():
+    b = ep.breakdown(synthetic_trace(steps=4), steps=4)
+    cats = b["categories"]
+    assert cats["tree_verify"]["ms_per_step"] == pytest.approx(0.040)
+    assert cats["tree_verify"]["launches"] == 8
+    assert cats["extend_attention"]["ms_per_step"] == pytest.approx(0.050)
+    assert cats["moe"]["ms_per_step"] == pytest.approx(0.100)
+    assert cats["gemm"]["ms_per_step"] == pytest.approx(0.200)
+    assert cats["memcpy"]["ms_per_step"] == pytest.approx(0.005)
+    assert cats["other"]["ms_per_step"] == pytest.approx(0.005)
+    assert "decode_attention" not in cats  # absent categories are left out
+    assert b["gpu_ms_per_step"] == pytest.approx(0.400)
+    assert sum(c["share"] for c in cats.values()) == pytest.approx(1.0)
+    assert cats["tree_verify"]["share"] == pytest.approx(0.1)
+    # span: back-to-back kernels with 1 us gaps, 7 per step
+    assert b["span_ms_per_step"] == pytest.approx((4 * 407 - 1) / 1000 / 4)
+    top = b["top_kernels"]
+    assert top[0]["name"].startswith("nvjet") and top[0]["category"] == "gemm"
+    assert top[0]["launches_per_step"] == pytest.approx(1.0)
+
+
+def test_breakdown_divides_by_the_given_steps():
+    t = synthetic_trace(steps=4)
+    assert ep.breakdown(t, steps=2)["gpu_ms_per_step"] == pytest.approx(2 * ep.breakdown(t, steps=4)["gpu_ms_per_step"])
+
+
+def test_breakdown_rejects_traces_without_gpu_work_and_bad_steps():
+    with pytest.raises(ValueError, match="no GPU kernel events"):
+        ep.breakdown({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "x", "ts": 0, "dur": 5}]}, steps=1)
+    with pytest.raises(ValueError, match="steps"):
+        ep.breakdown(synthetic_trace(), steps=0)
+
+
+def test_bare_event_list_is_accepted():
+    assert ep.breakdown(synthetic_trace()["traceEvents"], steps=4)["gpu_ms_per_step"] == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("name,cat", [
+    ("_tree_verify_split_kernel", "tree_verify"),
+    ("_fwd_kernel", "extend_attention"),
+    ("_fwd_kernel_unified", "extend_attention"),
+    ("_fwd_kernel_stage2", "decode_attention"),
+    ("_fwd_grouped_kernel_stage1", "decode_attention"),
+    ("BatchPrefillWithPagedKVCacheKernel", "other_attention"),
+    ("merge_state_v2_kernel", "other_attention"),
+    ("fused_moe_kernel", "moe"),
+    ("moe_align_block_size_kernel", "moe"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32", "gemm"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm>", "gemm"),
+    ("void at::native::reduce_kernel<512, 1>", "other"),
+])
+def test_categorize(name, cat):
+    assert ep.categorize(name) == cat
+
+
+def _triton_kernels(path: Path) -> set:
+    """Names of the @triton.jit functions defined in a source file."""
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            for d in node.decorator_list:
+                src = ast.unparse(d)
+                if "triton.jit" in src or src == "jit":
+                    out.add(node.name)
+    return out
+
+
+def _sglang_dir() -> Path:
+    spec = importlib.util.find_spec("sglang")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def test_rules_match_the_real_kernel_names():
+    """Every fused tree-verify kernel of the overlay, upstream's extend and decode attention
+    kernels and its Triton MoE kernel land in the category the breakdown reports them in."""
+    overlay = REPO / "sglang" / "srt" / "layers" / "attention" / "tree_verify" / "prefix_split.py"
+    tv = _triton_kernels(overlay)
+    assert tv and all(ep.categorize(n) == "tree_verify" for n in tv if n.startswith("_tree_verify_"))
+    assert any(n.startswith("_tree_verify_") for n in tv)
+    ops = _sglang_dir() / "kernels" / "ops"
+    extend = _triton_kernels(ops / "attention" / "extend_attention.py")
+    assert {"_fwd_kernel", "_fwd_kernel_unified"} <= extend
+    assert {ep.categorize(n) for n in ("_fwd_kernel", "_fwd_kernel_unified")} == {"extend_attention"}
+    decode = {n for n in _triton_kernels(ops / "attention" / "decode_attention.py") if n.startswith("_fwd")}
+    assert decode and {ep.categorize(n) for n in decode} == {"decode_attention"}
+    assert "fused_moe_kernel" in _triton_kernels(ops / "moe" / "fused_moe_triton_kernels.py")
+
+
+def test_verify_attention_ms_fused_and_upstream_with_drafter_twin():
+    fused = {"categories": {"tree_verify": {"ms_per_step": 2.0}, "extend_attention": {"ms_per_step": 0.5}}}
+    upstream = {"categories": {"extend_attention": {"ms_per_step": 10.5}}}
+    assert ep.verify_attention_ms(fused, "fused") == 2.0
+    assert ep.verify_attention_ms(upstream, "upstream_extend", fused) == pytest.approx(10.0)
+    assert ep.verify_attention_ms(upstream, "upstream_extend") is None  # not separable alone
+    assert ep.verify_attention_ms(fused, "-") is None
+
+
+def test_trace_roundtrip_and_wait(tmp_path):
+    path = tmp_path / "x-TP-0.trace.json.gz"
+    assert not ep.wait_for_trace(path, timeout=0.6)
+    with gzip.open(path, "wt") as f:
+        json.dump(synthetic_trace(), f)
+    assert ep.wait_for_trace(path, timeout=5)
+    assert ep.breakdown(ep.load_trace(path), steps=4)["gpu_ms_per_step"] == pytest.approx(0.4)
+    broken = tmp_path / "y.trace.json.gz"
+    broken.write_bytes(path.read_bytes()[:40])  # a half-written gzip never counts as done
+    assert not ep.wait_for_trace(broken, timeout=1.2)

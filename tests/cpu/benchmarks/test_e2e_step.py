@@ -1,0 +1,237 @@
+"""The pure parts of benchmarks/e2e_step.py: configuration specs, server flags (parsed by the
+real pinned upstream ServerArgs parser), step statistics, the wall-clock guard, ratios
+against a reference run, the README table and merging split runs."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import e2e_step as es  # noqa: E402
+
+
+@pytest.mark.parametrize("text,want", [
+    ("ddtree64", ("ddtree64", "fused", "triton")),
+    ("ddtree64@upstream_extend", ("ddtree64", "upstream_extend", "triton")),
+    ("dflash@upstream_extend:flashinfer", ("dflash", "upstream_extend", "flashinfer")),
+    ("dflash:flashinfer", ("dflash", "fused", "flashinfer")),
+    ("nospec", ("nospec", "-", "triton")),
+])
+def test_parse_spec(text, want):
+    assert es.parse_spec(text).key == want
+
+
+def test_parse_spec_run_defaults_apply_only_without_suffix():
+    assert es.parse_spec("ddtree16", verify="upstream_extend").verify == "upstream_extend"
+    assert es.parse_spec("ddtree16@fused", verify="upstream_extend").verify == "fused"
+    assert es.parse_spec("nospec", backend="flashinfer").backend == "flashinfer"
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("ddtree32", "unknown configuration"),
+    ("ddtree64@dense", "unknown verify path"),
+    ("dflash:fa3", "unknown backend"),
+    ("nospec@upstream_extend", "no verify path"),
+    ("ddtree64 @fused", "bad configuration"),
+])
+def test_parse_spec_errors_say_what_to_use(text, msg):
+    with pytest.raises(ValueError, match=msg):
+        es.parse_spec(text)
+
+
+def test_verify_paths_are_the_dispatchers_strategies():
+    from sglang.srt.layers.attention.tree_verify.dispatch import STRATEGIES
+
+    assert set(es.VERIFY_PATHS) == set(STRATEGIES)
+
+
+@pytest.fixture(scope="module")
+def upstream_parser():
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+@pytest.mark.parametrize("text", ["nospec", "dflash@upstream_extend:flashinfer", "ddtree128"])
+def test_server_args_parse_with_the_pinned_server(upstream_parser, text):
+    spec = es.parse_spec(text)
+    args = es.server_args(spec, "/d", 32768, [8, 1])
+    ns = upstream_parser.parse_args(["--model-path", "/m", *args])
+    assert ns.cuda_graph_bs_decode == [1, 8]  # exactly the measured batch sizes
+    assert ns.attention_backend == spec.backend
+    assert ns.context_length == 32768 + 1024
+    assert ns.load_format == "dummy"
+    if spec.config == "nospec":
+        assert ns.speculative_algorithm is None and ns.speculative_draft_model_path is None
+    else:
+        assert ns.speculative_draft_model_path == "/d"
+    if spec.config.startswith("ddtree"):
+        assert ns.speculative_algorithm == "DDTREE" and ns.speculative_ddtree_budget == 128
+
+
+def test_server_env_sets_strategy_only_off_the_default(tmp_path):
+    assert es.server_env(es.parse_spec("ddtree64"), tmp_path) == {"TRITON_CACHE_DIR": str(tmp_path)}
+    env = es.server_env(es.parse_spec("ddtree64@upstream_extend"), tmp_path)
+    assert env["SGLANG_DDTREE_VERIFY_STRATEGY"] == "upstream_extend"
+    assert "SGLANG_DDTREE_VERIFY_STRATEGY" not in es.server_env(es.parse_spec("nospec"), tmp_path)
+
+
+def test_step_stats_uses_only_the_common_window():
+    # request A starts first (its early gaps are 1 s), B joins at t=10; A ends at t=20.
+    a = [0, 1, 2, 10, 10.01, 10.02, 10.03, 10.04, 10.05, 20.0]
+    b = [10.0, 10.02, 10.04, 10.06, 10.08, 10.10, 10.12, 30.0]
+    s = es.step_stats([a, b])
+    # window [10, 20]: A's gaps 0.01 x5 and 9.95, B's 0.02 x6
+    assert s["steps_measured"] == 12
+    assert s["ms_per_step"] == pytest.approx(20.0)
+    assert s["ms_per_step_p90"] == pytest.approx(20.0)
+
+
+def test_step_stats_refuses_too_few_steps_and_silent_requests():
+    with pytest.raises(ValueError, match="too few decode steps"):
+        es.step_stats([[0.0, 0.1, 0.2]])
+    with pytest.raises(ValueError, match="no tokens"):
+        es.step_stats([[0.0, 0.1], []])
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_budget_guards_starts_and_points():
+    clock = FakeClock()
+    b = es.Budget(deadline_s=500, start_estimate_s=200, margin_s=20, clock=clock)
+    assert b.left() == 480 and b.fits(480) and not b.fits(481)
+    assert b.start_estimate() == 200
+    b.starts += [150.0, 80.0]
+    assert b.start_estimate() == pytest.approx(172.5)  # worst start seen + 15 %
+    clock.t += 400
+    assert b.left() == 80 and not b.fits(b.start_estimate())
+    assert b.point_estimate(32768, 8, 12.0) > b.point_estimate(1024, 1, 12.0) >= 12.0
+    assert es.Budget(None, 200).fits(1e9)
+
+
+def row(config, verify, ms, ctx=16384, batch=1, backend="triton", accept=1.0):
+    return {"config": config, "verify": verify, "backend": backend, "ctx": ctx, "batch": batch,
+            "ms_per_step": ms, "accept_length": accept}
+
+
+REFERENCE_LINES = [
+    {"what": "upstream reference, batch 1", "date": "2026-11-29"},
+    {"config": "no speculation, --attention-backend triton", "ctx1024_ms_per_step": 4.0, "ctx16384_ms_per_step": 5.0},
+    {"config": "DFLASH chain (16 tokens verified), --attention-backend triton", "ctx16384_ms_per_step": 80.0},
+    {"config": "DFLASH chain (16 tokens verified), --attention-backend flashinfer (MLA; causal)",
+     "ctx16384_ms_per_step": 8.0},
+]
+
+
+@pytest.fixture
+def reference(tmp_path):
+    p = tmp_path / "ref.jsonl"
+    p.write_text("\n".join(json.dumps(x) for x in REFERENCE_LINES) + "\n")
+    return es.load_reference(p)
+
+
+def test_load_reference_reads_every_ctx_field(reference):
+    assert {(r["ctx"], r["ms_per_step"]) for r in reference} == {(1024, 4.0), (16384, 5.0), (16384, 80.0),
+                                                                 (16384, 8.0)}
+    assert all(r["batch"] == 1 for r in reference)
+    assert es.load_reference(Path("/nonexistent/ref.jsonl")) == []
+
+
+def test_ratios_this_run_and_reference(reference):
+    rows = [row("dflash", "fused", 10.0), row("dflash", "upstream_extend", 70.0),
+            row("ddtree64", "fused", 12.0), row("ddtree64", "upstream_extend", 120.0), row("nospec", "-", 5.5),
+            row("dflash", "fused", 20.0, batch=8), row("ddtree64", "fused", 30.0, batch=8)]
+    got = {(q["ctx"], q["batch"], q["ratio"]): q for q in es.ratios(rows, reference)}
+    assert got[(16384, 1, "DFLASH upstream-triton / DFLASH fused (speedup)")]["value"] == pytest.approx(7.0)
+    dd = got[(16384, 1, "DDTREE B=64 fused / DFLASH fused")]
+    assert dd["value"] == pytest.approx(1.2) and dd["target"] == 1.25 and dd["source"] == "this run"
+    assert got[(16384, 1, "DDTREE B=64 upstream / DDTREE B=64 fused (speedup)")]["value"] == pytest.approx(10.0)
+    fi = got[(16384, 1, "DFLASH fused / reference DFLASH flashinfer (causal, sm_90)")]
+    assert fi["value"] == pytest.approx(1.25) and fi["target"] == 1.3
+    assert fi["source"].startswith("reference run, not this run")
+    assert got[(16384, 1, "reference DFLASH upstream triton / DFLASH fused (speedup)")]["value"] == pytest.approx(8.0)
+    assert got[(16384, 1, "no speculation / reference no speculation (host check)")]["value"] == pytest.approx(1.1)
+    # batch 8: this run's ratio only; the reference run has batch 1 only
+    assert got[(16384, 8, "DDTREE B=64 fused / DFLASH fused")]["value"] == pytest.approx(1.5)
+    assert not [k for k in got if k[1] == 8 and "reference" in k[2]]
+    assert (16384, 1, "DDTREE B=16 fused / DFLASH fused") not in got  # not measured: no ratio
+
+
+def test_verify_shares_pair_upstream_with_its_fused_twin():
+    def prof(config, verify, tv, ext, total):
+        cats = {"tree_verify": {"ms_per_step": tv}, "extend_attention": {"ms_per_step": ext}}
+        return {"config": config, "verify": verify, "backend": "triton", "ctx": 16384, "batch": 1,
+                "categories": {k: v for k, v in cats.items() if v["ms_per_step"]}, "gpu_ms_per_step": total}
+
+    shares = es.verify_shares([prof("ddtree64", "fused", 3.0, 1.0, 20.0), prof("ddtree64", "upstream_extend", 0, 61.0, 80.0)])
+    by = {s["verify"]: s for s in shares}
+    assert by["fused"]["share"] == pytest.approx(0.15)
+    assert by["upstream_extend"]["verify_attention_ms"] == pytest.approx(60.0)
+    assert by["upstream_extend"]["share"] == pytest.approx(0.75)
+
+
+def test_markdown_table_relative_to_dflash_fused():
+    rows = [row("ddtree64", "fused", 12.0), row("dflash", "fused", 10.0, accept=1.02), row("nospec", "-", 5.0),
+            row("ddtree64", "fused", 40.0, ctx=32768)]
+    md = es.markdown(rows, [{"config": "ddtree64", "verify": "fused", "backend": "triton", "ctx": 16384,
+                             "batch": 1, "share": 0.2}]).splitlines()
+    assert md[0].startswith("| config | verify path |") and len(md) == 2 + 4
+    assert md[2] == "| nospec | - | triton | 16384 | 1 | 5.00 | 0.50 | 1.00 | - |"
+    assert md[3] == "| dflash | fused | triton | 16384 | 1 | 10.00 | 1.00 | 1.02 | - |"
+    assert md[4] == "| ddtree64 | fused | triton | 16384 | 1 | 12.00 | 1.20 | 1.00 | 20 % |"
+    assert md[5].endswith("| 40.00 | - | 1.00 | - |")  # no DFLASH-fused row at 32K
+
+
+def test_report_merges_split_runs_and_writes_a_plot(tmp_path, reference):
+    a = {"what": "w", "date": "2026-11-29", "device": "NVIDIA H200", "argv": ["a"], "servers": [{"config": "x"}],
+         "rows": [row("dflash", "fused", 11.0), row("ddtree64", "fused", 99.0)],
+         "profiles": [], "skipped": [{"config": "ddtree128@fused:triton", "what": "server", "reason": "time"}]}
+    b = {"argv": ["b"], "rows": [row("ddtree64", "fused", 13.0), row("dflash", "upstream_extend", 77.0)],
+         "profiles": [{"config": "ddtree64", "verify": "fused", "backend": "triton", "ctx": 16384, "batch": 1,
+                       "gpu_ms_per_step": 12.0, "categories": {"tree_verify": {"ms_per_step": 3.0, "share": 0.25}}}],
+         "skipped": []}
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    out = tmp_path / "merged.json"
+    merged = es.report([pa, pb], out, reference)
+    ms = {(r["config"], r["verify"]): r["ms_per_step"] for r in merged["rows"]}
+    assert ms == {("dflash", "fused"): 11.0, ("ddtree64", "fused"): 13.0, ("dflash", "upstream_extend"): 77.0}
+    assert merged["device"] == "NVIDIA H200" and merged["argv"] == [["a"], ["b"]] and len(merged["skipped"]) == 1
+    assert merged["verify_attention"][0]["share"] == pytest.approx(0.25)
+    r = {q["ratio"]: q["value"] for q in merged["ratios"]}
+    assert r["DDTREE B=64 fused / DFLASH fused"] == pytest.approx(13 / 11)
+    es.write(merged, out)
+    assert json.loads(out.read_text())["rows"] == merged["rows"]
+    es.plot(merged, out.with_suffix(".png"))
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_report_mode_end_to_end(tmp_path, capsys):
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps({"rows": [row("dflash", "fused", 10.0), row("ddtree64", "fused", 12.5)], "skipped": []}))
+    assert es.main(["--report", str(p), "--tag", "t", "--out-dir", str(tmp_path), "--markdown",
+                    "--reference", str(tmp_path / "none.jsonl")]) == 0
+    text = capsys.readouterr().out
+    assert "DDTREE B=64 fused / DFLASH fused = 1.25 (target <= 1.25)" in text
+    assert "| ddtree64 | fused | triton | 16384 | 1 | 12.50 | 1.25 |" in text
+    assert (tmp_path / "e2e_step_t.json").exists() and (tmp_path / "e2e_step_t.png").exists()
+
+
+def test_cli_rejects_bad_configs_before_touching_the_gpu(tmp_path):
+    with pytest.raises(SystemExit):
+        es.main(["--configs", "dflash,ddtree99", "--out-dir", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        es.main(["--configs", "dflash,dflash@fused", "--out-dir", str(tmp_path)])
