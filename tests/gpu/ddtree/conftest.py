@@ -60,13 +60,16 @@ def servers(request, tiny_models, gpu_log_dir):
         "--speculative-ddtree-budget", os.environ.get("DDTREE_E2E_BUDGET", "16"),
         *shlex.split(os.environ.get("DDTREE_E2E_EXTRA_ARGS", "")),
     ]
-    dense = {"SGLANG_DDTREE_VERIFY_STRATEGY": "upstream_extend"}
+    # Tree statistics reach /metrics every 8 verify steps (default 256), so the
+    # short test traffic publishes several snapshots.
+    stats = {"SGLANG_DDTREE_STATS_INTERVAL": "8"}
+    dense = {"SGLANG_DDTREE_VERIFY_STRATEGY": "upstream_extend", **stats}
     configs = {
         "baseline": (COMMON, {}),
         # CUDA graphs (draft and tree verify) and the overlap scheduler.
-        "ddtree": (COMMON + ddtree, {}),
+        "ddtree": (COMMON + ddtree, stats),
         # Eager and synchronous: the other code paths of the same step.
-        "ddtree_eager": (COMMON + ddtree + ["--disable-cuda-graph", "--disable-overlap-schedule"], {}),
+        "ddtree_eager": (COMMON + ddtree + ["--disable-cuda-graph", "--disable-overlap-schedule"], stats),
         # Upstream's Triton extend kernel with the dense custom mask (the
         # fork's tree-verify hook switched off), CUDA graphs on.
         "ddtree_dense": (COMMON + ddtree, dense),

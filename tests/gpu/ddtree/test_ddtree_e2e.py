@@ -135,3 +135,8 @@ def test_no_kv_leak_and_metrics(servers, tree):
         k: v for k, v in metrics.items() if "spec" in k
     }
     assert "DDTREE worker: budget=" in tree.log_text()
+    # Tree statistics (docs/ddtree.md, Metrics), published every 8 steps (conftest).
+    tree_series = ("sglang:ddtree_accepted_depth_count", "sglang:ddtree_tree_depth_count", "sglang:ddtree_budget")
+    assert all(k in metrics for k in tree_series) and metrics["sglang:ddtree_accepted_depth_count"] > 0, {
+        k: v for k, v in metrics.items() if "ddtree" in k
+    }
