@@ -166,7 +166,7 @@ def run_matrix(shapes, strategies, peaks, arch, verbose=True):
                 fn, cfg = run_strategy(name, inputs, cfg_arch)
                 if cfg is not None:
                     rec["config"] = cfg.__dict__
-                    rec["num_splits"] = num_splits_for(inputs[0], inputs[1], inputs[4], bs, n, cfg)
+                    rec["num_splits"] = num_splits_for(inputs[0], inputs[1], inputs[2], inputs[4], bs, n, cfg)
                 out = fn()
                 rec["max_err"] = check(out, inputs, h, n, p, bs)
                 ms = bench(fn, slow=name == "upstream_extend", graph=GRAPH[0])
@@ -193,17 +193,28 @@ def run_matrix(shapes, strategies, peaks, arch, verbose=True):
 
 
 TUNE_CONFIGS = [
-    # Hopper-sized (one program per SM): 3 or 4 stages = 2 or 3 tiles in flight
+    # the default first (split factors apply to it)
+    select_config((9, 0), DQK, DV),
+    # Hopper, 8 warps over a 64 x 512 accumulator: both warpgroups compute
+    # the score tile (narrow m64n16 MMAs); 3 or 4 stages
     TreeVerifyConfig(64, 32, 8, 3),
     TreeVerifyConfig(64, 32, 8, 4),
     # scores one tile ahead of PV: no duplicated score MMAs, the K tile
     # carried to the next iteration as its V tile
     TreeVerifyConfig(64, 32, 8, 3, qk_ahead=True),
-    TreeVerifyConfig(64, 32, 8, 4, qk_ahead=True),
-    # sm_12x-sized (<= 99 KiB when compiled for sm_120); mma.sync on the H200
-    TreeVerifyConfig(32, 32, 4, 3, q_as_b=True, ctas_per_sm=2),
-    TreeVerifyConfig(32, 16, 4, 4, q_as_b=True),
+    # value columns split over two one-warpgroup programs: m64n{16,32,64}
+    # score MMAs with Q in shared memory, a 64 x 256 accumulator each
+    TreeVerifyConfig(64, 16, 4, 2, dv_split=2, ctas_per_sm=2),
+    TreeVerifyConfig(64, 16, 4, 3, dv_split=2),
+    TreeVerifyConfig(64, 32, 4, 2, dv_split=2),
+    TreeVerifyConfig(64, 32, 4, 3, dv_split=2),
+    TreeVerifyConfig(64, 64, 4, 2, dv_split=2),
+    # sm_12x-sized (<= 99 KiB when compiled for sm_120); 32-row tiles are
+    # mma.sync on the H200 as on sm_120
+    select_config((12, 0), DQK, DV),
     TreeVerifyConfig(32, 32, 4, 2, q_as_b=True, ctas_per_sm=2),
+    TreeVerifyConfig(32, 32, 4, 2, dv_split=2, ctas_per_sm=2),
+    TreeVerifyConfig(32, 16, 4, 3, dv_split=2, ctas_per_sm=2),
 ]
 
 
@@ -215,9 +226,11 @@ def tune(peaks, configs=TUNE_CONFIGS, shapes=None, split_factors=(1,)):
     for h, n, p, bs in shapes or TARGET_SHAPES:
         inputs = make_inputs(h, n, p, bs)
         flops, nbytes = flops_bytes(h, n, p, bs)
-        for cfg in configs:
-            auto = num_splits_for(inputs[0], inputs[1], inputs[4], bs, n, cfg)
+        for i, cfg in enumerate(configs):
+            auto = num_splits_for(inputs[0], inputs[1], inputs[2], inputs[4], bs, n, cfg)
             factors = split_factors if cfg is configs[0] else (1,)
+            if cfg in configs[:i]:
+                continue  # the default again
             for s in sorted({max(1, int(auto * f)) for f in factors}):
                 try:
                     fn = lambda: tree_verify_fused(*inputs, None, 0.0, cfg, num_splits=s)  # noqa: E731
@@ -306,7 +319,8 @@ def main():
         for r in rows:
             c = r["cfg"]
             name = f"{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['num_stages']}" + (
-                "qb" if c["q_as_b"] else "") + ("ahead" if c.get("qk_ahead") else "")
+                "qb" if c["q_as_b"] else "") + ("ahead" if c.get("qk_ahead") else "") + (
+                f"dv{c['dv_split']}" if c.get("dv_split", 1) > 1 else "")
             print(f"H{r['H']} N{r['N']} P{r['P']} bs{r['bs']} {name:<16} splits {r['splits']:>3} "
                   f"{r['ms']:.4f} ms {r['tflops']:6.1f} TF/s {r['gbps']:7.1f} GB/s err {r['max_err']}")
         with open(os.path.join(args.out, stem + "_tune.json"), "w") as f:

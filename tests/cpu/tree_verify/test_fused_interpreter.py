@@ -16,6 +16,9 @@ from _interp import interpreted_prefix_split, random_parents
 
 SMALL = TreeVerifyConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
 SMALL_QB = TreeVerifyConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, q_as_b=True)
+SMALL_AHEAD = TreeVerifyConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, qk_ahead=True)
+# Two programs per row tile, each owning half of the value columns.
+SMALL_DV = TreeVerifyConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, dv_split=2)
 
 
 def make_case(seed, prefix_lens, n, h, hkv, dqk, dv, shared_kv, chain=False):
@@ -60,7 +63,9 @@ def check(case, scale, cfg, num_splits, cap=0.0):
         ([16, 0, 31, 47], 9, 2, 5),  # more splits than some prefixes have tiles
     ],
 )
-@pytest.mark.parametrize("cfg", [SMALL, SMALL_QB], ids=["qk", "kq"])
+@pytest.mark.parametrize(
+    "cfg", [SMALL, SMALL_QB, SMALL_AHEAD, SMALL_DV], ids=["qk", "kq", "ahead", "dvsplit"]
+)
 def test_mla_like(prefix_lens, n, h, splits, cfg):
     case = make_case(len(prefix_lens) * 100 + n, prefix_lens, n, h, 1, 80, 64, True)
     check(case, 0.125, cfg, splits)
@@ -86,14 +91,24 @@ def test_separate_v_with_rope_split():
     check(case, 0.1, SMALL_QB, 2)
 
 
-def test_logit_cap():
+@pytest.mark.parametrize("cfg", [SMALL, SMALL_DV], ids=["qk", "dvsplit"])
+def test_logit_cap(cfg):
     case = make_case(9, [45], 12, 2, 1, 80, 64, True)
-    check(case, 0.5, SMALL, 3, cap=3.0)
+    check(case, 0.5, cfg, 3, cap=3.0)
 
 
-def test_chain_mask():
+@pytest.mark.parametrize("cfg", [SMALL, SMALL_DV], ids=["qk", "dvsplit"])
+def test_chain_mask(cfg):
     case = make_case(11, [20, 33], 16, 2, 1, 80, 64, True, chain=True)
-    check(case, 0.125, SMALL, None)
+    check(case, 0.125, cfg, None)
+
+
+def test_dv_split_applies_only_to_shared_kv():
+    from sglang.srt.layers.attention.tree_verify.prefix_split import dv_split_for
+
+    assert dv_split_for(SMALL_DV, 80, 64, share_kv=True) == 2
+    assert dv_split_for(SMALL_DV, 80, 64, share_kv=False) == 1  # separate V: one program
+    assert dv_split_for(SMALL, 80, 64, share_kv=True) == 1
 
 
 def test_real_mla_config_tiny_shape():

@@ -11,7 +11,8 @@ from sglang.srt.layers.attention.tree_verify import (
     tree_mask_from_parents,
     tree_verify_attention,
 )
-from sglang.srt.layers.attention.tree_verify.configs import select_config
+from sglang.srt.layers.attention.tree_verify.configs import TreeVerifyConfig, select_config
+from sglang.srt.layers.attention.tree_verify.prefix_split import tree_verify_fused
 from sglang.srt.layers.attention.tree_verify.reference import tree_verify_attention_ref
 from sglang.srt.utils.gpu_arch import KERNEL_ARCH_ENV
 
@@ -73,6 +74,28 @@ def test_mla(prefix_lens, n, h, dtype, arch, monkeypatch):
         monkeypatch.setenv(KERNEL_ARCH_ENV, arch)
     case = make_case(n + h, prefix_lens, n, h, 1, 576, 512, dtype, True)
     check(case)
+
+
+CANDIDATE_TILES = [
+    TreeVerifyConfig(64, 32, 8, 3),
+    TreeVerifyConfig(64, 32, 8, 3, qk_ahead=True),
+    TreeVerifyConfig(64, 16, 4, 2, dv_split=2, ctas_per_sm=2),
+    TreeVerifyConfig(64, 32, 4, 3, dv_split=2),
+    TreeVerifyConfig(64, 64, 4, 2, dv_split=2),
+    TreeVerifyConfig(32, 32, 4, 2, dv_split=2, ctas_per_sm=2),
+    TreeVerifyConfig(32, 16, 4, 4, q_as_b=True),
+]
+
+
+@pytest.mark.parametrize("cfg", CANDIDATE_TILES, ids=str)
+@pytest.mark.parametrize("prefix_lens,n,h", [([0, 1000, 5003, 70], 33, 16), ([16384], 65, 16), ([3000], 129, 128)])
+def test_mla_tile_candidates(cfg, prefix_lens, n, h):
+    """Every MLA tile the benchmark sweeps, on real shapes (so a config picked
+    from the sweep is already checked here)."""
+    case = make_case(n * 3 + h, prefix_lens, n, h, 1, 576, 512, torch.bfloat16, True)
+    ref = tree_verify_attention_ref(*case)
+    out = tree_verify_fused(*case[:8], None, 0.0, cfg)
+    assert rel_err(out, ref) < 1e-2
 
 
 def test_mla_separate_v_and_logit_cap(monkeypatch):

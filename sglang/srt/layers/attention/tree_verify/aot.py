@@ -57,6 +57,8 @@ def split_kernel_source(
     has_cap: bool = False,
 ) -> ASTSource:
     d_main, d_pe, block_d, block_dpe, block_dv = head_dim_blocks(dqk, dv)
+    share_kv = share_kv and config.reuse_k_tile and dv == d_main
+    dv_split = _compiled_kernels().dv_split_for(config, dqk, dv, share_kv)
     ints = [
         "num_nodes", "group", "num_heads", "num_kv_heads", "num_splits",
         "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt",
@@ -72,8 +74,9 @@ def split_kernel_source(
     constexprs = dict(
         D_MAIN=d_main, D_PE=d_pe, D_V=dv, BLOCK_D=block_d, BLOCK_DPE=block_dpe,
         BLOCK_DV=block_dv, HAS_CAP=has_cap,
-        SHARE_KV=share_kv and config.reuse_k_tile and dv == d_main,
+        SHARE_KV=share_kv,
         Q_AS_B=config.q_as_b, QK_AHEAD=config.qk_ahead,
+        DV_SPLIT=dv_split, BLOCK_DV_PROG=block_dv // dv_split,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
     )  # fmt: skip

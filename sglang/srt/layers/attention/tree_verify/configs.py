@@ -29,6 +29,9 @@ class TreeVerifyConfig:
     # (always Q.K^T, q_as_b applies to the tail only; see
     # prefix_split._prefix_slice_qk_ahead). Opt-in until measured.
     qk_ahead: bool = False
+    # Absorbed MLA: programs per row tile, each owning 1/dv_split of the value
+    # columns (prefix_split.dv_split_for); 1 elsewhere or when V is separate.
+    dv_split: int = 1
     # For absorbed MLA, feed the PV product from the K tile already in shared
     # memory (V = K[..., :512]) instead of loading V again.
     reuse_k_tile: bool = True

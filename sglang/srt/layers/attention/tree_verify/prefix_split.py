@@ -44,6 +44,7 @@ def _attend_tile(
     m_i,
     l_i,
     q,
+    qb,
     qpe,
     K,
     V,
@@ -58,6 +59,7 @@ def _attend_tile(
     qk_scale,
     logit_cap,
     offs_d,
+    offs_db,
     offs_dpe,
     offs_dv,
     D_MAIN: tl.constexpr,
@@ -69,11 +71,20 @@ def _attend_tile(
     SHARE_KV: tl.constexpr,
     HAS_CAP: tl.constexpr,
     Q_AS_B: tl.constexpr,
+    DV_SPLIT: tl.constexpr,
     MASKED: tl.constexpr,
 ):
-    """One online-softmax step of a query tile over one KV tile."""
+    """One online-softmax step of a query tile over one KV tile.
+
+    With ``DV_SPLIT == 2`` the main head dims come in two halves: ``offs_d``
+    is the half of the value columns this program owns, ``offs_db`` the other
+    one (only needed for the scores), and the V tile is the first half's K tile.
+    """
     k_row = K + slots[:, None] * stride_kt + kvh * stride_kh
-    if D_MAIN == BLOCK_D:
+    if DV_SPLIT > 1:
+        k = tl.load(k_row + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+        kb = tl.load(k_row + offs_db[None, :], mask=key_ok[:, None], other=0.0)
+    elif D_MAIN == BLOCK_D:
         k = tl.load(k_row + offs_d[None, :], mask=key_ok[:, None], other=0.0)
     else:
         k = tl.load(
@@ -96,6 +107,8 @@ def _attend_tile(
         qk = tl.trans(qk_t)
     else:
         qk = tl.dot(q, tl.trans(k))
+        if DV_SPLIT > 1:
+            qk = tl.dot(qb, tl.trans(kb), qk)
         if BLOCK_DPE > 0:
             kpe = tl.load(
                 k_row + D_MAIN + offs_dpe[None, :],
@@ -273,11 +286,17 @@ def _tree_verify_split_kernel(
     HAS_CAP: tl.constexpr,
     Q_AS_B: tl.constexpr,
     QK_AHEAD: tl.constexpr,
+    DV_SPLIT: tl.constexpr,
+    BLOCK_DV_PROG: tl.constexpr,  # value columns per program: BLOCK_DV / DV_SPLIT
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    # With DV_SPLIT == 2 two neighbouring programs share a row tile and a
+    # slice: each computes the whole score tile and owns half of the value
+    # columns (see split_partials).
+    pid_m = tl.program_id(0) // DV_SPLIT
+    half = tl.program_id(0) % DV_SPLIT
     pid_s = tl.program_id(1)
     pid_bk = tl.program_id(2)
     b = pid_bk // num_kv_heads
@@ -289,14 +308,25 @@ def _tree_verify_split_kernel(
     head = kvh * group + offs_r % group
     tok = b * num_nodes + node
 
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
     q_row = Q + tok[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh
-    q = tl.load(
-        q_row + offs_d[None, :],
-        mask=row_ok[:, None] & (offs_d[None, :] < D_MAIN),
-        other=0.0,
-    )
+    if DV_SPLIT > 1:
+        # Main dims in two halves, this program's value half first; the
+        # scores are the same sum in either order.
+        offs_d = half * BLOCK_DV_PROG + tl.arange(0, BLOCK_DV_PROG)
+        offs_db = (1 - half) * BLOCK_DV_PROG + tl.arange(0, BLOCK_DV_PROG)
+        offs_dv = offs_d
+        q = tl.load(q_row + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        qb = tl.load(q_row + offs_db[None, :], mask=row_ok[:, None], other=0.0)
+    else:
+        offs_d = tl.arange(0, BLOCK_D)
+        offs_db = offs_d
+        offs_dv = tl.arange(0, BLOCK_DV)
+        q = tl.load(
+            q_row + offs_d[None, :],
+            mask=row_ok[:, None] & (offs_d[None, :] < D_MAIN),
+            other=0.0,
+        )
+        qb = q
     if BLOCK_DPE > 0:
         offs_dpe = tl.arange(0, BLOCK_DPE)
         qpe = tl.load(
@@ -308,7 +338,7 @@ def _tree_verify_split_kernel(
         offs_dpe = offs_d
         qpe = q
 
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV_PROG], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
@@ -345,11 +375,11 @@ def _tree_verify_split_kernel(
                     other=0,
                 )
                 acc, m_i, l_i = _attend_tile(
-                    acc, m_i, l_i, q, qpe, K, V, slots.to(tl.int64), key_ok, row_ok[:, None],
+                    acc, m_i, l_i, q, qb, qpe, K, V, slots.to(tl.int64), key_ok, row_ok[:, None],
                     kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
-                    offs_d, offs_dpe, offs_dv,
+                    offs_d, offs_db, offs_dpe, offs_dv,
                     D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP,
-                    Q_AS_B, MASKED=False,
+                    Q_AS_B, DV_SPLIT, MASKED=False,
                 )  # fmt: skip
     if pid_s == tl.maximum(num_splits, 1) - 1:
         # The tree tail: node i sees node j iff bit j of its ancestor mask is set.
@@ -367,11 +397,11 @@ def _tree_verify_split_kernel(
             )
             visible = ((words >> (offs_n % 32)[None, :]) & 1) != 0
             acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, qpe, K, V, slots.to(tl.int64), key_ok, visible,
+                acc, m_i, l_i, q, qb, qpe, K, V, slots.to(tl.int64), key_ok, visible,
                 kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
-                offs_d, offs_dpe, offs_dv,
+                offs_d, offs_db, offs_dpe, offs_dv,
                 D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP, Q_AS_B,
-                MASKED=True,
+                DV_SPLIT, MASKED=True,
             )  # fmt: skip
 
     seen = l_i > 0.0
@@ -383,7 +413,7 @@ def _tree_verify_split_kernel(
         o,
         mask=row_ok[:, None] & (offs_dv[None, :] < D_V),
     )
-    tl.store(Lse_part + pid_s * stride_ls + out_row, lse, mask=row_ok)
+    tl.store(Lse_part + pid_s * stride_ls + out_row, lse, mask=row_ok & (half == 0))
 
 
 @triton.jit
@@ -478,12 +508,46 @@ def choose_num_splits(
     return best
 
 
+def dv_split_for(config: TreeVerifyConfig, dqk: int, dv: int, share_kv: bool) -> int:
+    """Programs per row tile: 2 splits the value columns of absorbed MLA.
+
+    A 64 x 512 fp32 accumulator needs two warpgroups, and Triton then has
+    both compute the same score tile with narrow MMAs; with the value columns
+    split over two programs each program is one warpgroup with a 64 x 256
+    accumulator and wide score MMAs, at the price of computing the scores
+    twice (65 % useful MMA work, as before, but far fewer shared-memory operand
+    reads per MMA). The two programs of a pair read the same KV tile at about
+    the same time, so the second read is served by L2.
+    """
+    if config.dv_split <= 1:
+        return 1
+    d_main, d_pe, block_d, block_dpe, block_dv = head_dim_blocks(dqk, dv)
+    ok = (
+        share_kv
+        and d_main == dv == block_d == block_dv
+        and block_d % (2 * 16) == 0
+        and not config.q_as_b
+        and not config.qk_ahead
+    )
+    return config.dv_split if ok else 1
+
+
 def kv_shares_storage(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:
     """V is a leading slice of K (absorbed MLA): reuse the K tile as the V tile."""
     return (
         v_buffer.data_ptr() == k_buffer.data_ptr()
         and v_buffer.stride()[:2] == k_buffer.stride()[:2]
         and v_buffer.shape[-1] <= k_buffer.shape[-1]
+    )
+
+
+def reuses_k_tile(config: TreeVerifyConfig, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:
+    d_main, _, block_d, _, block_dv = head_dim_blocks(k_buffer.shape[2], v_buffer.shape[2])
+    return (
+        config.reuse_k_tile
+        and kv_shares_storage(k_buffer, v_buffer)
+        and block_dv == block_d
+        and v_buffer.shape[2] == d_main
     )
 
 
@@ -515,12 +579,7 @@ def split_partials(
     dv = v_buffer.shape[2]
     group = h // hkv
     d_main, d_pe, block_d, block_dpe, block_dv = head_dim_blocks(dqk, dv)
-    share_kv = (
-        config.reuse_k_tile
-        and kv_shares_storage(k_buffer, v_buffer)
-        and block_dv == block_d
-        and dv == d_main
-    )
+    share_kv = reuses_k_tile(config, k_buffer, v_buffer)
     parts = max(num_splits, 1) + extra_parts
     total_rows = bs * n * h
     o_part = torch.empty(parts, total_rows, dv, dtype=torch.float32, device=q.device)
@@ -529,8 +588,9 @@ def split_partials(
     qk_scale = sm_scale if has_cap else sm_scale * _LOG2E
     if bs == 0:
         return o_part, lse_part
+    dv_split = dv_split_for(config, dqk, dv, share_kv)
     row_tiles = triton.cdiv(n * group, config.block_m)
-    _tree_verify_split_kernel[(row_tiles, max(num_splits, 1), bs * hkv)](
+    _tree_verify_split_kernel[(row_tiles * dv_split, max(num_splits, 1), bs * hkv)](
         q, k_buffer, v_buffer, o_part, lse_part,
         prefix_kv_indptr, prefix_kv_indices, tree_kv_indices, tree_mask,
         qk_scale, float(logit_cap),
@@ -544,7 +604,7 @@ def split_partials(
         D_MAIN=d_main, D_PE=d_pe, D_V=dv,
         BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=block_dv,
         SHARE_KV=share_kv, HAS_CAP=has_cap, Q_AS_B=config.q_as_b,
-        QK_AHEAD=config.qk_ahead,
+        QK_AHEAD=config.qk_ahead, DV_SPLIT=dv_split, BLOCK_DV_PROG=block_dv // dv_split,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
         num_warps=config.num_warps, num_stages=config.num_stages,
@@ -584,6 +644,7 @@ def combine_partials(
 def num_splits_for(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
     prefix_kv_indices: torch.Tensor,
     bs: int,
     n: int,
@@ -591,7 +652,10 @@ def num_splits_for(
 ) -> int:
     hkv = k_buffer.shape[1]
     group = q.shape[1] // hkv
-    row_tiles = triton.cdiv(n * group, config.block_m)
+    dv_split = dv_split_for(
+        config, q.shape[2], v_buffer.shape[2], reuses_k_tile(config, k_buffer, v_buffer)
+    )
+    row_tiles = triton.cdiv(n * group, config.block_m) * dv_split
     sms = _num_sms(q.device.index or 0) if q.is_cuda else 132
     return choose_num_splits(
         row_tiles * bs * hkv, prefix_kv_indices.numel(), bs, config, sms
@@ -616,7 +680,7 @@ def tree_verify_fused(
     dispatcher; ``num_splits`` overrides the heuristic (tests, tuning)."""
     bs, n = tree_kv_indices.shape
     if num_splits is None:
-        num_splits = num_splits_for(q, k_buffer, prefix_kv_indices, bs, n, config)
+        num_splits = num_splits_for(q, k_buffer, v_buffer, prefix_kv_indices, bs, n, config)
     if out is None:
         out = q.new_empty(bs * n, q.shape[1], v_buffer.shape[2])
     o_part, lse_part = split_partials(
