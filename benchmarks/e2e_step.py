@@ -232,10 +232,12 @@ def measure(server, ctx: int, batch: int, new_tokens: int, vocab: int, seed: int
     }
 
 
-def profile_point(server, ctx: int, vocab: int, steps: int, trace_dir: Path, profile_id: str) -> dict:
+def profile_point(server, ctx: int, vocab: int, steps: int, trace_dir: Path, profile_id: str,
+                  new_tokens: Optional[int] = None) -> dict:
     """Trace ``steps`` forwards of one decoding request at ``ctx`` and break the GPU time down."""
     prompt = random_prompts(ctx, 1, vocab, seed=ctx + 7)[0]
-    payload = {"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": 3 * steps + 48,
+    new_tokens = new_tokens or 3 * steps + 48  # several tokens per step only with a real drafter
+    payload = {"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens,
                                                         "ignore_eos": True}}
     path, chunks, chunks_at_start = None, 0, 0
     events = server.stream("/generate", payload, timeout=900)
