@@ -37,6 +37,7 @@ else
 fi
 
 source scripts/gpu_host/env.sh
+unset TRITON_INTERPRET  # the CPU tier's interpreter switch would break every GPU kernel test
 OUTDIR=${OUT:-/tmp/ddtree-out}
 mkdir -p "$OUTDIR"
 summary="$OUTDIR/gpu-tier-summary.txt"
