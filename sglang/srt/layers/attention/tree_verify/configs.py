@@ -72,9 +72,10 @@ def head_dim_blocks(dqk: int, dv: int):
 _C = TreeVerifyConfig
 
 # Hopper (227 KiB smem per block, wgmma). MLA: 64 query rows per 32-key tile,
-# K tiles triple-buffered, the 64 x 512 fp32 accumulator over 8 warps. Chosen
-# from the H200 sweep in docs/tree-verify.md (within 5-10 % of the K.Q^T
-# variant and of 32-row tiles at every target shape).
+# K tiles triple-buffered, the 64 x 512 fp32 accumulator over 8 warps. The
+# H200 sweep of 2026-11-29 (benchmarks/results/verify_attention_tune.json):
+# best or within 4 % of the best at every target shape; the value-column
+# split (dv_split=2, 64x32, 3 stages) ties it, qk_ahead is 5-15 % slower.
 _SM90 = {
     MLA: _C(block_m=64, block_n=32, num_warps=8, num_stages=3),
     MLA_SEPARATE_V: _C(block_m=64, block_n=16, num_warps=8, num_stages=3, q_as_b=True),
@@ -85,12 +86,13 @@ _SM90 = {
 }
 
 # Workstation Blackwell, Ada, GA10x: 99 KiB smem per block, mma.sync.
-# MLA: 32 rows x 16 keys, K.Q^T keeps the query tile in shared memory; four
-# stages = three 16-key tiles in flight (93,184 B when compiled for sm_120,
-# so one program per SM).
+# MLA: 32 rows x 32 keys, K.Q^T keeps the query tile in shared memory
+# (75,776 B compiled for sm_120: one program per SM there). In the H200 sweep
+# of 2026-11-29 (forced on sm_90, 32-row tiles are mma.sync there too) it beat
+# the 16-key/4-stage tile by 1.2-1.7x and the value-column split by 1.5-1.8x.
 _SM12X = {
-    MLA: _C(block_m=32, block_n=16, num_warps=4, num_stages=4, q_as_b=True),
-    MLA_SEPARATE_V: _C(block_m=32, block_n=16, num_warps=4, num_stages=2, q_as_b=True),
+    MLA: _C(block_m=32, block_n=32, num_warps=4, num_stages=2, q_as_b=True),
+    MLA_SEPARATE_V: _C(block_m=32, block_n=16, num_warps=4, num_stages=3, q_as_b=True),
     "d64": _C(block_m=64, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=2),
     "d128": _C(block_m=64, block_n=32, num_warps=4, num_stages=2, ctas_per_sm=2),
     "d256": _C(block_m=32, block_n=32, num_warps=4, num_stages=2),
