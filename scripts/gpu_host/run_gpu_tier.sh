@@ -45,12 +45,20 @@ summary="$OUTDIR/gpu-tier-summary.txt"
 export DDTREE_LOGIC_BENCH_JSON=${DDTREE_LOGIC_BENCH_JSON:-$OUTDIR/ddtree_logic_bench.json}
 
 t_all=$(date +%s)
+models_ready() {  # all pairs, not just a manifest: `make_test_models.py --only shapes` writes one too
+    local m
+    for m in manifest.json tiny-mla/config.json tiny-mla-dflash/config.json tiny-qwen3/config.json \
+             tiny-qwen3-dflash/config.json; do
+        [ -f "$DDTREE_TEST_MODELS/$m" ] || return 1
+    done
+}
 for d in "${dirs[@]}"; do
-    if [[ "$SERVER_DIRS" == *" $d "* && ! -f "$DDTREE_TEST_MODELS/manifest.json" ]]; then
+    if [[ "$SERVER_DIRS" == *" $d "* ]] && ! models_ready; then
         t0=$(date +%s)
         python3 scripts/make_test_models.py "$DDTREE_TEST_MODELS" \
             || { echo "run_gpu_tier.sh: model generation failed" >&2; exit 1; }
         echo "test models ready in $DDTREE_TEST_MODELS after $(( $(date +%s) - t0 )) s"
+        break
     fi
 done
 

@@ -202,7 +202,10 @@ def gpu_log_dir() -> Path:
 def tiny_models() -> Path:
     """Output dir of scripts/make_test_models.py (generated once per session if not given)."""
     given = os.environ.get("DDTREE_TEST_MODELS")
-    if given and (Path(given) / "manifest.json").exists():
+    # Every tiny pair, not just a manifest: ``make_test_models.py --only shapes`` writes one too.
+    need = ["manifest.json"] + [f"{m}/config.json" for m in ("tiny-mla", "tiny-mla-dflash", "tiny-qwen3",
+                                                              "tiny-qwen3-dflash")]
+    if given and all((Path(given) / n).exists() for n in need):
         return Path(given)
     out = Path(given) if given else Path(tempfile.mkdtemp(prefix="ddtree_models_"))
     subprocess.run([sys.executable, str(REPO / "scripts" / "make_test_models.py"), str(out)], check=True)
