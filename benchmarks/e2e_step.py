@@ -382,8 +382,14 @@ def plot(result: dict, path: Path) -> None:
         pts = sorted((r["ctx"], r["ms_per_step"]) for r in rows if (r["config"], r["verify"], r["backend"], r["batch"]) == key)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="-" if key[3] == 1 else "--",
                 label="%s @%s %s bs%d" % key)
+    from matplotlib.ticker import FuncFormatter
+
+    ctxs = sorted({r["ctx"] for r in rows})
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.set_xticks(ctxs, [f"{c // 1024}K" if c >= 1024 else str(c) for c in ctxs])
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.set_xlabel("context tokens")
     ax.set_ylabel("ms per decode/verify step (median)")
     ax.set_title(f"DeepSeek-V2-Lite shape, dummy weights, {result.get('device', '')}")
@@ -539,7 +545,10 @@ def report(paths: list[Path], out: Path, reference: list[dict]) -> dict:
         merged["servers"] += data.get("servers", [])
         merged["skipped"] += data.get("skipped", [])
         for r in data.get("rows", []):
-            rows[(r["config"], r.get("verify", "fused"), r.get("backend", "triton"), r["ctx"], r["batch"])] = r
+            r.setdefault("backend", "triton")
+            if r.get("verify") in (None, "default"):  # runs before configuration specs
+                r["verify"] = "-" if r["config"] == "nospec" else "fused"
+            rows[(r["config"], r["verify"], r["backend"], r["ctx"], r["batch"])] = r
         for q in data.get("profiles", []):
             profiles[(q["config"], q["verify"], q["backend"], q["ctx"])] = q
     merged["rows"], merged["profiles"] = list(rows.values()), list(profiles.values())

@@ -198,7 +198,9 @@ def test_report_merges_split_runs_and_writes_a_plot(tmp_path, reference):
     a = {"what": "w", "date": "2026-11-29", "device": "NVIDIA H200", "argv": ["a"], "servers": [{"config": "x"}],
          "rows": [row("dflash", "fused", 11.0), row("ddtree64", "fused", 99.0)],
          "profiles": [], "skipped": [{"config": "ddtree128@fused:triton", "what": "server", "reason": "time"}]}
-    b = {"argv": ["b"], "rows": [row("ddtree64", "fused", 13.0), row("dflash", "upstream_extend", 77.0)],
+    old_style = {"config": "nospec", "verify": "default", "ctx": 16384, "batch": 1, "ms_per_step": 5.1,
+                 "accept_length": 1.0}  # rows of runs before configuration specs
+    b = {"argv": ["b"], "rows": [row("ddtree64", "fused", 13.0), row("dflash", "upstream_extend", 77.0), old_style],
          "profiles": [{"config": "ddtree64", "verify": "fused", "backend": "triton", "ctx": 16384, "batch": 1,
                        "gpu_ms_per_step": 12.0, "categories": {"tree_verify": {"ms_per_step": 3.0, "share": 0.25}}}],
          "skipped": []}
@@ -208,7 +210,8 @@ def test_report_merges_split_runs_and_writes_a_plot(tmp_path, reference):
     out = tmp_path / "merged.json"
     merged = es.report([pa, pb], out, reference)
     ms = {(r["config"], r["verify"]): r["ms_per_step"] for r in merged["rows"]}
-    assert ms == {("dflash", "fused"): 11.0, ("ddtree64", "fused"): 13.0, ("dflash", "upstream_extend"): 77.0}
+    assert ms == {("dflash", "fused"): 11.0, ("ddtree64", "fused"): 13.0, ("dflash", "upstream_extend"): 77.0,
+                  ("nospec", "-"): 5.1}
     assert merged["device"] == "NVIDIA H200" and merged["argv"] == [["a"], ["b"]] and len(merged["skipped"]) == 1
     assert merged["verify_attention"][0]["share"] == pytest.approx(0.25)
     r = {q["ratio"]: q["value"] for q in merged["ratios"]}
