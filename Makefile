@@ -21,7 +21,7 @@ check-patches:
 
 # On the GPU host, after scripts/gpu_host/install.sh (docs/GPU_HOST.md).
 gpu-test:
-	bash scripts/gpu_host/run_e2e.sh
+	bash scripts/gpu_host/run_gpu_tier.sh
 
 # Builds ddtree-sglang:sm120 from this checkout and smoke-tests it in a container (~10 min; docs/docker.md).
 image-test:
