@@ -4,8 +4,11 @@ tree-verify path and matches the dense-custom-mask attention."""
 import pytest
 import torch
 
+from sglang.srt.layers.radix_attention import AttentionType
+
 from _setup import Pool, Verify, dense_reference, layer_for, model_runner, qkv, triton_backend
 from sglang.srt.layers.attention.tree_verify_hook import (
+    BLOCK,
     CHAIN,
     TREE,
     TreeVerifyUnavailable,
@@ -102,13 +105,48 @@ def test_upstream_strategy_keeps_upstream_dense_path(monkeypatch):
     torch.testing.assert_close(o.view(-1, h, dv).float(), ref, atol=3e-3, rtol=3e-3)
 
 
-def test_draft_runner_and_other_algorithms_keep_upstream():
+def test_draft_runner_serves_the_block_and_other_algorithms_keep_upstream():
     gen = torch.Generator().manual_seed(1)
     verify = Verify([3], 4, "DDTREE", gen)
     pool = Pool(2, 64, 64, torch.float16, False)
-    assert triton_backend(model_runner("DDTREE", is_draft=True), pool, verify, False).tree_verify.kind is None
+    for algo in ("DDTREE", "DFLASH"):
+        assert triton_backend(model_runner(algo, is_draft=True), pool, verify, False).tree_verify.kind == BLOCK
+    windowed = model_runner("DFLASH", is_draft=True)
+    windowed.server_args.speculative_draft_window_size = 256  # compact draft cache: upstream
+    assert triton_backend(windowed, pool, verify, False).tree_verify.kind is None
     assert triton_backend(model_runner("EAGLE"), pool, verify, False).tree_verify.kind is None
     assert triton_backend(model_runner("DSPARK"), pool, verify, False).tree_verify.kind is None
+
+
+@pytest.mark.parametrize("algorithm", ["DFLASH", "DDTREE"])
+@pytest.mark.parametrize("attn_type", [AttentionType.ENCODER_ONLY, AttentionType.DECODER])
+@pytest.mark.parametrize("prefix_lens,n", [([9], 8), ([0, 21, 6], 16)])
+def test_draft_block_matches_upstream_attention(algorithm, attn_type, prefix_lens, n):
+    """The DFlash drafter's block forward (TARGET_VERIFY on the draft worker,
+    a DFlash verify input whatever the algorithm): its non-causal layers see
+    the prefix and the whole block, causal layers the chain; compared with
+    upstream's extend path on the same inputs and with the dense definition."""
+    gen = torch.Generator().manual_seed(n * 3 + len(prefix_lens))
+    h, hkv, dqk, dv = SHAPES["mha"]
+    verify = Verify(prefix_lens, n, "DFLASH", gen)
+    pool = Pool(hkv, dqk, dv, torch.float16, mla=False)
+    be = triton_backend(model_runner(algorithm, is_draft=True), pool, verify, mla=False)
+    layer = layer_for("mha", h, hkv, dqk, dv)
+    layer.attn_type = attn_type
+    fb = verify.forward_batch()
+    be.init_forward_metadata(fb)
+    assert be.tree_verify.metadata.kind == BLOCK
+    q, k, v = qkv(verify, h, hkv, dqk, dv, torch.float16, False, gen)
+    o = be.forward_extend(q, k, v, layer, fb).view(-1, h, dv).float()
+    if attn_type == AttentionType.ENCODER_ONLY:
+        verify.visible = lambda b: torch.ones(n, int(verify.prefix[b]) + n, dtype=torch.bool)
+    ref = dense_reference(verify, q.view(-1, h, dqk), pool, layer.scaling)
+    torch.testing.assert_close(o, ref, atol=2e-3, rtol=2e-3)
+    upstream = triton_backend(model_runner(algorithm, is_draft=True), pool, verify, mla=False)
+    upstream.tree_verify.kind = None  # the path the drafter ran before
+    upstream.init_forward_metadata(fb)
+    o_up = upstream.forward_extend(q, k, v, layer, fb).view(-1, h, dv).float()
+    torch.testing.assert_close(o, o_up, atol=3e-3, rtol=3e-3)
 
 
 def test_unservable_layer_without_dense_mask_refuses():

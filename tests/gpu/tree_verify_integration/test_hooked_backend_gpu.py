@@ -19,6 +19,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "cpu", "t
 from _setup import Pool, Verify, dense_reference, layer_for, model_runner, qkv, triton_backend  # noqa: E402
 
 from sglang.srt.layers.attention.tree_verify_hook import TREE  # noqa: E402
+from sglang.srt.layers.attention.tree_verify_hook import (  # noqa: E402
+    triton_layer_unsupported as triton_tree_verify_layer_unsupported,
+)
 
 SHAPES = {
     "mla16": ("mla", 16, 1, 576, 512),
@@ -79,6 +82,52 @@ def test_dflash_chain_hook_matches_upstream_causal(monkeypatch, shape):
                            mla=SHAPES[shape][0] == "mla")  # fmt: skip
     upstream = _forward(be_up, verify, layer, x, dims)  # upstream: causal, no mask
     torch.testing.assert_close(hooked.float(), upstream.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("attn_type", ["ENCODER_ONLY", "DECODER"])
+@pytest.mark.parametrize("algorithm", ["DFLASH", "DDTREE"])
+def test_draft_block_hook_matches_upstream(attn_type, algorithm):
+    """The DFlash drafter's block (draft worker, TARGET_VERIFY) at a drafter's
+    shape: non-causal layers see the whole block, causal ones the chain; eager
+    and through a captured graph, against upstream's extend path."""
+    from sglang.srt.layers.attention.tree_verify_hook import BLOCK
+    from sglang.srt.layers.radix_attention import AttentionType
+
+    dtype = torch.bfloat16
+    kind, h, hkv, dqk, dv = SHAPES["gqa"]
+    gen = torch.Generator().manual_seed(6)
+    verify = Verify([16384, 3000, 0], 16, "DFLASH", gen, max_ctx=CTX, pool_size=POOL_SIZE, device="cuda")
+    pool = Pool(hkv, dqk, dv, dtype, mla=False, size=POOL_SIZE, device="cuda")
+    mk = lambda: triton_backend(  # noqa: E731
+        model_runner(algorithm, dtype=dtype, is_draft=True, max_ctx=CTX, device="cuda"), pool, verify, mla=False
+    )
+    be, be_up = mk(), mk()
+    be_up.tree_verify.kind = None  # what the drafter ran before
+    layer = layer_for(kind, h, hkv, dqk, dv)
+    layer.attn_type = getattr(AttentionType, attn_type)
+    q, k, v = qkv(verify, h, hkv, dqk, dv, dtype, False, gen)
+    hooked = _forward(be, verify, layer, (q, k, v), (h, dqk, dv))
+    assert be.tree_verify.metadata.kind == BLOCK
+    upstream = _forward(be_up, verify, layer, (q, k, v), (h, dqk, dv))
+    torch.testing.assert_close(hooked.float(), upstream.float(), atol=2e-2, rtol=2e-2)
+
+    be.tree_verify.init_graph_state(max_bs=4, max_num_tokens=4 * 16)
+    fb = verify.forward_batch()
+    be.kv_indptr[1:4] = torch.cumsum(fb.seq_lens, 0)
+    be.tree_verify.prepare(fb, be.kv_indptr, graph=True)
+    out = torch.zeros_like(hooked)
+    run = lambda: be.tree_verify.run(  # noqa: E731
+        q.view(-1, h, dqk), pool.get_key_buffer(0), pool.get_value_buffer(0), layer, fb, out=out,
+        unsupported=triton_tree_verify_layer_unsupported(layer, attn_type == "DECODER", None, None),
+    )
+    run()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run()
+    out.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.float(), upstream.float(), atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))

@@ -9,6 +9,9 @@ whether this TARGET_VERIFY is
 * a DFLASH chain verify: the block is causal, served with a cached causal
   bitmask (Triton backend only: FlashInfer's MLA kernel runs chains causally
   and fast already);
+* on the draft worker of DFLASH / DDTREE, the DFlash drafter's block forward
+  (also run as TARGET_VERIFY): its non-causal layers see the whole block
+  (an all-ones bitmask), causal ones the chain (Triton backend only);
 
 and gathers what :func:`tree_verify_attention` needs: the committed prefix as
 an ``int32`` CSR (the backend's own ``kv_indptr`` is reused when it has one),
@@ -31,12 +34,21 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from sglang.srt.layers.attention.tree_verify.dispatch import STRATEGY_ENV
-from sglang.srt.layers.attention.tree_verify.masks import causal_tree_mask, mask_words
+from sglang.srt.layers.attention.tree_verify.masks import (
+    causal_tree_mask,
+    full_tree_mask,
+    mask_words,
+)
 
 logger = logging.getLogger(__name__)
 
 TREE = "tree"
 CHAIN = "chain"
+BLOCK = "block"  # the DFlash drafter's block on the draft worker
+
+#: The backend-side reason a layer gives for non-causal self-attention; the
+#: draft block serves such layers (with the all-ones mask), verify does not.
+NON_CAUSAL = "non-causal attention"
 
 #: Strategy name that keeps the backend's upstream verify path (A/B runs).
 UPSTREAM_STRATEGY = "upstream_extend"
@@ -118,6 +130,9 @@ class TreeVerifyMetadata:
     prefix_kv_indices: torch.Tensor  # int32, >= prefix_kv_indptr[-1] entries
     tree_kv_indices: torch.Tensor  # int32 [bs, N]
     tree_mask: torch.Tensor  # int32 [bs, N, ceil(N/32)]
+    # BLOCK only: the mask of the drafter's causal layers (tree_mask is the
+    # all-ones mask of its non-causal ones).
+    causal_mask: Optional[torch.Tensor] = None
 
 
 def fill_prefix_indices(
@@ -171,6 +186,8 @@ class TreeVerifyHook:
         device: Any,
         backend_name: str,
         serves_chain: bool = True,
+        serves_draft_block: bool = False,
+        draft_window: Optional[int] = None,
         unsupported: Optional[str] = None,
         require_for_tree: bool = False,
         dense_mask_fallback: bool = True,
@@ -183,7 +200,9 @@ class TreeVerifyHook:
         self.max_context_len = int(max_context_len)
         self.num_draft_tokens = num_draft_tokens
         self.device = device
-        wanted = None if is_draft_worker else static_verify_kind(spec_algorithm)
+        wanted = static_verify_kind(spec_algorithm)
+        if is_draft_worker:
+            wanted = BLOCK if wanted is not None and serves_draft_block else None
         if wanted == CHAIN and not serves_chain:
             wanted = None
         reason = None
@@ -191,6 +210,8 @@ class TreeVerifyHook:
             reason = f"{STRATEGY_ENV}={UPSTREAM_STRATEGY} keeps upstream's verify path"
         elif unsupported:
             reason = unsupported
+        elif wanted == BLOCK and draft_window is not None:
+            reason = "draft sliding window (compact draft KV cache)"
         self.kind = wanted if reason is None else None
         if wanted is not None and reason is not None:
             if wanted == TREE and require_for_tree:
@@ -215,6 +236,9 @@ class TreeVerifyHook:
         server_args = getattr(model_runner, "server_args", None)
         if server_args is not None:
             num_draft = getattr(server_args, "speculative_num_draft_tokens", None)
+            kw.setdefault(
+                "draft_window", getattr(server_args, "speculative_draft_window_size", None)
+            )
         return cls(
             spec_algorithm=spec,
             is_draft_worker=bool(getattr(model_runner, "is_draft_worker", False)),
@@ -237,6 +261,9 @@ class TreeVerifyHook:
         if self.kind is None:
             return
         n = self.num_draft_tokens or max(1, max_num_tokens // max(1, max_bs))
+        if self.kind == BLOCK:
+            # The drafter's block, which DDTREE keeps narrower than its verify.
+            n = max(1, max_num_tokens // max(1, max_bs))
         words = mask_words(n)
         self._graph = {
             "indptr": torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device),
@@ -247,6 +274,9 @@ class TreeVerifyHook:
             # Capture runs with a chain; a tree replay overwrites its rows.
             "mask": causal_tree_mask(max_bs, n, self.device),
         }
+        if self.kind == BLOCK:
+            self._graph["causal"] = self._graph["mask"]
+            self._graph["mask"] = full_tree_mask(max_bs, n, self.device)
         assert self._graph["mask"].shape[-1] == words
 
     def _verify_kind(self, forward_batch: Any, graph: bool) -> Optional[str]:
@@ -263,7 +293,7 @@ class TreeVerifyHook:
 
         if getattr(spec_info, "spec_input_type", None) != SpecInputType.DFLASH_VERIFY:
             return None
-        return CHAIN
+        return self.kind  # CHAIN, or BLOCK on the draft worker
 
     def _width(self, forward_batch: Any, bs: int) -> int:
         n = getattr(forward_batch.spec_info, "draft_token_num", None)
@@ -277,6 +307,12 @@ class TreeVerifyHook:
         key = (bs, n)
         if key not in self._causal:
             self._causal[key] = causal_tree_mask(bs, n, self.device)
+        return self._causal[key]
+
+    def _full_mask(self, bs: int, n: int) -> torch.Tensor:
+        key = (bs, -n)
+        if key not in self._causal:
+            self._causal[key] = full_tree_mask(bs, n, self.device)
         return self._causal[key]
 
     def prepare(
@@ -294,6 +330,7 @@ class TreeVerifyHook:
         """
         kind = self._verify_kind(forward_batch, graph)
         self.metadata = None
+        causal = None
         if kind is None:
             return None
         bs = int(forward_batch.req_pool_indices.shape[0])
@@ -324,6 +361,13 @@ class TreeVerifyHook:
                     )
                 if bits is not None:
                     mask[: bits.shape[0]].copy_(bits)
+            elif kind == BLOCK:
+                width = buf["mask"].shape[1]
+                if n > width:
+                    raise ValueError(f"draft block {n} is wider than the captured {width}")
+                words = mask_words(n)
+                mask = buf["mask"][:bs, :n, :words]
+                causal = buf["causal"][:bs, :n, :words]
             else:
                 mask = buf["mask"][:bs]
         else:
@@ -335,7 +379,12 @@ class TreeVerifyHook:
                 total = bs * self.max_context_len
             indices = torch.empty(int(total), dtype=torch.int32, device=seq_lens.device)
             tree = out_cache_loc.to(torch.int32)
-            mask = bits if kind == TREE else self._causal_mask(bs, n)
+            if kind == TREE:
+                mask = bits
+            elif kind == BLOCK:
+                mask, causal = self._full_mask(bs, n), self._causal_mask(bs, n)
+            else:
+                mask = self._causal_mask(bs, n)
         fill_prefix_indices(self.req_to_token, req_pool_indices, seq_lens, kv_indptr, indices)
         self.metadata = TreeVerifyMetadata(
             kind=kind,
@@ -343,6 +392,7 @@ class TreeVerifyHook:
             prefix_kv_indices=indices,
             tree_kv_indices=tree.view(bs, n),
             tree_mask=mask,
+            causal_mask=causal,
         )
         return self.metadata
 
@@ -384,6 +434,12 @@ class TreeVerifyHook:
         meta = self.metadata
         if meta is None or not forward_batch.forward_mode.is_target_verify():
             return None
+        mask = meta.tree_mask
+        if meta.kind == BLOCK:
+            if unsupported == NON_CAUSAL:
+                unsupported = None  # the block sees itself whole: all-ones mask
+            else:
+                mask = meta.causal_mask
         reason = self._layer_unsupported(layer, q, k_buffer, unsupported)
         if reason is not None:
             has_dense = getattr(forward_batch.spec_info, "custom_mask", None) is not None
@@ -405,7 +461,7 @@ class TreeVerifyHook:
             meta.prefix_kv_indptr,
             meta.prefix_kv_indices,
             meta.tree_kv_indices,
-            meta.tree_mask,
+            mask,
             layer.scaling,
             out=out,
             logit_cap=float(logit_cap or 0.0),
@@ -444,15 +500,20 @@ def triton_hook(backend: Any, model_runner: Any) -> TreeVerifyHook:
     if kv:
         reasons.append(kv)
     return TreeVerifyHook.for_backend(
-        backend, model_runner, unsupported="; ".join(reasons) or None
+        backend,
+        model_runner,
+        serves_draft_block=True,
+        unsupported="; ".join(reasons) or None,
     )
 
 
 def triton_layer_unsupported(
     layer: Any, causal: bool, sinks: Any, score_mod: Any
 ) -> Optional[str]:
+    if getattr(layer, "is_cross_attention", False):
+        return "cross attention"
     if not causal:
-        return "non-causal attention"
+        return NON_CAUSAL
     if sinks is not None:
         return "attention sinks"
     if score_mod is not None:

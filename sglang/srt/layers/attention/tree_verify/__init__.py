@@ -12,6 +12,7 @@ from sglang.srt.layers.attention.tree_verify.dispatch import (
 )
 from sglang.srt.layers.attention.tree_verify.masks import (
     causal_tree_mask,
+    full_tree_mask,
     pack_tree_mask,
     tree_mask_from_parents,
     unpack_tree_mask,
@@ -21,6 +22,7 @@ __all__ = [
     "STRATEGIES",
     "StrategyUnavailable",
     "causal_tree_mask",
+    "full_tree_mask",
     "pack_tree_mask",
     "tree_mask_from_parents",
     "tree_verify_attention",

@@ -49,6 +49,13 @@ def causal_tree_mask(bs: int, num_nodes: int, device="cpu") -> torch.Tensor:
     return pack_tree_mask(dense.expand(bs, num_nodes, num_nodes))
 
 
+def full_tree_mask(bs: int, num_nodes: int, device="cpu") -> torch.Tensor:
+    """Every node sees every node: the DFlash drafter's non-causal block."""
+    _check_size(num_nodes)
+    dense = torch.ones(num_nodes, num_nodes, dtype=torch.bool, device=device)
+    return pack_tree_mask(dense.expand(bs, num_nodes, num_nodes))
+
+
 def tree_mask_from_parents(parents: torch.Tensor) -> torch.Tensor:
     """Ancestor bitmask from parent indices ``[bs, N]`` (root's parent is -1).
 
