@@ -90,14 +90,14 @@ def test_flashinfer_mla_needs_the_tree_verify_hook(model_dirs, monkeypatch):
     [
         (dict(speculative_ddtree_budget=0), r"budget must be in \[1, 256\], got 0"),
         (dict(speculative_ddtree_budget=257), r"budget must be in \[1, 256\], got 257"),
-        (dict(speculative_ddtree_topk=0), r"topk .* must be in \[1, 64\], got 0"),
-        (dict(speculative_ddtree_topk=65), r"topk .* must be in \[1, 64\], got 65"),
+        (dict(speculative_ddtree_budget=64, speculative_ddtree_topk=0), r"topk .* must be in \[1, 64\], got 0"),
+        (dict(speculative_ddtree_budget=64, speculative_ddtree_topk=65), r"topk .* must be in \[1, 64\], got 65"),
         (
             dict(speculative_ddtree_budget=8, speculative_ddtree_topk=9),
             r"topk .* must be in \[1, 8\], got 9",
         ),
         (
-            dict(speculative_num_draft_tokens=16),
+            dict(speculative_ddtree_budget=64, speculative_num_draft_tokens=16),
             r"--speculative-num-draft-tokens is the verify width .* = 65\), got 16",
         ),
         (dict(page_size=16), r"requires --page-size 1"),

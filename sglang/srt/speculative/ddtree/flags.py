@@ -23,12 +23,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Default tree budget. 64 draft nodes (a 65-token verify) is where the DDTree
-# paper's acceptance curve flattens for 16-token DFlash blocks, and 65 query rows
-# still fit one 64/128-row attention tile pair. It is a starting point, not a
-# measured optimum for this fork's verify kernels: re-measure with
-# benchmarks/ once the fused tree-verify attention lands (docs/ddtree.md).
-DEFAULT_BUDGET = 64
+# Default tree budget, from the H200 step times of 2026-11-29
+# (benchmarks/results/e2e_step_h200_matrix.json, DeepSeek-V2-Lite shape, 16K
+# context, batch 1): DFLASH 6.59 ms, DDTREE B=16 10.82 ms, B=64 19.26 ms per
+# step. A 65-token verify spends 9.3 ms in the MoE experts (1.6 ms for 16
+# tokens) and 5.7 ms in verify attention (1.5 ms), so B=64 must accept 2.9x
+# the DFLASH tokens per step to pay and B=16 1.6x. The acceptance gain of the
+# larger tree is not measured here (no real checkpoints on the test host),
+# so the default is the cheaper tree; raise it for dense targets or short
+# contexts, where a verify token costs less (docs/ddtree.md).
+DEFAULT_BUDGET = 16
 MIN_BUDGET = 1
 MAX_BUDGET = 256
 
