@@ -108,7 +108,7 @@ def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int]) -> l
         "--attention-backend", spec.backend,
         "--disable-radix-cache",
         "--skip-tokenizer-init",
-        "--context-length", str(max_ctx + 1024),
+        "--context-length", str(max_ctx + CONTEXT_MARGIN),
         "--max-running-requests", str(max(8, *batches)),
         "--cuda-graph-bs-decode", *[str(b) for b in sorted(set(batches))],
         "--mem-fraction-static", "0.8",
@@ -200,11 +200,22 @@ def random_prompts(ctx: int, batch: int, vocab: int, seed: int) -> list[list[int
     return [[rng.randrange(16, vocab) for _ in range(ctx)] for _ in range(batch)]
 
 
+# Generation cap per request of a batch > 1 (the server's context leaves room
+# for it): requests are prefilled one after another, so the first ones must keep
+# decoding until the last one has caught up; the point ends on the window rule.
+BATCH_TOKEN_CAP = 3000
+CONTEXT_MARGIN = 4096
+
+
 def measure(server, ctx: int, batch: int, new_tokens: int, vocab: int, seed: int, point_max_s: float) -> dict:
+    """``batch`` concurrent requests; the point ends once every request has
+    streamed ``new_tokens`` chunks inside the common window (all decoding), or
+    ``point_max_s`` after that window opened."""
     prompts = random_prompts(ctx, batch, vocab, seed)
     results = [{} for _ in range(batch)]
-    stop_at = [None]  # set once every request streams: the decode window is bounded in time
-    threads = [threading.Thread(target=one_request, args=(server, p, new_tokens, stop_at, r))
+    stop_at = [None]  # set once the window is long enough or has lasted point_max_s
+    max_new = new_tokens if batch == 1 else max(new_tokens, BATCH_TOKEN_CAP)
+    threads = [threading.Thread(target=one_request, args=(server, p, max_new, stop_at, r))
                for p, r in zip(prompts, results)]
     t0 = time.perf_counter()
     for t in threads:
@@ -212,8 +223,14 @@ def measure(server, ctx: int, batch: int, new_tokens: int, vocab: int, seed: int
     while any(t.is_alive() for t in threads):
         time.sleep(0.02)
         firsts = [r["stamps"][0] for r in results if r.get("stamps")]
-        if stop_at[0] is None and point_max_s > 0 and len(firsts) == batch:
-            stop_at[0] = max(firsts) + point_max_s  # the decode window starts when all stream
+        if len(firsts) < batch:
+            continue
+        opened = max(firsts)  # the decode window starts when all stream
+        limit = opened + point_max_s if point_max_s > 0 else float("inf")
+        if batch > 1 and all(sum(x >= opened for x in r["stamps"]) > new_tokens for r in results):
+            limit = min(limit, time.perf_counter())
+        if limit < float("inf"):
+            stop_at[0] = limit if stop_at[0] is None else min(stop_at[0], limit)
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0

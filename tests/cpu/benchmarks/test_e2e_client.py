@@ -50,6 +50,10 @@ class Fake(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
             n = body["sampling_params"]["max_new_tokens"]
+            self.state.setdefault("max_new", []).append(n)
+            if "serial_prefill_s" in self.state:  # one prefill at a time, as chunked prefill does
+                with self.state["prefill_lock"]:
+                    time.sleep(self.state["serial_prefill_s"])
             time.sleep(0.002 * len(body["input_ids"]) / 100)  # "prefill"
             try:
                 for i in range(n):
@@ -98,7 +102,8 @@ def server(tmp_path):
 def test_measure_concurrent_batch(server):
     r = es.measure(server, ctx=300, batch=4, new_tokens=30, vocab=512, seed=1, point_max_s=0)
     assert Fake.state["prompts"] == [300] * 4
-    assert r["batch"] == 4 and r["completion_tokens"] == 120 and r["accept_length"] == 1.0
+    # every request streams past 30 chunks inside the common window, then all stop
+    assert r["batch"] == 4 and r["completion_tokens"] > 120 and r["accept_length"] == 1.0
     assert STEP_S * 1000 * 0.8 < r["ms_per_step"] < STEP_S * 1000 * 3
     assert r["steps_measured"] >= 4 * 20
 
@@ -110,6 +115,25 @@ def test_measure_stops_at_the_time_bound_and_aborts(server):
     assert r["steps_measured"] >= 10
     time.sleep(STEP_S * 5)
     assert Fake.state.get("aborted") == 2  # both streams closed: the server aborts them
+
+
+def test_batch_window_covers_requests_prefilled_one_after_another(server):
+    """The last request starts decoding 0.6 s after the first; with a 20-token
+    point the first ones keep decoding (cap BATCH_TOKEN_CAP) until every request
+    has 20 steps inside the common window, then all are aborted."""
+    Fake.state.update(serial_prefill_s=0.2, prefill_lock=threading.Lock())
+    r = es.measure(server, ctx=100, batch=4, new_tokens=20, vocab=512, seed=1, point_max_s=10)
+    assert Fake.state["max_new"] == [es.BATCH_TOKEN_CAP] * 4
+    assert r["steps_measured"] >= 4 * 20
+    assert STEP_S * 1000 * 0.8 < r["ms_per_step"] < STEP_S * 1000 * 3
+    assert r["wall_s"] < 5  # ended on the window rule, not on the 10 s bound
+    time.sleep(STEP_S * 5)
+    assert Fake.state.get("aborted") == 4
+
+
+def test_single_request_keeps_its_token_count(server):
+    r = es.measure(server, ctx=100, batch=1, new_tokens=25, vocab=512, seed=1, point_max_s=0)
+    assert Fake.state["max_new"] == [25] and r["completion_tokens"] == 25
 
 
 def test_profile_point_waits_for_the_servers_trace(server, tmp_path):

@@ -65,7 +65,7 @@ def test_server_args_parse_with_the_pinned_server(upstream_parser, text):
     ns = upstream_parser.parse_args(["--model-path", "/m", *args])
     assert ns.cuda_graph_bs_decode == [1, 8]  # exactly the measured batch sizes
     assert ns.attention_backend == spec.backend
-    assert ns.context_length == 32768 + 1024
+    assert ns.context_length == 32768 + es.CONTEXT_MARGIN >= 32768 + es.BATCH_TOKEN_CAP
     assert ns.load_format == "dummy"
     if spec.config == "nospec":
         assert ns.speculative_algorithm is None and ns.speculative_draft_model_path is None
