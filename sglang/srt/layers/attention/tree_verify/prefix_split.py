@@ -39,6 +39,19 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _online_softmax_step(m_i, l_i, s):
+    """Running max, rescale factor, probabilities and running sum after the
+    base-2 scores ``s`` of one more KV tile."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # A row that has seen nothing yet keeps m = -inf; use 0 there so that
+    # exp2(-inf - m) is 0 rather than NaN.
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_use)
+    p = tl.math.exp2(s - m_use[:, None])
+    return m_new, alpha, p, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
 def _attend_tile(
     acc,
     m_i,
@@ -129,13 +142,7 @@ def _attend_tile(
     else:
         s = tl.where(key_ok[None, :], s, float("-inf"))
 
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # A row that has seen nothing yet keeps m = -inf; use 0 there so that
-    # exp2(-inf - m) is 0 rather than NaN.
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2(m_i - m_use)
-    p = tl.math.exp2(s - m_use[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
+    m_new, alpha, p, l_i = _online_softmax_step(m_i, l_i, s)
 
     if SHARE_KV:
         v = k
@@ -226,11 +233,7 @@ def _prefix_slice_qk_ahead(
             offs_d, offs_dpe, D_MAIN, D_PE, BLOCK_D, BLOCK_DPE, HAS_CAP,
         )  # fmt: skip
 
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_use)
-        p = tl.math.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        m_new, alpha, p, l_i = _online_softmax_step(m_i, l_i, s)
         if SHARE_KV:
             v = k_cur
         else:
