@@ -297,7 +297,7 @@ class TreeVerifyHook:
 
     def _width(self, forward_batch: Any, bs: int) -> int:
         n = getattr(forward_batch.spec_info, "draft_token_num", None)
-        if n is None:
+        if n is None and self.kind != BLOCK:  # the draft block is not the verify width
             n = self.num_draft_tokens
         if n is None:
             n = forward_batch.out_cache_loc.shape[0] // max(1, bs)
