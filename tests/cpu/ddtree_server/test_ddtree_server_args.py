@@ -101,7 +101,7 @@ def test_flashinfer_mla_needs_the_tree_verify_hook(model_dirs, monkeypatch):
             r"--speculative-num-draft-tokens is the verify width .* = 65\), got 16",
         ),
         (dict(page_size=16), r"requires --page-size 1"),
-        (dict(tp_size=2), r"supports --tp-size 1 only"),
+        (dict(tp_size=2), r"--tp-size 2 has not run on a multi-GPU host yet.*SGLANG_DDTREE_EXPERIMENTAL_TP=1"),
         (dict(attention_backend="fa3"), r"verify backend 'fa3' has none for MLA models"),
         (
             dict(prefill_attention_backend="flashmla", decode_attention_backend="triton"),
@@ -114,6 +114,12 @@ def test_flashinfer_mla_needs_the_tree_verify_hook(model_dirs, monkeypatch):
 def test_refused_at_startup(model_dirs, kw, message):
     with pytest.raises(ValueError, match=message):
         _make(model_dirs, **kw)
+
+
+def test_tensor_parallel_is_opt_in(model_dirs, monkeypatch):
+    monkeypatch.setenv(flags.EXPERIMENTAL_TP_ENV, "1")
+    sa = _make(model_dirs, tp_size=2)
+    assert sa.tp_size == 2 and sa.speculative_algorithm == "DDTREE"
 
 
 def test_cli_flags_parse(model_dirs):

@@ -22,6 +22,7 @@ from typing import Tuple
 import torch
 
 from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
+from sglang.srt.distributed import get_tp_group
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import (
@@ -31,6 +32,7 @@ from sglang.srt.model_executor.forward_batch_info import (
 )
 from sglang.srt.speculative.ddtree import commit as ddtree_commit
 from sglang.srt.speculative.ddtree.accept import greedy_accept, sample_accept, target_probs_from_logits
+from sglang.srt.speculative.ddtree.draft_topk import vocab_parallel_topk
 from sglang.srt.speculative.ddtree.info import (
     DDTreeVerifyInput,
     backend_reads_tree_mask_bits,
@@ -291,15 +293,27 @@ class DDTreeWorker(DFlashWorkerV2):
         """Per-depth top-K of the drafter's full-vocab log-softmax.
 
         The DFlash drafter has no head; like DFlash we use the target's LM
-        head (tp 1, checked at startup). Returns ``[bs, L, K]`` log-probs
-        (float32, descending) and token ids (int64).
+        head, vocabulary-sharded under TP (``draft_topk.vocab_parallel_topk``).
+        Returns ``[bs, L, K]`` log-probs (float32, descending) and token ids
+        (int64).
         """
         bs, depths, width = hidden.shape
         lm_head = self.target_worker.model_runner.model.lm_head
         weight = lm_head.weight
         shard = getattr(lm_head, "shard_indices", None)
+        model_vocab = int(self.model_runner.model_config.vocab_size)
+        tp_group = get_tp_group()
+        if tp_group.world_size > 1:
+            start = int(shard.org_vocab_start_index)
+            valid = max(0, min(int(shard.num_org_elements), model_vocab - start))
+            k = min(self.topk, model_vocab)
+            logprobs, ids = vocab_parallel_topk(
+                hidden.reshape(bs * depths, width), weight, k, start, valid,
+                gather=lambda t: tp_group.all_gather(t.unsqueeze(0).contiguous(), dim=0),
+            )  # fmt: skip
+            return logprobs.view(bs, depths, k), ids.view(bs, depths, k)
         vocab = int(shard.num_org_elements) if shard is not None else int(weight.shape[0])
-        vocab = min(vocab, int(self.model_runner.model_config.vocab_size))
+        vocab = min(vocab, model_vocab)
         weight = weight[:vocab]
         rows = hidden.reshape(bs * depths, width).to(weight.dtype)
         k = min(self.topk, vocab)
@@ -370,7 +384,14 @@ class DDTreeWorker(DFlashWorkerV2):
                 sampling_info.top_ks if sampling_info.need_top_k_sampling else None,
                 sampling_info.top_ps if sampling_info.need_top_p_sampling else None,
             )
-        return sample_accept(compiled, probs.view(bs, n, -1))
+        res = sample_accept(compiled, probs.view(bs, n, -1))
+        tp_group = get_tp_group()
+        if tp_group.world_size > 1:
+            # Every rank drew its own coins: take TP rank 0's outcome so all
+            # ranks commit the same tokens and KV.
+            for t in (res.accept_index, res.num_accepted, res.accept_tokens, res.next_bonus):
+                tp_group.broadcast(t, src=0)
+        return res
 
     def _publish_req_to_token_done(self) -> None:
         """The scheduler's WAR barrier may let result processing (which frees

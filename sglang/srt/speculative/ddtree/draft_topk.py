@@ -1,0 +1,99 @@
+"""Per-depth top-K of the drafter's log-softmax over a vocabulary split across TP ranks.
+
+The DFlash drafter has no head of its own; DDTREE scores its hidden states with
+the target's LM head, which under tensor parallelism holds one contiguous slice
+of the vocabulary per rank. The full-vocabulary top-K is then the top-K of the
+ranks' local top-Ks, and the log-softmax normaliser is the log-sum-exp of the
+ranks' local log-sum-exps; each rank gathers ``K`` values, ``K`` ids and one
+normaliser per row instead of its whole logit slice.
+
+Ties are broken towards the lower token id, on every rank alike, so all ranks
+build the same tree.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Tuple
+
+import torch
+
+# Rows scored per matmul: bounds the transient ``rows x local_vocab`` fp32 logits.
+_CHUNK_ELEMS = 1 << 26
+
+
+def local_vocab_topk(
+    logits: torch.Tensor, k: int, id_offset: int, num_valid: int
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-``k`` of one rank's logit slice.
+
+    ``logits``: ``[R, V_local]`` fp32; only the first ``num_valid`` columns are
+    real tokens (``id_offset + j``), the rest is padding or past the model's
+    vocabulary. Returns ``(values [R, k], ids [R, k], lse [R])``; a slice with
+    fewer than ``k`` real tokens pads with ``-inf`` (id 0), never chosen while
+    the vocabulary as a whole holds ``k`` tokens.
+    """
+    rows = logits.shape[0]
+    num_valid = max(0, min(int(num_valid), logits.shape[1]))
+    real = logits[:, :num_valid]
+    if num_valid == 0:
+        lse = torch.full((rows,), float("-inf"), dtype=torch.float32, device=logits.device)
+    else:
+        lse = torch.logsumexp(real, dim=-1)
+    take = min(k, num_valid)
+    values = torch.full((rows, k), float("-inf"), dtype=torch.float32, device=logits.device)
+    ids = torch.zeros((rows, k), dtype=torch.int64, device=logits.device)
+    if take > 0:
+        # Columns are in id order; a stable descending sort keeps the lower id
+        # first among equal values.
+        order = torch.sort(real, dim=-1, descending=True, stable=True)
+        values[:, :take] = order.values[:, :take]
+        ids[:, :take] = order.indices[:, :take] + int(id_offset)
+    return values, ids, lse
+
+
+def merge_vocab_shards(
+    values: torch.Tensor, ids: torch.Tensor, lse: torch.Tensor, k: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Merge the ranks' local top-Ks (``[tp, R, k]``) and normalisers
+    (``[tp, R]``) into the global ``(logprobs [R, k] descending, ids [R, k])``."""
+    tp, rows, width = values.shape
+    cand_v = values.permute(1, 0, 2).reshape(rows, tp * width)
+    cand_i = ids.permute(1, 0, 2).reshape(rows, tp * width)
+    # Ties towards the lower token id: order the candidates by id first.
+    by_id = torch.argsort(cand_i, dim=-1, stable=True)
+    cand_v = torch.gather(cand_v, 1, by_id)
+    cand_i = torch.gather(cand_i, 1, by_id)
+    order = torch.sort(cand_v, dim=-1, descending=True, stable=True)
+    top_v = order.values[:, :k]
+    top_i = torch.gather(cand_i, 1, order.indices[:, :k])
+    norm = torch.logsumexp(lse.transpose(0, 1), dim=-1, keepdim=True)
+    return top_v - norm, top_i
+
+
+def vocab_parallel_topk(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    k: int,
+    id_offset: int,
+    num_valid: int,
+    gather: Callable[[torch.Tensor], torch.Tensor],
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Global top-``k`` log-probs and ids of ``hidden @ weight.T`` over all ranks.
+
+    ``weight``: this rank's LM-head slice (``[V_local, H]``), whose first
+    ``num_valid`` rows are the tokens ``id_offset ...``; ``gather(x)`` stacks
+    ``x`` from every rank along a new leading dim (identity stacking on one rank).
+    """
+    rows = hidden.shape[0]
+    local_v = torch.empty((rows, k), dtype=torch.float32, device=hidden.device)
+    local_i = torch.empty((rows, k), dtype=torch.int64, device=hidden.device)
+    local_lse = torch.empty((rows,), dtype=torch.float32, device=hidden.device)
+    cols = max(1, min(int(num_valid), weight.shape[0]))
+    chunk = max(1, _CHUNK_ELEMS // cols)
+    w = weight[:cols]
+    for start in range(0, rows, chunk):
+        end = min(rows, start + chunk)
+        logits = torch.matmul(hidden[start:end].to(w.dtype), w.T).float()
+        v, i, lse = local_vocab_topk(logits, k, id_offset, num_valid)
+        local_v[start:end], local_i[start:end], local_lse[start:end] = v, i, lse
+    return merge_vocab_shards(gather(local_v), gather(local_i), gather(local_lse), k)

@@ -1,0 +1,100 @@
+"""The vocabulary-sharded per-depth top-K equals the unsharded one: same ids in
+the same order (ties towards the lower id), same log-probs."""
+
+import pytest
+import torch
+
+from sglang.srt.speculative.ddtree.draft_topk import (
+    local_vocab_topk,
+    merge_vocab_shards,
+    vocab_parallel_topk,
+)
+
+
+def reference_topk(hidden, weight, k, vocab):
+    """Full log-softmax over the model's vocabulary, ties towards the lower id."""
+    lp = torch.log_softmax((hidden @ weight[:vocab].T).double(), dim=-1)
+    order = torch.sort(lp, dim=-1, descending=True, stable=True)
+    return order.values[:, :k], order.indices[:, :k]
+
+
+def shards(weight, tp, vocab):
+    """(slice, first id, real rows) per rank as VocabParallelEmbedding pads them:
+    equal slices of the padded vocabulary, padding rows past ``vocab``."""
+    per = -(-weight.shape[0] // tp)
+    padded = torch.cat([weight, weight.new_zeros(per * tp - weight.shape[0], weight.shape[1])])
+    return [(padded[r * per : (r + 1) * per], r * per, max(0, min(per, vocab - r * per))) for r in range(tp)]
+
+
+def sharded_topk(hidden, weight, k, tp, vocab):
+    """Every rank's local pass, then the merge that each rank runs on the gathered parts."""
+    parts = [
+        local_vocab_topk((hidden @ w.T).float(), k, start, valid) for w, start, valid in shards(weight, tp, vocab)
+    ]
+    return merge_vocab_shards(*(torch.stack(x) for x in zip(*parts)), k)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows,vocab,k", [(7, 512, 16), (3, 509, 64), (5, 30, 8), (2, 100, 100)])
+def test_sharded_equals_unsharded(tp, rows, vocab, k):
+    gen = torch.Generator().manual_seed(rows * 1000 + vocab + tp)
+    weight = torch.randn(vocab + 3, 24, generator=gen)  # 3 rows past the model's vocabulary
+    hidden = torch.randn(rows, 24, generator=gen)
+    lp, ids = sharded_topk(hidden, weight, k, tp, vocab)
+    ref_lp, ref_ids = reference_topk(hidden, weight, k, vocab)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(lp.double(), ref_lp, atol=1e-4, rtol=1e-5)
+    assert bool((ids < vocab).all())
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_ties_go_to_the_lower_id_on_every_split(tp):
+    vocab, k = 64, 10
+    weight = torch.zeros(vocab, 4)
+    weight[[5, 40, 17, 63, 2], 0] = 1.0  # five equal best logits in different shards
+    hidden = torch.tensor([[3.0, 0.0, 0.0, 0.0]])
+    lp, ids = sharded_topk(hidden, weight, k, tp, vocab)
+    assert ids[0, :5].tolist() == [2, 5, 17, 40, 63]
+    assert ids[0, 5:].tolist() == [0, 1, 3, 4, 6]  # then the zeros, lowest ids first
+    ref_lp, ref_ids = reference_topk(hidden, weight, k, vocab)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(lp.double(), ref_lp, atol=1e-5, rtol=1e-5)
+
+
+def test_a_rank_without_real_tokens_contributes_nothing():
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(16, 8, generator=gen)
+    hidden = torch.randn(4, 8, generator=gen)
+    # tp 4 over 16 padded rows with only 10 real tokens: rank 3 holds padding only.
+    lp, ids = sharded_topk(hidden, weight, 6, 4, 10)
+    ref_lp, ref_ids = reference_topk(hidden, weight, 6, 10)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(lp.double(), ref_lp, atol=1e-5, rtol=1e-5)
+
+
+def test_vocab_parallel_topk_chunks_and_gathers():
+    """The worker's entry point on one rank's slice, with a gather that stacks
+    what the other ranks would send (computed here from their slices)."""
+    gen = torch.Generator().manual_seed(4)
+    vocab, tp, k = 300, 2, 12
+    weight = torch.randn(vocab, 16, generator=gen)
+    hidden = torch.randn(9, 16, generator=gen)
+    parts = shards(weight, tp, vocab)
+    others = [local_vocab_topk((hidden @ w.T).float(), k, s, v) for w, s, v in parts[1:]]
+    sent = iter([[o[0] for o in others], [o[1] for o in others], [o[2] for o in others]])
+
+    def gather(t):
+        return torch.stack([t, *next(sent)])
+
+    w0, s0, v0 = parts[0]
+    import sglang.srt.speculative.ddtree.draft_topk as dt
+
+    old = dt._CHUNK_ELEMS
+    dt._CHUNK_ELEMS = 2 * v0  # two rows per matmul: exercises the chunk loop
+    try:
+        lp, ids = vocab_parallel_topk(hidden, w0, k, s0, v0, gather)
+    finally:
+        dt._CHUNK_ELEMS = old
+    ref_lp, ref_ids = reference_topk(hidden, weight, k, vocab)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(lp.double(), ref_lp, atol=1e-4, rtol=1e-5)
