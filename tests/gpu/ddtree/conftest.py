@@ -9,7 +9,8 @@ and once eager + synchronous. Every server runs the scheduler's idle KV check
 in strict mode, so a leak, double free or use-after-free kills it.
 
 ``DDTREE_E2E_SERVERS`` picks the DDTREE servers (default ``ddtree,ddtree_eager``;
-``ddtree_dense`` runs upstream's Triton extend kernel with the dense mask),
+``ddtree_dense`` runs upstream's Triton extend kernel with the dense mask,
+``ddtree_flashinfer`` the FlashInfer backend; ~135 s of JIT on a fresh host),
 ``DDTREE_E2E_BUDGET`` (default 16) sets the tree budget, ``DDTREE_E2E_EXTRA_ARGS``
 is appended to the DDTREE servers.
 """
@@ -73,6 +74,9 @@ def servers(request, tiny_models, gpu_log_dir):
         # Upstream's Triton extend kernel with the dense custom mask (the
         # fork's tree-verify hook switched off), CUDA graphs on.
         "ddtree_dense": (COMMON + ddtree, dense),
+        # FlashInfer: the MLA target verifies through the hook (its FA2 MLA
+        # kernel takes no mask), the drafter runs FlashInfer's own kernels.
+        "ddtree_flashinfer": ([("flashinfer" if a == "triton" else a) for a in COMMON] + ddtree, stats),
     }
     configs = {k: configs[k] for k in ["baseline", *TREE_SERVERS]}
     started = []
