@@ -45,6 +45,7 @@ def test_reference_on_cpu_by_default():
         (lambda a: a.__setitem__(3, a[3].long()), "int32"),
         (lambda a: a.__setitem__(slice(1, 3), [torch.zeros(64, 3, 32).half()] * 2), "multiple of KV heads"),
         (lambda a: a.__setitem__(1, a[1].bfloat16()), "dtype"),
+        (lambda a: a.__setitem__(1, a[1].to(torch.float8_e4m3fn)), "both one fp8 dtype"),
         (lambda a: a.__setitem__(3, a[3][:2]), "bs\\+1"),
     ],
 )
@@ -63,6 +64,19 @@ def test_unknown_and_unavailable_strategies(monkeypatch):
         tree_verify_attention(*inputs(), strategy="fused")
     with pytest.raises(StrategyUnavailable, match="sm_90a/sm_100a only"):
         _run_flashmla(None, (12, 0))
+
+
+def test_fp8_kv_cache_scales_and_strategies(monkeypatch):
+    """fp8 KV holds K / k_scale and V / v_scale; only fused and reference read it."""
+    args = inputs()
+    k8 = (args[1].float() / 0.5).to(torch.float8_e4m3fn)
+    fp8 = [args[0], k8, k8, *args[3:]]
+    dequant = [args[0], (k8.float() * 0.5).half(), (k8.float() * 0.5).half(), *args[3:]]
+    out = tree_verify_attention(*fp8, k_scale=0.5, v_scale=0.5)
+    torch.testing.assert_close(out, tree_verify_attention(*dequant), atol=1e-3, rtol=1e-3)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(StrategyUnavailable, match="fused and reference strategies only"):
+        tree_verify_attention(*fp8, strategy="upstream_extend")
 
 
 def test_head_dim_split():

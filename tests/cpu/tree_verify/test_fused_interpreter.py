@@ -41,13 +41,21 @@ def make_case(seed, prefix_lens, n, h, hkv, dqk, dv, shared_kv, chain=False):
     return q, k, v, indptr, prefix_idx, tree_idx, mask
 
 
-def check(case, scale, cfg, num_splits, cap=0.0):
+def check(case, scale, cfg, num_splits, cap=0.0, kv_scales=None, tol=4e-3):
     ps = interpreted_prefix_split()
-    ref = tree_verify_attention_ref(*case, scale, logit_cap=cap).float()
+    ref = tree_verify_attention_ref(*case, scale, logit_cap=cap, kv_scales=kv_scales).float()
     out = torch.full_like(ref, float("nan")).half()  # poison: every element must be written
-    ps.tree_verify_fused(*case, scale, out, cap, cfg, num_splits=num_splits)
+    ps.tree_verify_fused(*case, scale, out, cap, cfg, num_splits=num_splits, kv_scales=kv_scales)
     err = (out.float() - ref).abs().max().item()
-    assert err < 4e-3, err
+    assert err < tol, err
+
+
+def fp8_kv(case, k_scale, v_scale, shared_kv):
+    """The case with its KV cache stored as fp8 e4m3 holding K / k_scale, V / v_scale."""
+    q, k, v, *rest = case
+    k8 = (k.float() / k_scale).to(torch.float8_e4m3fn)
+    v8 = k8[..., : v.shape[-1]] if shared_kv else (v.float() / v_scale).to(torch.float8_e4m3fn)
+    return [q, k8, v8, *rest]
 
 
 # Absorbed-MLA shape in miniature: Dqk = 64 latent + 16 rope, V = K[..., :64],
@@ -119,3 +127,23 @@ def test_real_mla_config_tiny_shape():
     case = make_case(14, [33], 2, 3, 1, 576, 512, False)
     for arch in ((9, 0), (12, 0)):
         check(case, 576**-0.5, select_config(arch, 576, 512, share_kv=False), 2)
+
+
+@pytest.mark.parametrize("cfg", [SMALL, SMALL_QB, SMALL_AHEAD, SMALL_DV], ids=["qk", "kq", "ahead", "dvsplit"])
+def test_fp8_kv_cache_mla_like(cfg):
+    """Absorbed-MLA layout with an fp8 cache (V is the K cache's slice)."""
+    case = fp8_kv(make_case(21, [40, 0, 17], 9, 3, 1, 80, 64, True), 0.5, 0.5, True)
+    check(case, 0.125, cfg, 2, kv_scales=(0.5, 0.5))
+
+
+def test_fp8_kv_cache_gqa_with_separate_scales_and_cap():
+    case = fp8_kv(make_case(22, [29, 5], 6, 6, 2, 32, 32, False), 0.25, 2.0, False)
+    check(case, 32**-0.5, SMALL, None, kv_scales=(0.25, 2.0))
+    check(case, 32**-0.5, SMALL, 3, cap=2.0, kv_scales=(0.25, 2.0))
+
+
+def test_fp8_kv_real_mla_configs():
+    case = fp8_kv(make_case(23, [70, 0], 3, 2, 1, 576, 512, True), 1.5, 1.5, True)
+    for arch in ((9, 0), (12, 0)):
+        check(case, 576**-0.5, select_config(arch, 576, 512), None, kv_scales=(1.5, 1.5))
+

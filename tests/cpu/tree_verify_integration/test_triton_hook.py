@@ -179,3 +179,34 @@ def test_static_refusals_leave_the_dense_path():
     runner.kv_cache_dtype = torch.float8_e4m3fn
     runner.req_to_token_pool.req_to_token = verify.req_to_token
     assert not triton_hook(be, runner).consumes_tree_mask_bits
+
+
+@pytest.mark.parametrize("opt_in", [False, True])
+def test_fp8_kv_cache_is_served_only_when_opted_in(monkeypatch, opt_in):
+    """An fp8 KV cache: off by default (upstream's dense-mask path, as before),
+    served through the hook with SGLANG_DDTREE_FP8_KV_VERIFY=1 and then equal to
+    the dense attention over the dequantized cache."""
+    from sglang.srt.layers.attention.tree_verify_hook import FP8_KV_ENV
+
+    if opt_in:
+        monkeypatch.setenv(FP8_KV_ENV, "1")
+    gen = torch.Generator().manual_seed(31)
+    h, hkv, dqk, dv = SHAPES["mha"]
+    verify = Verify([12, 0, 30], 7, "DDTREE", gen)
+    pool = Pool(hkv, dqk, dv, torch.float16, mla=False)
+    pool.k, pool.v = pool.k.to(torch.float8_e4m3fn), pool.v.to(torch.float8_e4m3fn)
+    runner = model_runner("DDTREE")
+    runner.kv_cache_dtype = torch.float8_e4m3fn
+    be = triton_backend(runner, pool, verify, mla=False)
+    if not opt_in:
+        assert be.tree_verify.kind is None and not be.consumes_tree_mask_bits
+        return
+    assert be.tree_verify.kind == TREE
+    layer = layer_for("mha", h, hkv, dqk, dv)
+    fb = verify.forward_batch()
+    be.init_forward_metadata(fb)
+    q, k, v = qkv(verify, h, hkv, dqk, dv, torch.float16, False, gen)
+    o = be.forward_extend(q, k, v, layer, fb).view(-1, h, dv).float()
+    ref = dense_reference(verify, q.view(-1, h, dqk), pool, layer.scaling)  # reads the fp8 pool
+    torch.testing.assert_close(o, ref, atol=2e-3, rtol=2e-3)
+

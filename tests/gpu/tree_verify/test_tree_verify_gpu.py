@@ -98,6 +98,27 @@ def test_mla_tile_candidates(cfg, prefix_lens, n, h):
     assert rel_err(out, ref) < 1e-2
 
 
+@pytest.mark.parametrize("arch", [None, "12.0"], ids=["native", "sm120cfg"])
+@pytest.mark.parametrize("shape", ["mla", "gqa"])
+def test_fp8_kv_cache(arch, shape, monkeypatch):
+    """An fp8 e4m3 KV cache with per-layer scales, dequantized per tile."""
+    if arch:
+        monkeypatch.setenv(KERNEL_ARCH_ENV, arch)
+    if shape == "mla":
+        case = make_case(41, [16384, 77], 65, 16, 1, 576, 512, torch.bfloat16, True)
+        scales = (0.7, 0.7)
+        case[1] = (case[1].float() / scales[0]).to(torch.float8_e4m3fn)
+        case[2] = case[1][..., :512]
+    else:
+        case = make_case(42, [5000, 0], 17, 32, 8, 128, 128, torch.bfloat16, False)
+        scales = (0.5, 3.0)
+        case[1] = (case[1].float() / scales[0]).to(torch.float8_e4m3fn)
+        case[2] = (case[2].float() / scales[1]).to(torch.float8_e4m3fn)
+    ref = tree_verify_attention_ref(*case, kv_scales=scales)
+    out = tree_verify_attention(*case, k_scale=scales[0], v_scale=scales[1], strategy="fused")
+    assert rel_err(out, ref) < 1e-2
+
+
 def test_mla_separate_v_and_logit_cap(monkeypatch):
     case = make_case(3, [5000, 17], 65, 16, 1, 576, 512, torch.bfloat16, False)
     check(case)

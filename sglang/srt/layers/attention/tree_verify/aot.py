@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Tuple
+from typing import Optional, Tuple
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -55,6 +55,7 @@ def split_kernel_source(
     dtype: str = "bf16",
     share_kv: bool = True,
     has_cap: bool = False,
+    kv_dtype: Optional[str] = None,
 ) -> ASTSource:
     d_main, d_pe, block_d, block_dpe, block_dv = head_dim_blocks(dqk, dv)
     share_kv = share_kv and config.reuse_k_tile and dv == d_main
@@ -67,9 +68,10 @@ def split_kernel_source(
     ]  # fmt: skip
     types = {n: "i32" for n in ints}
     types.update(
-        Q=f"*{dtype}", K=f"*{dtype}", V=f"*{dtype}", O_part="*fp32",
+        Q=f"*{dtype}", K=f"*{kv_dtype or dtype}", V=f"*{kv_dtype or dtype}", O_part="*fp32",
         Lse_part="*fp32", prefix_indptr="*i32", prefix_indices="*i32",
         tree_indices="*i32", tree_mask="*i32", qk_scale="fp32", logit_cap="fp32",
+        v_scale="fp32",
     )  # fmt: skip
     constexprs = dict(
         D_MAIN=d_main, D_PE=d_pe, D_V=dv, BLOCK_D=block_d, BLOCK_DPE=block_dpe,
@@ -77,6 +79,7 @@ def split_kernel_source(
         SHARE_KV=share_kv,
         Q_AS_B=config.q_as_b, QK_AHEAD=config.qk_ahead,
         DV_SPLIT=dv_split, BLOCK_DV_PROG=block_dv // dv_split,
+        KV_CAST=kv_dtype is not None and kv_dtype != dtype,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
     )  # fmt: skip
@@ -137,7 +140,7 @@ def compile_arch_report(cap) -> list:
         dqk, dv = CLASS_HEAD_DIMS[cls]
         variants = [dict(share_kv=cls != MLA_SEPARATE_V)]
         if cls == MLA:
-            variants += [dict(dtype="fp16"), dict(has_cap=True)]
+            variants += [dict(dtype="fp16"), dict(has_cap=True), dict(kv_dtype="fp8e4nv")]
         for kw in variants:
             k = compile_split_kernel(cfg, dqk, dv, cap, **kw)
             records.append(dict(kernel="split", cls=cls, config=cfg.__dict__, variant=kw,

@@ -41,10 +41,23 @@ def _config(arch, q, k_buffer, v_buffer):
     return select_config(arch, q.shape[-1], v_buffer.shape[-1], share)
 
 
-def _run_fused(args, arch):
+def _run_fused(args, arch, kv_scales):
     from sglang.srt.layers.attention.tree_verify.prefix_split import tree_verify_fused
 
-    return tree_verify_fused(*args, config=_config(arch, *args[:3]))
+    return tree_verify_fused(*args, config=_config(arch, *args[:3]), kv_scales=kv_scales)
+
+
+def _bf16_kv_only(name):
+    """Wrap a strategy that reads the KV cache in q's dtype only."""
+
+    def run(args, arch, kv_scales):
+        if kv_scales is not None:
+            raise StrategyUnavailable(
+                f"{name}: an fp8 KV cache is served by the fused and reference strategies only"
+            )
+        return _RAW[name](args, arch)
+
+    return run
 
 
 def _run_upstream(args, arch):
@@ -76,21 +89,27 @@ def _run_flashmla(args, arch):
     )
 
 
-def _run_reference(args, arch):
+def _run_reference(args, arch, kv_scales):
     from sglang.srt.layers.attention.tree_verify.reference import (
         tree_verify_attention_ref,
     )
 
-    return tree_verify_attention_ref(*args)
+    return tree_verify_attention_ref(*args, kv_scales=kv_scales)
 
 
-_RUNNERS: Dict[str, Callable] = {
-    "fused": _run_fused,
+_RAW: Dict[str, Callable] = {
     "upstream_extend": _run_upstream,
     "flashinfer_split": _run_flashinfer,
     "flashmla_split": _run_flashmla,
+}
+_RUNNERS: Dict[str, Callable] = {
+    "fused": _run_fused,
+    **{name: _bf16_kv_only(name) for name in _RAW},
     "reference": _run_reference,
 }
+
+#: KV cache dtypes served next to q's own: scaled fp8 (dequantized in the kernel).
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def default_strategy(arch, dqk: int, dv: int) -> str:
@@ -121,10 +140,10 @@ def _validate(q, k_buffer, v_buffer, indptr, indices, tree_idx, tree_mask, out):
         raise ValueError(f"query heads ({h}) must be a multiple of KV heads ({hkv})")
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"q must be fp16 or bf16, got {q.dtype}")
-    if k_buffer.dtype != q.dtype or v_buffer.dtype != q.dtype:
+    if k_buffer.dtype != v_buffer.dtype or k_buffer.dtype not in (q.dtype, *FP8_KV_DTYPES):
         raise TypeError(
-            f"KV buffers must have q's dtype {q.dtype} (got {k_buffer.dtype}, "
-            f"{v_buffer.dtype}); fp8 KV is not supported by tree verify yet"
+            f"KV buffers must both have q's dtype {q.dtype} or both one fp8 dtype "
+            f"{FP8_KV_DTYPES}; got {k_buffer.dtype} and {v_buffer.dtype}"
         )
     for name, t in (("prefix_kv_indptr", indptr), ("prefix_kv_indices", indices),
                     ("tree_kv_indices", tree_idx), ("tree_mask", tree_mask)):  # fmt: skip
@@ -163,9 +182,14 @@ def tree_verify_attention(
     out: Optional[torch.Tensor] = None,
     logit_cap: float = 0.0,
     strategy: Optional[str] = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Attention of every tree node over its request's committed prefix and
     its visible tree nodes; returns ``[bs*N, H, Dv]`` (``out`` when given).
+
+    An fp8 KV cache holds ``K / k_scale`` and ``V / v_scale`` (upstream's
+    per-layer scales); the scales are ignored for a KV cache in q's dtype.
 
     Launch shapes depend only on ``bs``, ``N``, head counts and
     ``prefix_kv_indices.numel()``, so the ``fused`` path is CUDA-graph
@@ -191,7 +215,10 @@ def tree_verify_attention(
         )
     args = (q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
             tree_kv_indices, tree_mask, float(sm_scale), out, float(logit_cap))  # fmt: skip
-    return _RUNNERS[strategy](args, arch or (8, 0))
+    kv_scales = None
+    if k_buffer.dtype != q.dtype:
+        kv_scales = (float(k_scale), float(v_scale))
+    return _RUNNERS[strategy](args, arch or (8, 0), kv_scales)
 
 
 def _interpreting() -> bool:

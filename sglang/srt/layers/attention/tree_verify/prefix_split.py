@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -85,6 +85,7 @@ def _attend_tile(
     HAS_CAP: tl.constexpr,
     Q_AS_B: tl.constexpr,
     DV_SPLIT: tl.constexpr,
+    KV_CAST: tl.constexpr,
     MASKED: tl.constexpr,
 ):
     """One online-softmax step of a query tile over one KV tile.
@@ -92,6 +93,8 @@ def _attend_tile(
     With ``DV_SPLIT == 2`` the main head dims come in two halves: ``offs_d``
     is the half of the value columns this program owns, ``offs_db`` the other
     one (only needed for the scores), and the V tile is the first half's K tile.
+    ``KV_CAST``: an fp8 KV cache, converted to q's dtype after the load (its
+    scales are folded into ``qk_scale`` and the output by the caller).
     """
     k_row = K + slots[:, None] * stride_kt + kvh * stride_kh
     if DV_SPLIT > 1:
@@ -105,6 +108,10 @@ def _attend_tile(
             mask=key_ok[:, None] & (offs_d[None, :] < D_MAIN),
             other=0.0,
         )
+    if KV_CAST:
+        k = k.to(q.dtype)
+        if DV_SPLIT > 1:
+            kb = kb.to(q.dtype)
     if Q_AS_B:
         # K . Q^T keeps the query tile a shared-memory operand (wgmma takes
         # its B operand from shared memory only); a register-resident 576-wide
@@ -116,6 +123,8 @@ def _attend_tile(
                 mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
                 other=0.0,
             )
+            if KV_CAST:
+                kpe = kpe.to(q.dtype)
             qk_t = tl.dot(kpe, tl.trans(qpe), qk_t)
         qk = tl.trans(qk_t)
     else:
@@ -128,6 +137,8 @@ def _attend_tile(
                 mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
                 other=0.0,
             )
+            if KV_CAST:
+                kpe = kpe.to(q.dtype)
             qk = tl.dot(qpe, tl.trans(kpe), qk)
 
     if HAS_CAP:
@@ -156,6 +167,8 @@ def _attend_tile(
                 mask=key_ok[:, None] & (offs_dv[None, :] < D_V),
                 other=0.0,
             )
+        if KV_CAST:
+            v = v.to(q.dtype)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, m_new, l_i
@@ -166,16 +179,18 @@ def _prefix_scores(
     q, qpe, K, slots, key_ok, kvh, stride_kt, stride_kh, qk_scale, logit_cap,
     offs_d, offs_dpe,
     D_MAIN: tl.constexpr, D_PE: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DPE: tl.constexpr, HAS_CAP: tl.constexpr,
+    BLOCK_DPE: tl.constexpr, HAS_CAP: tl.constexpr, KV_CAST: tl.constexpr,
 ):  # fmt: skip
     """Base-2 scaled scores of a query tile against one prefix KV tile, -inf
-    for keys past the slice end."""
+    for keys past the slice end, and the K tile (in q's dtype)."""
     k_row = K + slots[:, None] * stride_kt + kvh * stride_kh
     k = tl.load(
         k_row + offs_d[None, :],
         mask=key_ok[:, None] & (offs_d[None, :] < D_MAIN),
         other=0.0,
     )
+    if KV_CAST:
+        k = k.to(q.dtype)
     s = tl.dot(q, tl.trans(k)) * qk_scale
     if BLOCK_DPE > 0:
         kpe = tl.load(
@@ -186,6 +201,8 @@ def _prefix_scores(
         # Scaled and added, not accumulated into one dot: a dot that feeds
         # another dot is laid out as an attention chain (every warpgroup
         # computing the whole tile), and Triton folds a plain add into it.
+        if KV_CAST:
+            kpe = kpe.to(q.dtype)
         s += tl.dot(qpe, tl.trans(kpe)) * qk_scale
     if HAS_CAP:
         s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
@@ -200,7 +217,7 @@ def _prefix_slice_qk_ahead(
     offs_d, offs_dpe, offs_dv,
     D_MAIN: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
-    SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr,
+    SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr, KV_CAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
     """A prefix slice with the scores one tile ahead of the PV product.
@@ -217,7 +234,7 @@ def _prefix_slice_qk_ahead(
     # One extra iteration: the first one only computes the scores of tile 0
     # (its "current" tile is empty), the last one computes none.
     s_next = tl.full([BLOCK_M, BLOCK_N], float("-inf"), dtype=tl.float32)
-    k_next = tl.zeros([BLOCK_N, BLOCK_D], dtype=K.dtype.element_ty)
+    k_next = tl.zeros([BLOCK_N, BLOCK_D], dtype=q.dtype)
     slots = tl.zeros([BLOCK_N], dtype=tl.int64)
     key_ok = tl.zeros([BLOCK_N], dtype=tl.int1)
     for start in tl.range(lo - BLOCK_N, hi, BLOCK_N, num_stages=NUM_STAGES):
@@ -230,7 +247,7 @@ def _prefix_slice_qk_ahead(
         slots = tl.load(prefix_indices + kv_start + offs_n, mask=key_ok, other=0).to(tl.int64)
         s_next, k_next = _prefix_scores(
             q, qpe, K, slots, key_ok, kvh, stride_kt, stride_kh, qk_scale, logit_cap,
-            offs_d, offs_dpe, D_MAIN, D_PE, BLOCK_D, BLOCK_DPE, HAS_CAP,
+            offs_d, offs_dpe, D_MAIN, D_PE, BLOCK_D, BLOCK_DPE, HAS_CAP, KV_CAST,
         )  # fmt: skip
 
         m_new, alpha, p, l_i = _online_softmax_step(m_i, l_i, s)
@@ -243,6 +260,8 @@ def _prefix_slice_qk_ahead(
                 mask=cur_ok[:, None] & (offs_dv[None, :] < D_V),
                 other=0.0,
             )
+            if KV_CAST:
+                v = v.to(q.dtype)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
@@ -262,6 +281,7 @@ def _tree_verify_split_kernel(
     tree_mask,
     qk_scale,
     logit_cap,
+    v_scale,
     num_nodes,
     group,
     num_heads,
@@ -290,6 +310,7 @@ def _tree_verify_split_kernel(
     Q_AS_B: tl.constexpr,
     QK_AHEAD: tl.constexpr,
     DV_SPLIT: tl.constexpr,
+    KV_CAST: tl.constexpr,  # fp8 KV cache: tiles converted to q's dtype
     BLOCK_DV_PROG: tl.constexpr,  # value columns per program: BLOCK_DV / DV_SPLIT
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -358,7 +379,7 @@ def _tree_verify_split_kernel(
                 kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
                 offs_d, offs_dpe, offs_dv,
                 D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP,
-                BLOCK_M, BLOCK_N, NUM_STAGES,
+                KV_CAST, BLOCK_M, BLOCK_N, NUM_STAGES,
             )  # fmt: skip
         else:
             offs_n = lo + tl.arange(0, BLOCK_N)
@@ -382,7 +403,7 @@ def _tree_verify_split_kernel(
                     kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
                     offs_d, offs_db, offs_dpe, offs_dv,
                     D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP,
-                    Q_AS_B, DV_SPLIT, MASKED=False,
+                    Q_AS_B, DV_SPLIT, KV_CAST, MASKED=False,
                 )  # fmt: skip
     if pid_s == tl.maximum(num_splits, 1) - 1:
         # The tree tail: node i sees node j iff bit j of its ancestor mask is set.
@@ -404,12 +425,12 @@ def _tree_verify_split_kernel(
                 kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
                 offs_d, offs_db, offs_dpe, offs_dv,
                 D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP, Q_AS_B,
-                DV_SPLIT, MASKED=True,
+                DV_SPLIT, KV_CAST, MASKED=True,
             )  # fmt: skip
 
     seen = l_i > 0.0
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-    o = acc / tl.where(seen, l_i, 1.0)[:, None]
+    o = acc * (v_scale / tl.where(seen, l_i, 1.0))[:, None]
     out_row = (tok * num_heads + head).to(tl.int64)
     tl.store(
         O_part + pid_s * stride_ps + out_row[:, None] * stride_pr + offs_dv[None, :],
@@ -567,6 +588,7 @@ def split_partials(
     config: TreeVerifyConfig,
     num_splits: int,
     extra_parts: int = 0,
+    kv_scales: Optional[Tuple[float, float]] = None,
 ):
     """Run the split kernel: ``num_splits`` prefix slices plus the tree tail.
 
@@ -575,6 +597,7 @@ def split_partials(
     extra_parts``; the tail is folded into the last split (part 0 when
     ``num_splits`` is 0).
     ``extra_parts`` appends unwritten parts for another strategy's prefix pass.
+    ``kv_scales``: ``(k_scale, v_scale)`` of an fp8 KV cache (None otherwise).
     """
     bs, n = tree_kv_indices.shape
     h, dqk = q.shape[1], q.shape[2]
@@ -588,7 +611,8 @@ def split_partials(
     o_part = torch.empty(parts, total_rows, dv, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(parts, total_rows, dtype=torch.float32, device=q.device)
     has_cap = logit_cap > 0
-    qk_scale = sm_scale if has_cap else sm_scale * _LOG2E
+    k_scale, v_scale = kv_scales if kv_scales is not None else (1.0, 1.0)
+    qk_scale = sm_scale * k_scale * (1.0 if has_cap else _LOG2E)
     if bs == 0:
         return o_part, lse_part
     dv_split = dv_split_for(config, dqk, dv, share_kv)
@@ -596,7 +620,7 @@ def split_partials(
     _tree_verify_split_kernel[(row_tiles * dv_split, max(num_splits, 1), bs * hkv)](
         q, k_buffer, v_buffer, o_part, lse_part,
         prefix_kv_indptr, prefix_kv_indices, tree_kv_indices, tree_mask,
-        qk_scale, float(logit_cap),
+        qk_scale, float(logit_cap), float(v_scale),
         n, group, h, hkv, num_splits,
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1),
@@ -608,6 +632,7 @@ def split_partials(
         BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=block_dv,
         SHARE_KV=share_kv, HAS_CAP=has_cap, Q_AS_B=config.q_as_b,
         QK_AHEAD=config.qk_ahead, DV_SPLIT=dv_split, BLOCK_DV_PROG=block_dv // dv_split,
+        KV_CAST=k_buffer.dtype != q.dtype,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
         num_warps=config.num_warps, num_stages=config.num_stages,
@@ -678,9 +703,11 @@ def tree_verify_fused(
     logit_cap: float,
     config: TreeVerifyConfig,
     num_splits: Optional[int] = None,
+    kv_scales: Optional[Tuple[float, float]] = None,
 ) -> torch.Tensor:
     """Split kernel then combine kernel. Inputs are validated by the
-    dispatcher; ``num_splits`` overrides the heuristic (tests, tuning)."""
+    dispatcher; ``num_splits`` overrides the heuristic (tests, tuning);
+    ``kv_scales`` = ``(k_scale, v_scale)`` of an fp8 KV cache."""
     bs, n = tree_kv_indices.shape
     if num_splits is None:
         num_splits = num_splits_for(q, k_buffer, v_buffer, prefix_kv_indices, bs, n, config)
@@ -689,5 +716,6 @@ def tree_verify_fused(
     o_part, lse_part = split_partials(
         q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
         tree_kv_indices, tree_mask, sm_scale, logit_cap, config, num_splits,
+        kv_scales=kv_scales,
     )  # fmt: skip
     return combine_partials(o_part, lse_part, out)

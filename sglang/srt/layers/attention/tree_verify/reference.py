@@ -9,7 +9,7 @@ tests and small batches, not for serving at long context.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -27,6 +27,7 @@ def tree_verify_attention_ref(
     sm_scale: float,
     out: Optional[torch.Tensor] = None,
     logit_cap: float = 0.0,
+    kv_scales: Optional[Tuple[float, float]] = None,
 ) -> torch.Tensor:
     bs, n = tree_kv_indices.shape
     h = q.shape[1]
@@ -47,6 +48,8 @@ def tree_verify_attention_ref(
         p = indptr[b + 1] - indptr[b]
         k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [T, H, Dqk]
         v = v_buffer[slots].float().repeat_interleave(group, dim=1)  # [T, H, Dv]
+        if kv_scales is not None:  # fp8 KV holds K / k_scale and V / v_scale
+            k, v = k * kv_scales[0], v * kv_scales[1]
         qb = q[b * n : (b + 1) * n].float()  # [N, H, Dqk]
         scores = torch.einsum("nhd,thd->hnt", qb, k) * sm_scale
         if logit_cap > 0:
