@@ -236,7 +236,8 @@ class TreeVerifyHook:
         elif self.kind is not None:
             logger.info("%s serves %s verify through the tree-verify path.", backend_name, self.kind)
         self.metadata: Optional[TreeVerifyMetadata] = None
-        self._causal: Dict[Tuple[int, int], torch.Tensor] = {}
+        # Eager-mode chain / all-ones masks, built once per (kind, bs, N).
+        self._masks: Dict[Tuple[Any, int, int], torch.Tensor] = {}
         self._graph: Optional[Dict[str, torch.Tensor]] = None
 
     # ------------------------------------------------------------ construction
@@ -315,17 +316,11 @@ class TreeVerifyHook:
             n = forward_batch.out_cache_loc.shape[0] // max(1, bs)
         return int(n)
 
-    def _causal_mask(self, bs: int, n: int) -> torch.Tensor:
-        key = (bs, n)
-        if key not in self._causal:
-            self._causal[key] = causal_tree_mask(bs, n, self.device)
-        return self._causal[key]
-
-    def _full_mask(self, bs: int, n: int) -> torch.Tensor:
-        key = (bs, -n)
-        if key not in self._causal:
-            self._causal[key] = full_tree_mask(bs, n, self.device)
-        return self._causal[key]
+    def _static_mask(self, build, bs: int, n: int) -> torch.Tensor:
+        key = (build, bs, n)
+        if key not in self._masks:
+            self._masks[key] = build(bs, n, self.device)
+        return self._masks[key]
 
     def prepare(
         self,
@@ -394,9 +389,10 @@ class TreeVerifyHook:
             if kind == TREE:
                 mask = bits
             elif kind == BLOCK:
-                mask, causal = self._full_mask(bs, n), self._causal_mask(bs, n)
+                mask = self._static_mask(full_tree_mask, bs, n)
+                causal = self._static_mask(causal_tree_mask, bs, n)
             else:
-                mask = self._causal_mask(bs, n)
+                mask = self._static_mask(causal_tree_mask, bs, n)
         fill_prefix_indices(self.req_to_token, req_pool_indices, seq_lens, kv_indptr, indices)
         self.metadata = TreeVerifyMetadata(
             kind=kind,
