@@ -47,20 +47,7 @@ def _run_fused(args, arch, kv_scales):
     return tree_verify_fused(*args, config=_config(arch, *args[:3]), kv_scales=kv_scales)
 
 
-def _bf16_kv_only(name):
-    """Wrap a strategy that reads the KV cache in q's dtype only."""
-
-    def run(args, arch, kv_scales):
-        if kv_scales is not None:
-            raise StrategyUnavailable(
-                f"{name}: an fp8 KV cache is served by the fused and reference strategies only"
-            )
-        return _RAW[name](args, arch)
-
-    return run
-
-
-def _run_upstream(args, arch):
+def _run_upstream(args, arch, kv_scales=None):
     from sglang.srt.layers.attention.tree_verify.upstream_extend import (
         tree_verify_upstream_extend,
     )
@@ -68,7 +55,7 @@ def _run_upstream(args, arch):
     return tree_verify_upstream_extend(*args)
 
 
-def _run_flashinfer(args, arch):
+def _run_flashinfer(args, arch, kv_scales=None):
     from sglang.srt.layers.attention.tree_verify.flashinfer_split import (
         tree_verify_flashinfer_split,
     )
@@ -76,7 +63,7 @@ def _run_flashinfer(args, arch):
     return tree_verify_flashinfer_split(*args, config=_config(arch, *args[:3]))
 
 
-def _run_flashmla(args, arch):
+def _run_flashmla(args, arch, kv_scales=None):
     if arch[0] not in (9, 10):
         raise StrategyUnavailable(
             f"flashmla_split: FlashMLA ships kernels for sm_90a/sm_100a only, "
@@ -97,19 +84,18 @@ def _run_reference(args, arch, kv_scales):
     return tree_verify_attention_ref(*args, kv_scales=kv_scales)
 
 
-_RAW: Dict[str, Callable] = {
+_RUNNERS: Dict[str, Callable] = {
+    "fused": _run_fused,
     "upstream_extend": _run_upstream,
     "flashinfer_split": _run_flashinfer,
     "flashmla_split": _run_flashmla,
-}
-_RUNNERS: Dict[str, Callable] = {
-    "fused": _run_fused,
-    **{name: _bf16_kv_only(name) for name in _RAW},
     "reference": _run_reference,
 }
 
-#: KV cache dtypes served next to q's own: scaled fp8 (dequantized in the kernel).
+#: KV cache dtypes served next to q's own: scaled fp8 (dequantized in the kernel),
+#: by these strategies only.
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8_KV_STRATEGIES = ("fused", "reference")
 
 
 def default_strategy(arch, dqk: int, dv: int) -> str:
@@ -217,6 +203,10 @@ def tree_verify_attention(
             tree_kv_indices, tree_mask, float(sm_scale), out, float(logit_cap))  # fmt: skip
     kv_scales = None
     if k_buffer.dtype != q.dtype:
+        if strategy not in FP8_KV_STRATEGIES:
+            raise StrategyUnavailable(
+                f"{strategy}: an fp8 KV cache is served by the fused and reference strategies only"
+            )
         kv_scales = (float(k_scale), float(v_scale))
     return _RUNNERS[strategy](args, arch or (8, 0), kv_scales)
 
