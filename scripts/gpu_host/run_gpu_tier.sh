@@ -8,14 +8,15 @@
 # servers, gpu-tier-summary.txt with one line per dir (rc, passed/failed/skipped/errors,
 # seconds). Exits nonzero if any dir failed, timed out or collected nothing (pytest rc 5),
 # or if no test passed at all. Test-selection variables (DDTREE_E2E_CONFIGS,
-# DDTREE_E2E_SERVERS, ...) pass through: docs/GPU_HOST.md lists them.
+# DDTREE_E2E_SERVERS, ...) pass through: docs/GPU_HOST.md lists them. Server logs go under
+# $DDTREE_GPU_LOG_ROOT (default /tmp/ddtree-logs); give concurrent runs their own root and OUT.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
 ALL_DIRS=(tree_verify tree_verify_integration ddtree_logic arch_gating e2e ddtree)
 SERVER_DIRS=" e2e ddtree "  # start sglang servers: need the tiny models, leave server logs
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; echo "dirs: ${ALL_DIRS[*]}"; }
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; echo "dirs: ${ALL_DIRS[*]}"; }
 only="" dir_timeout=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -65,7 +66,7 @@ done
 overall=0 passed_total=0
 for d in "${dirs[@]}"; do
     log="$OUTDIR/$d-pytest.log"
-    export DDTREE_GPU_LOG_DIR="/tmp/ddtree-logs/$d"
+    export DDTREE_GPU_LOG_DIR="${DDTREE_GPU_LOG_ROOT:-/tmp/ddtree-logs}/$d"
     rm -rf "$DDTREE_GPU_LOG_DIR" && mkdir -p "$DDTREE_GPU_LOG_DIR"
     echo "=== tests/gpu/$d ($(date -u +%H:%M:%S))"
     t0=$(date +%s)
