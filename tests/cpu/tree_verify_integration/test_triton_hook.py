@@ -164,10 +164,13 @@ def test_unservable_layer_without_dense_mask_refuses():
         be.forward_extend(q, k, v, layer_for("mha", h, hkv, dqk, dv), fb, sinks=sinks)
 
 
-def test_static_refusals_leave_the_dense_path():
-    """Sliding-window / fp8-KV backends keep upstream's path: the worker then
-    builds the dense mask (consumes_tree_mask_bits is False)."""
-    from sglang.srt.layers.attention.tree_verify_hook import triton_hook
+def test_static_refusals_leave_the_dense_path(monkeypatch):
+    """Sliding-window backends, and an fp8 KV cache with the fused path turned
+    off, keep upstream's path: the worker then builds the dense mask
+    (consumes_tree_mask_bits is False)."""
+    from sglang.srt.layers.attention.tree_verify_hook import FP8_KV_ENV, triton_hook
+
+    monkeypatch.setenv(FP8_KV_ENV, "0")
 
     gen = torch.Generator().manual_seed(4)
     verify = Verify([3], 4, "DDTREE", gen)
@@ -181,15 +184,18 @@ def test_static_refusals_leave_the_dense_path():
     assert not triton_hook(be, runner).consumes_tree_mask_bits
 
 
-@pytest.mark.parametrize("opt_in", [False, True])
-def test_fp8_kv_cache_is_served_only_when_opted_in(monkeypatch, opt_in):
-    """An fp8 KV cache: off by default (upstream's dense-mask path, as before),
-    served through the hook with SGLANG_DDTREE_FP8_KV_VERIFY=1 and then equal to
-    the dense attention over the dequantized cache."""
+@pytest.mark.parametrize("env", [None, "1", "0"])
+def test_fp8_kv_cache_is_served_unless_turned_off(monkeypatch, env):
+    """An fp8 KV cache is served through the hook by default (and with
+    SGLANG_DDTREE_FP8_KV_VERIFY=1), equal to the dense attention over the
+    dequantized cache; =0 leaves it to upstream's dense-mask path."""
     from sglang.srt.layers.attention.tree_verify_hook import FP8_KV_ENV
 
-    if opt_in:
-        monkeypatch.setenv(FP8_KV_ENV, "1")
+    if env is None:
+        monkeypatch.delenv(FP8_KV_ENV, raising=False)
+    else:
+        monkeypatch.setenv(FP8_KV_ENV, env)
+    opt_in = env != "0"
     gen = torch.Generator().manual_seed(31)
     h, hkv, dqk, dv = SHAPES["mha"]
     verify = Verify([12, 0, 30], 7, "DDTREE", gen)

@@ -114,6 +114,7 @@ def _random_step(bs, budget, num_depths, vocab, seed, follow=0.85):
 @needs_sgl_kernel
 @pytest.mark.parametrize("bs,budget", [(1, 8), (8, 64), (4, 256)])
 def test_greedy_kernel_matches_torch(bs, budget):
+    accepted = []
     for seed in range(5):
         ct, logits = _random_step(bs, budget, 15, 512, seed)
         pred = logits.argmax(-1)
@@ -121,7 +122,10 @@ def test_greedy_kernel_matches_torch(bs, budget):
         b = greedy_accept(ct, pred, use_kernel=False)
         for name in ("accept_index", "num_accepted", "accept_tokens", "next_bonus"):
             assert torch.equal(getattr(a, name).long(), getattr(b, name).long()), name
-        assert b.num_accepted.float().mean() > 1
+        accepted.append(b.num_accepted.float())
+    # The inputs must exercise paths longer than one node: over all seeds, not per
+    # seed (one bs=1 step may legitimately stop at the first child).
+    assert torch.cat(accepted).mean() > 1
 
 
 @needs_sgl_kernel

@@ -53,13 +53,13 @@ NON_CAUSAL = "non-causal attention"
 #: Strategy name that keeps the backend's upstream verify path (A/B runs).
 UPSTREAM_STRATEGY = "upstream_extend"
 
-#: Serve an fp8 KV cache through the fused kernels (dequantized per tile).
-#: Opt-in until a GPU run has checked it against upstream's fp8 path.
+#: An fp8 KV cache is served through the fused kernels (converted per tile);
+#: ``=0`` hands it back to upstream's dense-mask path (A/B runs, a suspected bug).
 FP8_KV_ENV = "SGLANG_DDTREE_FP8_KV_VERIFY"
 
 
 def fp8_kv_enabled() -> bool:
-    return os.environ.get(FP8_KV_ENV) == "1"
+    return os.environ.get(FP8_KV_ENV, "1") != "0"
 
 
 def _is_fp8(dtype: Any) -> bool:
@@ -491,8 +491,8 @@ def _kv_dtype_reason(model_runner: Any) -> Optional[str]:
         if _is_fp8(kv) and fp8_kv_enabled():
             return None
         return (
-            f"KV cache dtype {kv} differs from the model dtype {dtype} (fp8 KV; "
-            f"{FP8_KV_ENV}=1 serves it through the fused kernels, not yet GPU-checked)"
+            f"KV cache dtype {kv} differs from the model dtype {dtype}"
+            + (f" ({FP8_KV_ENV}=0)" if _is_fp8(kv) else "")
         )
     return None
 
