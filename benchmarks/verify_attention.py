@@ -137,6 +137,17 @@ def run_strategy(name, inputs, config_arch=None):
 
         mask = dense_custom_mask(args[3], args[6], args[5].shape[1])
         return lambda: tree_verify_upstream_extend(*args, None, 0.0, custom_mask=mask), None
+    if name == "flashinfer_split":
+        # Planned ahead, as a FlashInfer backend plans before the forward: the
+        # timed region (and the captured graph) holds device work only.
+        from sglang.srt.layers.attention.tree_verify.flashinfer_split import (
+            FlashInferPrefixPass,
+            tree_verify_flashinfer_split,
+        )
+
+        cfg = select_config(config_arch, DQK, DV)
+        planned = FlashInferPrefixPass(*args[:5], args[5].shape[1], args[7])
+        return lambda: tree_verify_flashinfer_split(*args, None, 0.0, cfg, prefix_pass=planned), None
     return lambda: tree_verify_attention(*args, strategy=name), None
 
 
@@ -173,6 +184,12 @@ def run_matrix(shapes, strategies, peaks, arch, verbose=True):
             except (StrategyUnavailable, ImportError) as e:
                 rec["unavailable"] = str(e)
                 rows.append(rec)
+                continue
+            except RuntimeError as e:  # one strategy failing must not lose the rest of the matrix
+                rec["error"] = f"{type(e).__name__}: {e}"[:500]
+                rows.append(rec)
+                print(json.dumps(rec), flush=True)
+                torch.cuda.synchronize()
                 continue
             rec.update(
                 ms=round(ms, 4),

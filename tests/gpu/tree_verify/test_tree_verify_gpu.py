@@ -184,3 +184,31 @@ def test_other_strategies_agree(strategy):
         check(case, strategy=strategy)
     except StrategyUnavailable as e:
         pytest.skip(str(e))
+
+
+def test_flashinfer_split_planned_ahead_replays_in_a_graph():
+    """Planned outside the capture, the FlashInfer prefix pass + our tail replay
+    from a CUDA graph (how verify_attention.py times it, and how a backend that
+    plans in init_forward_metadata would run it)."""
+    try:
+        from sglang.srt.layers.attention.tree_verify.flashinfer_split import (
+            FlashInferPrefixPass,
+            tree_verify_flashinfer_split,
+        )
+
+        case = make_case(6, [4096, 0, 777], 17, 16, 1, 576, 512, torch.bfloat16, True)
+        planned = FlashInferPrefixPass(*case[:5], case[5].shape[1], case[7])
+    except StrategyUnavailable as e:
+        pytest.skip(str(e))
+    cfg = select_config((9, 0), 576, 512)
+    out = torch.full((case[0].shape[0], 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    run = lambda: tree_verify_flashinfer_split(*case, out, 0.0, cfg, prefix_pass=planned)  # noqa: E731
+    run()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run()
+    out.fill_(float("nan"))
+    case[0].copy_(torch.randn_like(case[0]))  # new queries, same layout
+    g.replay()
+    assert rel_err(out, tree_verify_attention_ref(*case)) < 1e-2
