@@ -17,7 +17,9 @@ B=64 with SGLANG_DDTREE_VERIFY_STRATEGY=upstream_extend (the fork's hook off: up
 verify path), ``dflash:flashinfer`` upstream's FlashInfer MLA chain. Without a suffix,
 ``--verify`` / ``--backend`` apply. Per server, one point (``--profile-at``, default the
 largest context at batch 1) is traced with the server's profiler (benchmarks/e2e_profile.py)
-to measure the verify attention's share of the step.
+to measure the verify attention's share of the step. ``--expert-routing uniform`` spreads the
+MoE routing the way a trained router does (dummy routers send near-identical tokens, such as a
+dummy DFLASH block, to the same few experts); a run and its merges keep one routing.
 
 The JSON is rewritten after every point, so a killed run keeps what it measured; with
 ``--deadline-s`` a server or point that would not fit the remaining time is skipped and
@@ -119,8 +121,16 @@ def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int]) -> l
     return args
 
 
-def server_env(spec: Spec, triton_cache: Path) -> dict:
-    env = {"TRITON_CACHE_DIR": str(triton_cache)}
+#: --expert-routing: "model" routes by the (dummy) router weights; "uniform" uses
+#: upstream's benchmark switch that spreads every token over the experts the way a
+#: trained router does on real text. With dummy weights a DFLASH block of nearly
+#: identical draft tokens reaches only a few experts, so "model" flatters a narrow
+#: verify against a wide DDTREE tree on an MoE target.
+EXPERT_ROUTING = {"model": {}, "uniform": {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}}
+
+
+def server_env(spec: Spec, triton_cache: Path, routing: str = "model") -> dict:
+    env = {"TRITON_CACHE_DIR": str(triton_cache), **EXPERT_ROUTING[routing]}
     if spec.verify not in ("-", "fused"):
         env["SGLANG_DDTREE_VERIFY_STRATEGY"] = spec.verify
     return env
@@ -193,6 +203,21 @@ def one_request(server, ids, new_tokens, stop_at: list, out: dict) -> None:
     finally:
         events.close()
     out["meta"] = (last or {}).get("meta_info", {})
+    out["error_event"] = (last or {}).get("error")
+
+
+def request_timelines(results: list[dict], t0: float) -> list[dict]:
+    """Per request: chunks streamed, first/last chunk (s after the batch was sent), how it ended."""
+    out = []
+    for r in results:
+        stamps, meta = r.get("stamps") or [], r.get("meta") or {}
+        out.append({"chunks": len(stamps),
+                    "first_s": round(stamps[0] - t0, 3) if stamps else None,
+                    "last_s": round(stamps[-1] - t0, 3) if stamps else None,
+                    "finish_reason": meta.get("finish_reason"),
+                    "completion_tokens": meta.get("completion_tokens"),
+                    "error": r.get("error_event")})
+    return out
 
 
 def random_prompts(ctx: int, batch: int, vocab: int, seed: int) -> list[list[int]]:
@@ -240,10 +265,14 @@ def measure(server, ctx: int, batch: int, new_tokens: int, vocab: int, seed: int
     metas = [r["meta"] for r in results]
     verify = sum(m.get("spec_verify_ct", 0) or 0 for m in metas)
     tokens = sum(m.get("completion_tokens", 0) for m in metas)
+    try:
+        stats = step_stats([r["stamps"] for r in results])
+    except ValueError as e:  # say which request left the window, and how it ended
+        raise ValueError(f"{e}; requests: {request_timelines(results, t0)}") from None
     return {
         "ctx": ctx,
         "batch": batch,
-        **step_stats([r["stamps"] for r in results]),
+        **stats,
         "accept_length": (tokens / verify) if verify else 1.0,
         "completion_tokens": tokens,
         "wall_s": wall,
@@ -409,7 +438,8 @@ def plot(result: dict, path: Path) -> None:
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.set_xlabel("context tokens")
     ax.set_ylabel("ms per decode/verify step (median)")
-    ax.set_title(f"DeepSeek-V2-Lite shape, dummy weights, {result.get('device', '')}")
+    routing = "" if result.get("expert_routing", "model") == "model" else ", uniform expert routing"
+    ax.set_title(f"DeepSeek-V2-Lite shape, dummy weights{routing}, {result.get('device', '')}")
     ax.legend(fontsize=6)
     ax.grid(alpha=0.3)
     if profiles:
@@ -468,6 +498,7 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "argv": sys.argv[1:],
         "triton_cache": str(args.triton_cache),
+        "expert_routing": args.expert_routing,
         "servers": [],
         "rows": [],
         "profiles": [],
@@ -485,7 +516,7 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
         sargs = server_args(spec, str(drafter), max(ctxs), batches)
         try:
             with launch_server(spec.label.replace(":", "-").replace("@", "-"), str(target), sargs, args.log_dir,
-                               timeout=max(60.0, min(600.0, budget.left())), env=server_env(spec, args.triton_cache)) as server:
+                               timeout=max(60.0, min(600.0, budget.left())), env=server_env(spec, args.triton_cache, args.expert_routing)) as server:
                 start_s = time.monotonic() - t0
                 budget.starts.append(start_s)
                 result["servers"].append({"config": spec.label, "start_s": start_s, "log": str(server.log_path)})
@@ -553,9 +584,13 @@ def report(paths: list[Path], out: Path, reference: list[dict]) -> dict:
     """Merge split runs; a later file's row for the same point replaces an earlier one."""
     merged: dict = {"what": None, "date": None, "device": None, "argv": [], "servers": [], "rows": [],
                     "profiles": [], "skipped": [], "merged_from": [str(p) for p in paths]}
-    rows, profiles = {}, {}
+    rows, profiles, routing = {}, {}, {}
     for p in paths:
         data = json.loads(Path(p).read_text())
+        routing[str(p)] = data.get("expert_routing", "model")
+        if len(set(routing.values())) > 1:
+            raise ValueError(f"--report: runs with different --expert-routing cannot share a table: {routing}")
+        merged["expert_routing"] = routing[str(p)]
         for k in ("what", "date", "device"):
             merged[k] = data.get(k) or merged[k]
         merged["argv"].append(data.get("argv", []))
@@ -597,13 +632,18 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default=time.strftime("%Y%m%d-%H%M%S"))
     ap.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp/ddtree-bench-logs"))
+    ap.add_argument("--expert-routing", choices=list(EXPERT_ROUTING), default="model",
+                    help="MoE routing of the dummy target: its router (model) or spread over the experts (uniform)")
     args = ap.parse_args(argv)
 
     reference = load_reference(args.reference)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"e2e_step_{args.tag}.json"
     if args.report:
-        result = report(args.report, out, reference)
+        try:
+            result = report(args.report, out, reference)
+        except ValueError as e:
+            ap.error(str(e))
         write(result, out)
     else:
         try:

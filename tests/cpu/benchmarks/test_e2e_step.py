@@ -82,6 +82,27 @@ def test_server_env_sets_strategy_only_off_the_default(tmp_path):
     assert "SGLANG_DDTREE_VERIFY_STRATEGY" not in es.server_env(es.parse_spec("nospec"), tmp_path)
 
 
+def test_uniform_expert_routing_is_upstreams_switch(tmp_path, monkeypatch):
+    """The variable must be the one the pinned upstream's MoE top-k reads."""
+    from sglang.srt.environ import envs
+
+    env = es.server_env(es.parse_spec("dflash"), tmp_path, "uniform")
+    assert set(env) == {"TRITON_CACHE_DIR", "SGLANG_SIMULATE_UNIFORM_EXPERTS"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert envs.SGLANG_SIMULATE_UNIFORM_EXPERTS.get() is True
+    assert "SGLANG_SIMULATE_UNIFORM_EXPERTS" not in es.server_env(es.parse_spec("dflash"), tmp_path)
+
+
+def test_request_timelines_say_which_request_left_the_window():
+    results = [{"stamps": [10.0, 10.5, 11.0], "meta": {"finish_reason": {"type": "length"}, "completion_tokens": 3}},
+               {"stamps": [12.0], "meta": {}, "error_event": {"message": "KV cache full"}}]
+    t = es.request_timelines(results, t0=9.0)
+    assert t[0] == {"chunks": 3, "first_s": 1.0, "last_s": 2.0, "finish_reason": {"type": "length"},
+                    "completion_tokens": 3, "error": None}
+    assert t[1]["chunks"] == 1 and t[1]["error"] == {"message": "KV cache full"}
+
+
 def test_step_stats_uses_only_the_common_window():
     # request A starts first (its early gaps are 1 s), B joins at t=10; A ends at t=20.
     a = [0, 1, 2, 10, 10.01, 10.02, 10.03, 10.04, 10.05, 20.0]
@@ -220,6 +241,21 @@ def test_report_merges_split_runs_and_writes_a_plot(tmp_path, reference):
     assert json.loads(out.read_text())["rows"] == merged["rows"]
     es.plot(merged, out.with_suffix(".png"))
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_refuses_to_mix_expert_routings(tmp_path, reference):
+    paths = []
+    for name, routing in (("m", None), ("u", "uniform")):
+        data = {"rows": [row("dflash", "fused", 10.0)], "skipped": []}
+        if routing:
+            data["expert_routing"] = routing
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(data))
+    assert es.report(paths[:1], tmp_path / "one.json", reference)["expert_routing"] == "model"
+    with pytest.raises(ValueError, match="expert-routing"):
+        es.report(paths, tmp_path / "mixed.json", reference)
+    with pytest.raises(SystemExit):
+        es.main(["--report", *map(str, paths), "--out-dir", str(tmp_path)])
 
 
 def test_cli_report_mode_end_to_end(tmp_path, capsys):
