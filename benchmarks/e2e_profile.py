@@ -15,6 +15,10 @@ depend on it. On the upstream verify path the target's verify attention runs ups
 Triton extend kernel, which the DFlash drafter's own attention also uses, so
 ``extend_attention`` there holds both; subtract the same configuration's fused-path
 ``extend_attention`` (the drafter part) to isolate the verify (``verify_attention_ms``).
+
+:func:`host_calls` and ``gpu_idle_ms_per_step`` read the host side: a step whose GPU idles
+between kernels (the host launching one by one, or blocked in a sync) is host-bound, and
+no kernel speed-up shortens it.
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ CATEGORIES = (
 )
 MEMORY_EVENT_CATS = {"gpu_memcpy", "gpu_memset"}
 KERNEL_EVENT_CATS = {"kernel"} | MEMORY_EVENT_CATS
+#: The host side of the trace: CUDA runtime / driver calls made by the server's threads.
+RUNTIME_EVENT_CATS = {"cuda_runtime", "cuda_driver"}
+#: Calls that block the host until the GPU catches up (a blocking copy to the host included).
+HOST_SYNC_CALL = re.compile(r"Synchronize|^cudaMemcpy$|^cuMemcpyDtoH(_v2)?$")
+GRAPH_LAUNCH_CALL = re.compile(r"^cu(da)?GraphLaunch")
+KERNEL_LAUNCH_CALL = re.compile(r"^(cudaLaunchKernel|cuLaunchKernel)")
 ORDER = [name for name, _ in CATEGORIES] + ["memcpy", "other"]
 
 
@@ -92,11 +102,53 @@ def breakdown(trace: dict, steps: int, top: int = 12) -> dict:
         "steps": steps,
         "gpu_ms_per_step": total / 1000 / steps,
         "span_ms_per_step": (last - first) / 1000 / steps,
+        "gpu_idle_ms_per_step": _idle_us(gpu_events(trace)) / 1000 / steps,
+        "host": host_calls(trace, steps),
         "categories": categories,
         "top_kernels": [
             {"name": n, "category": c, "ms_per_step": t / 1000 / steps, "launches_per_step": k / steps}
             for n, (c, t, k) in kernels
         ],
+    }
+
+
+def _idle_us(events: Iterable[dict]) -> float:
+    """Time inside the traced span when no kernel or copy ran on any stream."""
+    spans = sorted((float(ev.get("ts", 0.0)), float(ev.get("ts", 0.0)) + float(ev["dur"])) for ev in events)
+    idle, reach = 0.0, None
+    for start, end in spans:
+        if reach is not None and start > reach:
+            idle += start - reach
+        reach = end if reach is None else max(reach, end)
+    return idle
+
+
+def host_calls(trace: dict, steps: int) -> dict:
+    """Per step: CUDA-graph launches, single kernel launches, and the calls that made the
+    host wait for the GPU (count and blocked ms). A step the GPU idles in while the
+    host launches kernels one by one, or waits in a sync, shows here."""
+    events = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
+    graphs = kernels = syncs = 0
+    sync_us = 0.0
+    sync_names: dict[str, int] = {}
+    for ev in events:
+        if ev.get("ph") != "X" or str(ev.get("cat", "")).lower() not in RUNTIME_EVENT_CATS:
+            continue
+        name = ev.get("name", "")
+        if GRAPH_LAUNCH_CALL.search(name):
+            graphs += 1
+        elif KERNEL_LAUNCH_CALL.search(name):
+            kernels += 1
+        elif HOST_SYNC_CALL.search(name):
+            syncs += 1
+            sync_us += float(ev.get("dur", 0.0))
+            sync_names[name] = sync_names.get(name, 0) + 1
+    return {
+        "graph_launches_per_step": graphs / steps,
+        "kernel_launches_per_step": kernels / steps,
+        "host_syncs_per_step": syncs / steps,
+        "host_sync_ms_per_step": sync_us / 1000 / steps,
+        "host_sync_calls": sync_names,
     }
 
 

@@ -568,7 +568,11 @@ def _profile(server, spec: Spec, at: tuple, vocab: int, args, budget: Budget, re
     prof.update(config=spec.config, verify=spec.verify, backend=spec.backend)
     result["profiles"].append(prof)
     cats = ", ".join(f"{c} {v['ms_per_step']:.2f}" for c, v in prof["categories"].items())
-    print(f"[{spec.label}] profile ctx {ctx}: {prof['gpu_ms_per_step']:.2f} GPU ms/step ({cats})", flush=True)
+    h = prof["host"]
+    print(f"[{spec.label}] profile ctx {ctx}: {prof['gpu_ms_per_step']:.2f} GPU ms/step ({cats}); "
+          f"GPU idle {prof['gpu_idle_ms_per_step']:.2f} ms/step; per step {h['graph_launches_per_step']:.1f} graph "
+          f"launches, {h['kernel_launches_per_step']:.0f} kernel launches, {h['host_syncs_per_step']:.1f} host "
+          f"syncs ({h['host_sync_ms_per_step']:.2f} ms blocked)", flush=True)
 
 
 def _parse_point(text: Optional[str], ctxs: list[int]) -> tuple:

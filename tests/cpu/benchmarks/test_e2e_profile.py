@@ -60,6 +60,29 @@ def test_breakdown_sums_per_category_and_step():
     assert top[0]["launches_per_step"] == pytest.approx(1.0)
 
 
+def test_host_side_graph_launches_kernel_launches_and_syncs():
+    t = synthetic_trace(steps=4)
+    ev = t["traceEvents"]
+    for i in range(4):
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 10 * i, "dur": 3})
+    ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 50, "dur": 800})
+    ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 60, "dur": 2})  # not a sync
+    ev.append({"ph": "X", "cat": "cuda_driver", "name": "cuMemcpyDtoH_v2", "ts": 70, "dur": 200})
+    h = ep.breakdown(t, steps=4)["host"]
+    assert h["graph_launches_per_step"] == pytest.approx(0.25)  # the one cudaGraphLaunch
+    assert h["kernel_launches_per_step"] == pytest.approx(1.0)
+    assert h["host_syncs_per_step"] == pytest.approx(0.5)
+    assert h["host_sync_ms_per_step"] == pytest.approx(1.0 / 4)
+    assert h["host_sync_calls"] == {"cudaStreamSynchronize": 1, "cuMemcpyDtoH_v2": 1}
+
+
+def test_gpu_idle_merges_overlapping_streams():
+    ev = [kernel("a", 0, 10), kernel("b", 5, 10), kernel("c", 30, 5), kernel("d", 31, 1)]
+    b = ep.breakdown(ev, steps=1)
+    assert b["gpu_idle_ms_per_step"] == pytest.approx(15 / 1000)  # the gap 15..30 only
+    assert b["span_ms_per_step"] == pytest.approx(35 / 1000)
+
+
 def test_breakdown_divides_by_the_given_steps():
     t = synthetic_trace(steps=4)
     assert ep.breakdown(t, steps=2)["gpu_ms_per_step"] == pytest.approx(2 * ep.breakdown(t, steps=4)["gpu_ms_per_step"])
