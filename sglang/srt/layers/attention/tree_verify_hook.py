@@ -562,6 +562,64 @@ def flashinfer_mla_hook(backend: Any, model_runner: Any) -> TreeVerifyHook:
     )
 
 
+def flashinfer_hook(backend: Any, model_runner: Any) -> TreeVerifyHook:
+    """Hook for ``FlashInferAttnBackend`` (MHA/GQA): DDTREE only. Upstream's
+    verify there plans FA2 with a dense per-request mask that the worker must
+    build every step; the hook reads the tree bits instead. DFLASH chains and
+    the drafter keep FlashInfer's own causal kernel."""
+    reasons = []
+    if getattr(backend, "skip_prefill", False):
+        reasons.append("prefill disabled on this backend")
+    if (getattr(backend, "page_size", 1) or 1) != 1:
+        reasons.append("page_size > 1")
+    if getattr(backend, "num_wrappers", 1) != 1:
+        reasons.append("sliding-window or cross-attention wrappers")
+    if getattr(backend, "use_sliding_window_kv_pool", False):
+        reasons.append("SWA KV pool (translated slot ids)")
+    if getattr(backend, "prefill_uses_dequant_workspace", False):
+        reasons.append("FP4 KV cache read through a dequant workspace")
+    if getattr(backend, "enable_deterministic", False):
+        reasons.append("deterministic inference")
+    kv = _kv_dtype_reason(model_runner)
+    if kv:
+        reasons.append(kv)
+    return TreeVerifyHook.for_backend(
+        backend,
+        model_runner,
+        serves_chain=False,
+        unsupported="; ".join(reasons) or None,
+    )
+
+
+def flashinfer_run(
+    hook: TreeVerifyHook,
+    q: torch.Tensor,
+    layer: Any,
+    forward_batch: Any,
+    token_to_kv_pool: Any,
+) -> Optional[torch.Tensor]:
+    """FlashInfer (MHA/GQA) TARGET_VERIFY through the hook, once the backend has
+    written this step's K/V: ``q`` ``[T, H*D]``; returns ``[T, H*D]`` or None."""
+    if hook.metadata is None:
+        return None
+    unsupported = None
+    if getattr(layer, "is_cross_attention", False):
+        unsupported = "cross attention"
+    elif getattr(getattr(layer, "attn_type", None), "name", "") == "ENCODER_ONLY":
+        unsupported = NON_CAUSAL
+    h = layer.tp_q_head_num
+    o = hook.run(
+        q.view(-1, h, layer.head_dim),
+        token_to_kv_pool.get_key_buffer(layer.layer_id),
+        token_to_kv_pool.get_value_buffer(layer.layer_id),
+        layer, forward_batch,
+        logit_cap=float(layer.logit_cap or 0.0), unsupported=unsupported,
+    )  # fmt: skip
+    if o is None:
+        return None
+    return o.view(-1, h * o.shape[-1])
+
+
 def flashinfer_mla_run(
     hook: TreeVerifyHook,
     q: torch.Tensor,
