@@ -236,6 +236,28 @@ def triton_backend(runner, pool, verify: Verify, mla: bool):
     return be
 
 
+def flashinfer_backend(runner, pool, verify, **attrs):
+    """The real (patched) FlashInferAttnBackend (MHA/GQA) with the attributes its
+    TARGET_VERIFY path reads, and the hook its patched __init__ installs."""
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+    from sglang.srt.layers.attention.tree_verify_hook import flashinfer_hook
+
+    runner.req_to_token_pool.req_to_token = verify.req_to_token
+    runner.server_args.speculative_num_draft_tokens = verify.n
+    be = object.__new__(FlashInferAttnBackend)
+    be.__dict__.update(
+        token_to_kv_pool=pool, page_size=1, skip_prefill=False, num_wrappers=1,
+        dispatch_reason=None, use_sliding_window_kv_pool=False,
+        prefill_uses_dequant_workspace=False, enable_deterministic=False,
+        kv_cache_quant_method=SimpleNamespace(needs_global_scale=lambda: False),
+        forward_metadata=SimpleNamespace(prefill_wrappers=[None], use_ragged=False, swa_out_cache_loc=None),
+    )  # fmt: skip
+    be.__dict__.update(attrs)
+    be.tree_verify = flashinfer_hook(be, runner)
+    be.consumes_tree_mask_bits = be.tree_verify.consumes_tree_mask_bits
+    return be
+
+
 def qkv(verify: Verify, h, hkv, dqk, dv, dtype, mla, gen):
     t = verify.bs * verify.n
     d = verify.device

@@ -10,6 +10,7 @@ from _setup import (
     Pool,
     Verify,
     dense_reference,
+    flashinfer_backend,
     layer_for,
     model_runner,
     qkv,
@@ -186,28 +187,6 @@ def test_startup_check_matches_what_is_integrated():
         bs.check_tree_verify_backend("triton", bs.MHA, (7, 5))
 
 
-def _flashinfer_backend(runner, pool, verify, **attrs):
-    """The real (patched) FlashInferAttnBackend (MHA/GQA) with the attributes its
-    TARGET_VERIFY path reads, and the hook its patched __init__ installs."""
-    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
-    from sglang.srt.layers.attention.tree_verify_hook import flashinfer_hook
-
-    runner.req_to_token_pool.req_to_token = verify.req_to_token
-    runner.server_args.speculative_num_draft_tokens = verify.n
-    be = object.__new__(FlashInferAttnBackend)
-    be.__dict__.update(
-        token_to_kv_pool=pool, page_size=1, skip_prefill=False, num_wrappers=1,
-        dispatch_reason=None, use_sliding_window_kv_pool=False,
-        prefill_uses_dequant_workspace=False, enable_deterministic=False,
-        kv_cache_quant_method=SimpleNamespace(needs_global_scale=lambda: False),
-        forward_metadata=SimpleNamespace(prefill_wrappers=[None], use_ragged=False, swa_out_cache_loc=None),
-    )  # fmt: skip
-    be.__dict__.update(attrs)
-    be.tree_verify = flashinfer_hook(be, runner)
-    be.consumes_tree_mask_bits = be.tree_verify.consumes_tree_mask_bits
-    return be
-
-
 @pytest.mark.parametrize("h,hkv,d", [(4, 2, 64), (6, 1, 128)])
 def test_flashinfer_mha_ddtree_through_the_hook(h, hkv, d):
     """The patched forward_extend writes this step's K/V, then the hook serves the
@@ -217,7 +196,7 @@ def test_flashinfer_mha_ddtree_through_the_hook(h, hkv, d):
     gen = torch.Generator().manual_seed(23)
     verify = Verify([9, 0, 14], 7, "DDTREE", gen)
     pool = Pool(hkv, d, d, torch.float16, mla=False)
-    be = _flashinfer_backend(model_runner("DDTREE"), pool, verify)
+    be = flashinfer_backend(model_runner("DDTREE"), pool, verify)
     assert be.consumes_tree_mask_bits and be.tree_verify.kind == TREE
     # The worker then builds no dense mask for it, and the runtime check passes.
     assert resolve_dflash_verify_mask_policy(be) == ("FlashInferAttnBackend", False)
@@ -246,7 +225,7 @@ def test_flashinfer_mha_leaves_the_rest_to_upstream(algorithm, is_draft, attrs):
     gen = torch.Generator().manual_seed(1)
     verify = Verify([3], 4, algorithm, gen)
     runner = model_runner(algorithm, is_draft=is_draft)
-    be = _flashinfer_backend(runner, Pool(2, 64, 64, torch.float16, False), verify, **attrs)
+    be = flashinfer_backend(runner, Pool(2, 64, 64, torch.float16, False), verify, **attrs)
     assert be.tree_verify.kind is None and not be.consumes_tree_mask_bits
     if algorithm == "DDTREE" and not is_draft:
         check_runtime_tree_verify(be)  # FlashInfer applies the dense mask itself

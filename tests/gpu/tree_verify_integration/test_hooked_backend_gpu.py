@@ -1,6 +1,7 @@
 """GPU: the patched Triton backend's TARGET_VERIFY through the tree-verify hook
 against upstream's own extend path with the dense custom mask, at real shapes,
-eager and under CUDA-graph capture/replay.
+eager and under CUDA-graph capture/replay; the patched FlashInfer MHA backend's
+against dense attention.
 
 Run on the GPU host (patched sglang installed, see docs/GPU_HOST.md):
     python3 -m pytest -q tests/gpu/tree_verify_integration
@@ -16,7 +17,16 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "cpu", "tree_verify_integration"))
-from _setup import Pool, Verify, dense_reference, layer_for, model_runner, qkv, triton_backend  # noqa: E402
+from _setup import (  # noqa: E402
+    Pool,
+    Verify,
+    dense_reference,
+    flashinfer_backend,
+    layer_for,
+    model_runner,
+    qkv,
+    triton_backend,
+)
 
 from sglang.srt.layers.attention.tree_verify_hook import TREE  # noqa: E402
 from sglang.srt.layers.attention.tree_verify_hook import (  # noqa: E402
@@ -70,6 +80,28 @@ def test_ddtree_hook_matches_upstream_dense_mask(monkeypatch, dtype, shape, pref
     tol = 2e-2 if dtype == torch.bfloat16 else 4e-3
     torch.testing.assert_close(upstream.float(), ref, atol=tol, rtol=tol)
     torch.testing.assert_close(hooked.float(), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("prefix,n", [([16384], 65), ([1000, 0, 4097, 77], 17)])
+def test_flashinfer_mha_hook_matches_dense_attention(prefix, n):
+    """The patched FlashInferAttnBackend (GQA 32/8/128) serves a DDTREE verify
+    through the hook at real shapes: this step's K/V written by its
+    forward_extend, the tree read from the bits."""
+    pytest.importorskip("flashinfer")
+    dtype = torch.bfloat16
+    kind, h, hkv, dqk, dv = SHAPES["gqa"]
+    gen = torch.Generator().manual_seed(5)
+    verify = Verify(prefix, n, "DDTREE", gen, max_ctx=CTX, pool_size=POOL_SIZE, device="cuda")
+    pool = Pool(hkv, dqk, dv, dtype, mla=False, size=POOL_SIZE, device="cuda")
+    be = flashinfer_backend(model_runner("DDTREE", dtype=dtype, max_ctx=CTX, device="cuda"), pool, verify)
+    assert be.consumes_tree_mask_bits
+    layer = layer_for(kind, h, hkv, dqk, dv)
+    q, k, v = qkv(verify, h, hkv, dqk, dv, dtype, False, gen)
+    fb = verify.forward_batch()
+    be.tree_verify.prepare(fb)
+    o = be.forward_extend(q, k, v, layer, fb).view(-1, h, dv)
+    ref = dense_reference(verify, q.view(-1, h, dqk), pool, layer.scaling)
+    torch.testing.assert_close(o.float(), ref, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
