@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -497,30 +497,36 @@ def _kv_dtype_reason(model_runner: Any) -> Optional[str]:
     return None
 
 
-def triton_hook(backend: Any, model_runner: Any) -> TreeVerifyHook:
-    """Hook for ``TritonAttnBackend`` (MHA/GQA and absorbed MLA)."""
-    reasons = []
-    if getattr(backend, "skip_prefill", False):
-        reasons.append("prefill disabled on this backend")
-    if (getattr(backend, "sliding_window_size", None) or -1) > 0:
-        reasons.append("sliding-window model")
-    if getattr(backend, "dcp_size", 1) > 1:
-        reasons.append("decode context parallelism")
-    if getattr(backend, "enable_deterministic", False):
-        reasons.append("deterministic inference")
-    if getattr(backend, "_translate_kv_loc", None) is not None:
-        reasons.append("unified KV pool (translated slot ids)")
-    if (getattr(backend, "page_size", 1) or 1) != 1:
-        reasons.append("page_size > 1")
+def _hook_for(
+    backend: Any, model_runner: Any, checks: List[Tuple[bool, str]], **kw
+) -> TreeVerifyHook:
+    """A backend's hook, off when any of ``checks`` (condition, reason) or the
+    conditions every backend shares hold: no prefill, paged KV, a KV dtype the
+    kernels do not read."""
+    checks = [
+        (bool(getattr(backend, "skip_prefill", False)), "prefill disabled on this backend"),
+        ((getattr(backend, "page_size", 1) or 1) != 1, "page_size > 1"),
+        *checks,
+    ]
+    reasons = [reason for off, reason in checks if off]
     kv = _kv_dtype_reason(model_runner)
     if kv:
         reasons.append(kv)
     return TreeVerifyHook.for_backend(
-        backend,
-        model_runner,
-        serves_draft_block=True,
-        unsupported="; ".join(reasons) or None,
+        backend, model_runner, unsupported="; ".join(reasons) or None, **kw
     )
+
+
+def triton_hook(backend: Any, model_runner: Any) -> TreeVerifyHook:
+    """Hook for ``TritonAttnBackend`` (MHA/GQA and absorbed MLA)."""
+    checks = [
+        ((getattr(backend, "sliding_window_size", None) or -1) > 0, "sliding-window model"),
+        (getattr(backend, "dcp_size", 1) > 1, "decode context parallelism"),
+        (bool(getattr(backend, "enable_deterministic", False)), "deterministic inference"),
+        (getattr(backend, "_translate_kv_loc", None) is not None,
+         "unified KV pool (translated slot ids)"),
+    ]  # fmt: skip
+    return _hook_for(backend, model_runner, checks, serves_draft_block=True)
 
 
 def triton_layer_unsupported(
@@ -541,25 +547,15 @@ def flashinfer_mla_hook(backend: Any, model_runner: Any) -> TreeVerifyHook:
     """Hook for ``FlashInferMLAAttnBackend``: DDTREE only (its FA2 MLA kernel
     takes no custom mask, so without the hook a tree would run causally).
     DFLASH chains keep FlashInfer's own causal kernel."""
-    reasons = []
-    if getattr(backend, "skip_prefill", False):
-        reasons.append("prefill disabled on this backend")
-    if (getattr(backend, "page_size", 1) or 1) != 1:
-        reasons.append("page_size > 1")
     updater = getattr(backend, "indices_updater_prefill", None)
-    if getattr(updater, "_translate_kv_loc_dense", None) is not None:
-        reasons.append("unified KV pool (translated slot ids)")
-    kv = _kv_dtype_reason(model_runner)
-    if kv:
-        reasons.append(kv)
-    return TreeVerifyHook.for_backend(
-        backend,
-        model_runner,
-        serves_chain=False,
-        unsupported="; ".join(reasons) or None,
-        require_for_tree=True,
-        dense_mask_fallback=False,
-    )
+    checks = [
+        (getattr(updater, "_translate_kv_loc_dense", None) is not None,
+         "unified KV pool (translated slot ids)"),
+    ]  # fmt: skip
+    return _hook_for(
+        backend, model_runner, checks,
+        serves_chain=False, require_for_tree=True, dense_mask_fallback=False,
+    )  # fmt: skip
 
 
 def flashinfer_hook(backend: Any, model_runner: Any) -> TreeVerifyHook:
@@ -567,28 +563,15 @@ def flashinfer_hook(backend: Any, model_runner: Any) -> TreeVerifyHook:
     verify there plans FA2 with a dense per-request mask that the worker must
     build every step; the hook reads the tree bits instead. DFLASH chains and
     the drafter keep FlashInfer's own causal kernel."""
-    reasons = []
-    if getattr(backend, "skip_prefill", False):
-        reasons.append("prefill disabled on this backend")
-    if (getattr(backend, "page_size", 1) or 1) != 1:
-        reasons.append("page_size > 1")
-    if getattr(backend, "num_wrappers", 1) != 1:
-        reasons.append("sliding-window or cross-attention wrappers")
-    if getattr(backend, "use_sliding_window_kv_pool", False):
-        reasons.append("SWA KV pool (translated slot ids)")
-    if getattr(backend, "prefill_uses_dequant_workspace", False):
-        reasons.append("FP4 KV cache read through a dequant workspace")
-    if getattr(backend, "enable_deterministic", False):
-        reasons.append("deterministic inference")
-    kv = _kv_dtype_reason(model_runner)
-    if kv:
-        reasons.append(kv)
-    return TreeVerifyHook.for_backend(
-        backend,
-        model_runner,
-        serves_chain=False,
-        unsupported="; ".join(reasons) or None,
-    )
+    checks = [
+        (getattr(backend, "num_wrappers", 1) != 1, "sliding-window or cross-attention wrappers"),
+        (bool(getattr(backend, "use_sliding_window_kv_pool", False)),
+         "SWA KV pool (translated slot ids)"),
+        (bool(getattr(backend, "prefill_uses_dequant_workspace", False)),
+         "FP4 KV cache read through a dequant workspace"),
+        (bool(getattr(backend, "enable_deterministic", False)), "deterministic inference"),
+    ]  # fmt: skip
+    return _hook_for(backend, model_runner, checks, serves_chain=False)
 
 
 def flashinfer_run(
