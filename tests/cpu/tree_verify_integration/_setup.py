@@ -205,10 +205,8 @@ def triton_backend(runner, pool, verify: Verify, mla: bool):
 
     max_bs = 8
     dev = verify.device
-    runner.req_to_token_pool.req_to_token = verify.req_to_token
-    runner.server_args.speculative_num_draft_tokens = verify.n
-    be = object.__new__(TritonAttnBackend)
-    be.__dict__.update(
+    return hooked_backend(
+        TritonAttnBackend, triton_hook, runner, verify,
         device=dev,
         req_to_token=verify.req_to_token,
         token_to_kv_pool=pool,
@@ -230,10 +228,7 @@ def triton_backend(runner, pool, verify: Verify, mla: bool):
         use_mla=mla,
         extend_attention_fwd=extend_attention_fwd,
         _verify_mask=None,
-    )
-    be.tree_verify = triton_hook(be, runner)
-    be.consumes_tree_mask_bits = be.tree_verify.consumes_tree_mask_bits
-    return be
+    )  # fmt: skip
 
 
 def flashinfer_backend(runner, pool, verify, **attrs):
@@ -242,18 +237,36 @@ def flashinfer_backend(runner, pool, verify, **attrs):
     from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
     from sglang.srt.layers.attention.tree_verify_hook import flashinfer_hook
 
-    runner.req_to_token_pool.req_to_token = verify.req_to_token
-    runner.server_args.speculative_num_draft_tokens = verify.n
-    be = object.__new__(FlashInferAttnBackend)
-    be.__dict__.update(
+    state = dict(
         token_to_kv_pool=pool, page_size=1, skip_prefill=False, num_wrappers=1,
         dispatch_reason=None, use_sliding_window_kv_pool=False,
         prefill_uses_dequant_workspace=False, enable_deterministic=False,
         kv_cache_quant_method=SimpleNamespace(needs_global_scale=lambda: False),
         forward_metadata=SimpleNamespace(prefill_wrappers=[None], use_ragged=False, swa_out_cache_loc=None),
     )  # fmt: skip
-    be.__dict__.update(attrs)
-    be.tree_verify = flashinfer_hook(be, runner)
+    return hooked_backend(FlashInferAttnBackend, flashinfer_hook, runner, verify, **{**state, **attrs})
+
+
+def flashinfer_mla_backend(runner, pool, verify):
+    """The real (patched) FlashInferMLAAttnBackend, as ``flashinfer_backend``."""
+    from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAAttnBackend
+    from sglang.srt.layers.attention.tree_verify_hook import flashinfer_mla_hook
+
+    return hooked_backend(
+        FlashInferMLAAttnBackend, flashinfer_mla_hook, runner, verify,
+        token_to_kv_pool=pool, page_size=1, skip_prefill=False, enable_chunk_kv=False,
+        forward_metadata=SimpleNamespace(prefill_wrapper=None, use_ragged=False),
+    )  # fmt: skip
+
+
+def hooked_backend(cls, make_hook, runner, verify: Verify, **state):
+    """``cls`` without its __init__ (no GPU, no FlashInfer workspace): ``state``
+    as its attributes, then the hook its patched __init__ installs."""
+    runner.req_to_token_pool.req_to_token = verify.req_to_token
+    runner.server_args.speculative_num_draft_tokens = verify.n
+    be = object.__new__(cls)
+    be.__dict__.update(state)
+    be.tree_verify = make_hook(be, runner)
     be.consumes_tree_mask_bits = be.tree_verify.consumes_tree_mask_bits
     return be
 

@@ -1,7 +1,6 @@
 """CUDA-graph buffers of the hook (fixed addresses and launch shapes across
-replays), the patched FlashInfer MLA backend, and the verify-backend policy."""
-
-from types import SimpleNamespace
+replays), the patched FlashInfer MLA and MHA backends, and the verify-backend
+policy."""
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ from _setup import (
     Verify,
     dense_reference,
     flashinfer_backend,
+    flashinfer_mla_backend,
     layer_for,
     model_runner,
     qkv,
@@ -89,29 +89,13 @@ def test_graph_capture_without_a_tree_uses_the_static_kind():
     assert be.tree_verify.prepare(verify.forward_batch(spec_info=dummy)) is None
 
 
-def _flashinfer_mla_backend(runner, pool, verify):
-    from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAAttnBackend
-    from sglang.srt.layers.attention.tree_verify_hook import flashinfer_mla_hook
-
-    runner.req_to_token_pool.req_to_token = verify.req_to_token
-    runner.server_args.speculative_num_draft_tokens = verify.n
-    be = object.__new__(FlashInferMLAAttnBackend)
-    be.__dict__.update(
-        token_to_kv_pool=pool, page_size=1, skip_prefill=False, enable_chunk_kv=False,
-        forward_metadata=SimpleNamespace(prefill_wrapper=None, use_ragged=False),
-    )
-    be.tree_verify = flashinfer_mla_hook(be, runner)
-    be.consumes_tree_mask_bits = be.tree_verify.consumes_tree_mask_bits
-    return be
-
-
 @pytest.mark.parametrize("split_rope", [True, False])
 def test_flashinfer_mla_ddtree_through_the_hook(split_rope):
     gen = torch.Generator().manual_seed(21)
     h, dqk, dv = 4, 576, 512
     verify = Verify([9, 0, 14], 7, "DDTREE", gen)
     pool = Pool(1, dqk, dv, torch.float16, mla=True)
-    be = _flashinfer_mla_backend(model_runner("DDTREE"), pool, verify)
+    be = flashinfer_mla_backend(model_runner("DDTREE"), pool, verify)
     assert be.consumes_tree_mask_bits
     layer = layer_for("mla", h, 1, dqk, dv)
     fb = verify.forward_batch()
@@ -132,7 +116,7 @@ def test_flashinfer_mla_ddtree_through_the_hook(split_rope):
 def test_flashinfer_mla_keeps_dflash_chains_on_flashinfer():
     gen = torch.Generator().manual_seed(0)
     verify = Verify([3], 4, "DFLASH", gen)
-    be = _flashinfer_mla_backend(model_runner("DFLASH"), Pool(1, 576, 512, torch.float16, True), verify)
+    be = flashinfer_mla_backend(model_runner("DFLASH"), Pool(1, 576, 512, torch.float16, True), verify)
     assert be.tree_verify.kind is None
 
 
@@ -141,7 +125,7 @@ def test_flashinfer_mla_refuses_ddtree_without_the_hook(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     verify = Verify([3], 4, "DDTREE", gen)
     with pytest.raises(TreeVerifyUnavailable, match="triton"):
-        _flashinfer_mla_backend(model_runner("DDTREE"), Pool(1, 576, 512, torch.float16, True), verify)
+        flashinfer_mla_backend(model_runner("DDTREE"), Pool(1, 576, 512, torch.float16, True), verify)
 
 
 def test_mask_policy_and_runtime_check_on_patched_backends():
@@ -162,7 +146,7 @@ def test_mask_policy_and_runtime_check_on_patched_backends():
     assert backend_reads_tree_mask_bits(Hybrid())
     check_runtime_tree_verify(Hybrid())
 
-    fi = _flashinfer_mla_backend(
+    fi = flashinfer_mla_backend(
         model_runner("DDTREE"), Pool(1, 576, 512, torch.float16, True), verify
     )
     check_runtime_tree_verify(fi)
