@@ -243,6 +243,7 @@ def flashinfer_backend(runner, pool, verify, **attrs):
         prefill_uses_dequant_workspace=False, enable_deterministic=False,
         kv_cache_quant_method=SimpleNamespace(needs_global_scale=lambda: False),
         forward_metadata=SimpleNamespace(prefill_wrappers=[None], use_ragged=False, swa_out_cache_loc=None),
+        prefill_wrappers_verify=[None],
     )  # fmt: skip
     return hooked_backend(FlashInferAttnBackend, flashinfer_hook, runner, verify, **{**state, **attrs})
 

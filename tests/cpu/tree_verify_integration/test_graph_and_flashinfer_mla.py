@@ -2,6 +2,8 @@
 replays), the patched FlashInfer MLA and MHA backends, and the verify-backend
 policy."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -171,6 +173,10 @@ def test_startup_check_matches_what_is_integrated():
         bs.check_tree_verify_backend("triton", bs.MHA, (7, 5))
 
 
+def _must_not_plan(*args, **kwargs):
+    raise AssertionError("FlashInfer planned a verify the tree-verify hook serves")
+
+
 @pytest.mark.parametrize("h,hkv,d", [(4, 2, 64), (6, 1, 128)])
 def test_flashinfer_mha_ddtree_through_the_hook(h, hkv, d):
     """The patched forward_extend writes this step's K/V, then the hook serves the
@@ -187,7 +193,11 @@ def test_flashinfer_mha_ddtree_through_the_hook(h, hkv, d):
     check_runtime_tree_verify(be)
     layer = layer_for("mha", h, hkv, d, d, logit_cap=30.0)
     fb = verify.forward_batch()
-    be.tree_verify.prepare(fb)  # what the patched init_forward_metadata calls for verify
+    # The patched init_forward_metadata: the hook's metadata instead of FlashInfer's
+    # verify plan, whose host copies of the index pointers would sync every step.
+    be.indices_updater_prefill = SimpleNamespace(update=_must_not_plan)
+    be.init_forward_metadata(fb)
+    assert be.tree_verify.metadata is not None and not be.forward_metadata.use_ragged
     q, k, v = qkv(verify, h, hkv, d, d, torch.float16, False, gen)
     o = be.forward_extend(q, k, v, layer, fb)
     assert o.shape == (verify.bs * verify.n, h * d)
@@ -199,7 +209,8 @@ def test_flashinfer_mha_ddtree_through_the_hook(h, hkv, d):
     ("DFLASH", False, {}),  # chains keep FlashInfer's causal kernel
     ("DDTREE", True, {}),  # the drafter too
     ("DDTREE", False, {"num_wrappers": 2}),  # sliding window / cross attention
-    ("DDTREE", False, {"use_sliding_window_kv_pool": True}),
+    ("DDTREE", False, {"use_sliding_window_kv_pool": True,
+                       "_swa_kv_pool": SimpleNamespace(translate_loc_from_full_to_swa=lambda loc: loc)}),
     ("DDTREE", False, {"prefill_uses_dequant_workspace": True}),
     ("DDTREE", False, {"page_size": 16}),
 ])
@@ -213,3 +224,7 @@ def test_flashinfer_mha_leaves_the_rest_to_upstream(algorithm, is_draft, attrs):
     assert be.tree_verify.kind is None and not be.consumes_tree_mask_bits
     if algorithm == "DDTREE" and not is_draft:
         check_runtime_tree_verify(be)  # FlashInfer applies the dense mask itself
+    planned = []
+    be.indices_updater_prefill = SimpleNamespace(update=lambda *a, **kw: planned.append(kw))
+    be.init_forward_metadata(verify.forward_batch())
+    assert len(planned) == 1 and planned[0]["prefill_wrappers"] is be.prefill_wrappers_verify

@@ -98,7 +98,7 @@ def test_flashinfer_mha_hook_matches_dense_attention(prefix, n):
     layer = layer_for(kind, h, hkv, dqk, dv)
     q, k, v = qkv(verify, h, hkv, dqk, dv, dtype, False, gen)
     fb = verify.forward_batch()
-    be.tree_verify.prepare(fb)
+    be.init_forward_metadata(fb)  # the hook's metadata, no FlashInfer plan
     o = be.forward_extend(q, k, v, layer, fb).view(-1, h, dv)
     ref = dense_reference(verify, q.view(-1, h, dqk), pool, layer.scaling)
     torch.testing.assert_close(o.float(), ref, atol=2e-2, rtol=2e-2)
