@@ -1,21 +1,26 @@
-"""Tree-verify attention benchmark: every strategy over the DDTree MLA shapes.
+"""Tree-verify attention benchmark: every strategy over the DDTree verify shapes.
 
-For each shape (absorbed MLA: Dqk 576, Dv 512, one KV head) it times every
+For each shape (``--attn mla``: absorbed MLA, Dqk 576, Dv 512, one KV head;
+``--attn gqa``: 8 KV heads of 128, the Llama/Qwen3-8B layout) it times every
 strategy (median of ``triton.testing.do_bench``), and reports TFLOP/s, GB/s,
 the fraction of the roofline and the speedup over ``upstream_extend``. The
 roofline uses the bf16 matmul rate and the HBM copy bandwidth measured in the
 same run. ``fused`` runs with the current arch's configs and, as
 ``fused_sm120``, with the 12.x configs forced (what an RTX PRO 6000 would
-select). Writes JSON and a PNG plot to ``benchmarks/results/``.
+select). ``flashinfer_dense`` (GQA) is upstream's FlashInfer MHA verify: FA2
+over prefix + tree with the dense custom mask. Writes JSON and a PNG plot to
+``benchmarks/results/``.
 
-    python benchmarks/verify_attention.py               # full matrix
+    python benchmarks/verify_attention.py               # full MLA matrix
     python benchmarks/verify_attention.py --quick       # the issue's target shapes
-    python benchmarks/verify_attention.py --tune        # sweep tile configs / splits
+    python benchmarks/verify_attention.py --attn gqa    # GQA matrix, FlashInfer's path included
+    python benchmarks/verify_attention.py --tune        # sweep MLA tile configs / splits
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -41,7 +46,24 @@ from sglang.srt.layers.attention.tree_verify.prefix_split import (
 )
 from sglang.srt.layers.attention.tree_verify.reference import tree_verify_attention_ref
 
-DQK, DV = 576, 512
+@dataclasses.dataclass(frozen=True)
+class Heads:
+    """The KV layout of one attention family: ``shared_kv`` when V is the first
+    ``dv`` columns of K (absorbed MLA's latent cache)."""
+
+    name: str
+    hkv: int
+    dqk: int
+    dv: int
+    shared_kv: bool
+    query_heads: tuple  # H values of the full matrix
+
+
+MLA = Heads("mla", 1, 576, 512, True, (16, 128))
+GQA = Heads("gqa", 8, 128, 128, False, (32,))
+HEADS = {h.name: h for h in (MLA, GQA)}
+DQK, DV = MLA.dqk, MLA.dv
+DEVICE = "cuda"
 GRAPH = [True]  # time CUDA-graph replays (--no-graph: eager calls)
 TARGET_SHAPES = [  # (H, N, P, bs) the issue's targets
     (16, 65, 16384, 1),
@@ -49,17 +71,20 @@ TARGET_SHAPES = [  # (H, N, P, bs) the issue's targets
     (128, 65, 65536, 1),
     (16, 4, 65536, 1),
 ]
+GQA_QUICK_SHAPES = [(32, 65, 16384, 1), (32, 17, 65536, 1), (32, 65, 16384, 8)]
 
 
-def full_matrix():
+def full_matrix(heads=MLA):
     shapes = [
         (h, n, p, bs)
         for bs in (1, 8)
-        for h in (16, 128)
+        for h in heads.query_heads
         for n in (17, 65, 129)
         for p in (1024, 4096, 16384, 65536)
     ]
-    return shapes + [(16, 4, 65536, 1), (16, 4, 65536, 8)]
+    if heads is MLA:
+        shapes += [(16, 4, 65536, 1), (16, 4, 65536, 8)]
+    return shapes
 
 
 def measure_peaks():
@@ -78,26 +103,31 @@ def measure_peaks():
     return tflops, gbps
 
 
-def make_inputs(h, n, p, bs, dtype=torch.bfloat16, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
+def make_inputs(h, n, p, bs, dtype=torch.bfloat16, seed=0, heads=MLA):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
     pool = bs * (p + n) + 64
-    kv = torch.randn(pool, 1, DQK, device="cuda", dtype=dtype, generator=g)
-    perm = torch.randperm(pool, device="cuda", generator=g).to(torch.int32)
-    indptr = torch.arange(0, (bs + 1) * p, p, device="cuda", dtype=torch.int32)
+    k = torch.randn(pool, heads.hkv, heads.dqk, device=DEVICE, dtype=dtype, generator=g)
+    v = k[..., : heads.dv] if heads.shared_kv else torch.randn(
+        pool, heads.hkv, heads.dv, device=DEVICE, dtype=dtype, generator=g
+    )
+    perm = torch.randperm(pool, device=DEVICE, generator=g).to(torch.int32)
+    indptr = torch.arange(0, (bs + 1) * p, p, device=DEVICE, dtype=torch.int32)
     prefix_idx = perm[: bs * p].contiguous()
     tree_idx = perm[bs * p : bs * p + bs * n].view(bs, n).contiguous()
     cpu = torch.Generator().manual_seed(seed)
     parents = torch.full((bs, n), -1, dtype=torch.int64)
     for i in range(1, n):
         parents[:, i] = torch.randint(0, i, (bs,), generator=cpu)
-    mask = tree_mask_from_parents(parents).cuda()
-    q = torch.randn(bs * n, h, DQK, device="cuda", dtype=dtype, generator=g)
-    return (q, kv, kv[..., :DV], indptr, prefix_idx, tree_idx, mask, DQK**-0.5)
+    mask = tree_mask_from_parents(parents).to(DEVICE)
+    q = torch.randn(bs * n, h, heads.dqk, device=DEVICE, dtype=dtype, generator=g)
+    return (q, k, v, indptr, prefix_idx, tree_idx, mask, heads.dqk**-0.5)
 
 
-def flops_bytes(h, n, p, bs):
-    flops = 2 * bs * n * h * (p + n) * (DQK + DV)
-    nbytes = 2 * (bs * (p + n) * DQK + bs * n * h * (DQK + DV))
+def flops_bytes(h, n, p, bs, heads=MLA):
+    """Score and value products; the KV read once (V inside K for MLA) plus Q and O."""
+    flops = 2 * bs * n * h * (p + n) * (heads.dqk + heads.dv)
+    kv_width = heads.dqk + (0 if heads.shared_kv else heads.dv)
+    nbytes = 2 * (bs * (p + n) * heads.hkv * kv_width + bs * n * h * (heads.dqk + heads.dv))
     return flops, nbytes
 
 
@@ -122,10 +152,10 @@ def bench(fn, slow=False, graph=True):
     return triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median")
 
 
-def run_strategy(name, inputs, config_arch=None):
+def run_strategy(name, inputs, config_arch=None, heads=MLA):
     args = inputs
     if name.startswith("fused"):
-        cfg = select_config(config_arch, DQK, DV)
+        cfg = select_config(config_arch, heads.dqk, heads.dv, heads.shared_kv)
         return lambda: tree_verify_fused(*args, None, 0.0, cfg), cfg
     if name == "upstream_extend":
         # The dense mask is built ahead, as upstream's backend does before the
@@ -145,10 +175,44 @@ def run_strategy(name, inputs, config_arch=None):
             tree_verify_flashinfer_split,
         )
 
-        cfg = select_config(config_arch, DQK, DV)
+        cfg = select_config(config_arch, heads.dqk, heads.dv, heads.shared_kv)
         planned = FlashInferPrefixPass(*args[:5], args[5].shape[1], args[7])
         return lambda: tree_verify_flashinfer_split(*args, None, 0.0, cfg, prefix_pass=planned), None
+    if name == "flashinfer_dense":
+        return flashinfer_dense_mask(args, heads), None
     return lambda: tree_verify_attention(*args, strategy=name), None
+
+
+def flashinfer_dense_mask(inputs, heads):
+    """Upstream's FlashInfer MHA verify (``FlashInferAttnBackend`` TARGET_VERIFY):
+    FA2 paged prefill over each request's prefix + tree slots with the dense
+    ``N x (P + N)`` custom mask, planned ahead as its ``init_forward_metadata`` does."""
+    if heads.shared_kv:
+        raise StrategyUnavailable("flashinfer_dense: FlashInfer's MLA kernel takes no custom mask")
+    try:
+        import flashinfer
+    except ImportError as e:
+        raise StrategyUnavailable(f"flashinfer_dense needs flashinfer: {e}") from e
+    from sglang.srt.layers.attention.tree_verify.upstream_extend import dense_custom_mask
+
+    q, k, v, indptr, prefix_idx, tree_idx, mask, scale = inputs
+    bs, n = tree_idx.shape
+    starts = indptr.tolist()
+    kv_indices = torch.cat(
+        [torch.cat([prefix_idx[starts[b] : starts[b + 1]], tree_idx[b]]) for b in range(bs)]
+    )
+    kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=q.device)
+    kv_indptr[1:] = torch.cumsum(indptr[1:] - indptr[:-1] + n, 0)
+    qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=q.device)
+    workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=q.device)
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+    wrapper.plan(
+        qo_indptr, kv_indptr, kv_indices, torch.ones(bs, dtype=torch.int32, device=q.device),
+        q.shape[1], heads.hkv, heads.dqk, 1, custom_mask=dense_custom_mask(indptr, mask, n),
+        sm_scale=scale, q_data_type=q.dtype, kv_data_type=k.dtype,
+    )  # fmt: skip
+    paged = (k.unsqueeze(1), v.unsqueeze(1))  # page_size 1: [slots, 1, Hkv, D]
+    return lambda: wrapper.run(q, paged)
 
 
 def check(out, inputs, h, n, p, bs):
@@ -162,19 +226,19 @@ def check(out, inputs, h, n, p, bs):
     return (out[:n].float() - ref).abs().max().item()
 
 
-def run_matrix(shapes, strategies, peaks, arch, verbose=True):
+def run_matrix(shapes, strategies, peaks, arch, verbose=True, heads=MLA, dtype=torch.bfloat16):
     rows = []
     peak_tflops, peak_gbps = peaks
     for h, n, p, bs in shapes:
-        inputs = make_inputs(h, n, p, bs)
-        flops, nbytes = flops_bytes(h, n, p, bs)
+        inputs = make_inputs(h, n, p, bs, dtype=dtype, heads=heads)
+        flops, nbytes = flops_bytes(h, n, p, bs, heads)
         floor_ms = max(flops / peak_tflops / 1e9, nbytes / peak_gbps / 1e6)
         base_ms = None
         for name in strategies:
             rec = dict(H=h, N=n, P=p, bs=bs, strategy=name)
             try:
                 cfg_arch = (12, 0) if name == "fused_sm120" else arch
-                fn, cfg = run_strategy(name, inputs, cfg_arch)
+                fn, cfg = run_strategy(name, inputs, cfg_arch, heads)
                 if cfg is not None:
                     rec["config"] = cfg.__dict__
                     rec["num_splits"] = num_splits_for(inputs[0], inputs[1], inputs[2], inputs[4], bs, n, cfg)
@@ -185,11 +249,12 @@ def run_matrix(shapes, strategies, peaks, arch, verbose=True):
                 rec["unavailable"] = str(e)
                 rows.append(rec)
                 continue
-            except RuntimeError as e:  # one strategy failing must not lose the rest of the matrix
+            except Exception as e:  # one strategy failing must not lose the rest of the matrix
                 rec["error"] = f"{type(e).__name__}: {e}"[:500]
                 rows.append(rec)
                 print(json.dumps(rec), flush=True)
-                torch.cuda.synchronize()
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
                 continue
             rec.update(
                 ms=round(ms, 4),
@@ -205,7 +270,8 @@ def run_matrix(shapes, strategies, peaks, arch, verbose=True):
             if verbose:
                 print(json.dumps(rec), flush=True)
         del inputs
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return rows
 
 
@@ -266,7 +332,7 @@ def tune(peaks, configs=TUNE_CONFIGS, shapes=None, split_factors=(1,)):
     return rows
 
 
-def plot(rows, path):
+def plot(rows, path, heads=MLA):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -290,7 +356,8 @@ def plot(rows, path):
         ax.set_xticks([j + 0.4 for j in range(len(labels))])
         ax.set_xticklabels(labels, rotation=90, fontsize=7)
         ax.set_ylabel("ms (median, log)")
-        ax.set_title(f"tree-verify attention, MLA 576/512, batch {bs}")
+        ax.set_title(f"tree-verify attention, {heads.name.upper()} {heads.dqk}/{heads.dv} "
+                     f"({heads.hkv} KV head{'s' if heads.hkv > 1 else ''}), batch {bs}")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -300,13 +367,21 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="only the issue's target shapes")
     ap.add_argument("--tune", action="store_true", help="sweep tile configs and splits")
-    ap.add_argument("--strategies", default="upstream_extend,fused,fused_sm120,flashinfer_split")
+    ap.add_argument("--attn", choices=list(HEADS), default="mla", help="KV layout of the shapes")
+    ap.add_argument("--strategies", default=None,
+                    help="comma list (default: upstream_extend,fused,fused_sm120,flashinfer_split"
+                         " [,flashinfer_dense for gqa])")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--tag", default="")
     ap.add_argument("--no-graph", action="store_true", help="time eager calls, not graph replays")
     ap.add_argument("--shapes", default="", help="H:N:P:bs,... instead of the matrix")
     ap.add_argument("--split-factors", default="1", help="--tune: split counts as factors of the model's")
     args = ap.parse_args()
+    heads = HEADS[args.attn]
+    if args.tune and heads is not MLA:
+        ap.error("--tune sweeps the MLA tile configurations only")
+    strategies = args.strategies or "upstream_extend,fused,fused_sm120,flashinfer_split" + (
+        "" if heads is MLA else ",flashinfer_dense")
 
     from sglang.srt.utils.gpu_arch import device_capability, kernel_arch
 
@@ -324,9 +399,10 @@ def main():
         peak_bf16_tflops=round(peaks[0], 1),
         hbm_copy_gbps=round(peaks[1], 1),
         timing="cuda_graph_replay" if GRAPH[0] else "eager",
+        attn=dataclasses.asdict(heads),
     )
     print(json.dumps(meta), flush=True)
-    stem = "verify_attention" + (f"_{args.tag}" if args.tag else "")
+    stem = "verify_attention" + ("" if heads is MLA else f"_{heads.name}") + (f"_{args.tag}" if args.tag else "")
     if args.tune:
         shapes = None
         if args.shapes:
@@ -343,13 +419,14 @@ def main():
         with open(os.path.join(args.out, stem + "_tune.json"), "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         return
-    shapes = TARGET_SHAPES if args.quick else full_matrix()
+    quick = TARGET_SHAPES if heads is MLA else GQA_QUICK_SHAPES
+    shapes = quick if args.quick else full_matrix(heads)
     if args.shapes:
         shapes = [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
-    rows = run_matrix(shapes, args.strategies.split(","), peaks, kernel_arch())
+    rows = run_matrix(shapes, strategies.split(","), peaks, kernel_arch(), heads=heads)
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    plot(rows, os.path.join(args.out, stem + ".png"))
+    plot(rows, os.path.join(args.out, stem + ".png"), heads)
     print_table(rows)
 
 

@@ -1,0 +1,59 @@
+"""benchmarks/verify_attention.py on the CPU (Triton interpreter): the inputs,
+the arithmetic of the roofline, and that every strategy row of the matrix is
+produced and checked against the fp32 reference, for the MLA and GQA layouts.
+The timer is the one GPU-only piece; it is replaced by a constant here, and no
+assertion reads a time."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import verify_attention as va  # noqa: E402
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    monkeypatch.setattr(va, "DEVICE", "cpu")
+    monkeypatch.setattr(va, "bench", lambda fn, slow=False, graph=True: 1.0)
+
+
+def test_mla_arithmetic_and_matrix_are_unchanged():
+    h, n, p, bs = 16, 65, 16384, 1
+    flops, nbytes = va.flops_bytes(h, n, p, bs)
+    assert flops == 2 * bs * n * h * (p + n) * (576 + 512)
+    assert nbytes == 2 * (bs * (p + n) * 576 + bs * n * h * (576 + 512))  # V inside the latent K
+    assert len(va.full_matrix()) == 50 and (16, 4, 65536, 8) in va.full_matrix()
+
+
+def test_gqa_arithmetic_reads_k_and_v():
+    flops, nbytes = va.flops_bytes(32, 17, 4096, 8, va.GQA)
+    assert flops == 2 * 8 * 17 * 32 * (4096 + 17) * 256
+    assert nbytes == 2 * (8 * (4096 + 17) * 8 * 256 + 8 * 17 * 32 * 256)
+    shapes = va.full_matrix(va.GQA)
+    assert len(shapes) == 24 and {s[0] for s in shapes} == {32}
+
+
+@pytest.mark.parametrize("heads,h", [(va.GQA, 16), (va.MLA, 2)])
+def test_matrix_rows_on_the_interpreter(on_cpu, heads, h):
+    q, k, v, indptr, *_ = va.make_inputs(h, 5, 40, 2, dtype=torch.float32, heads=heads)
+    assert k.shape[1:] == (heads.hkv, heads.dqk) and v.shape[1:] == (heads.hkv, heads.dv)
+    assert (v.data_ptr() == k.data_ptr()) == heads.shared_kv
+    # fp16: the Triton interpreter mishandles bf16 tiles (the GPU runs bf16).
+    rows = va.run_matrix([(h, 5, 40, 2)], ["reference", "fused", "fused_sm120", "flashinfer_dense"],
+                         (100.0, 1000.0), (9, 0), verbose=False, heads=heads, dtype=torch.float16)  # fmt: skip
+    by = {r["strategy"]: r for r in rows}
+    assert set(by) == {"reference", "fused", "fused_sm120", "flashinfer_dense"}
+    flops, nbytes = va.flops_bytes(h, 5, 40, 2, heads)
+    for name in ("reference", "fused", "fused_sm120"):
+        assert by[name]["max_err"] < 5e-3, by[name]  # fp16 inputs against the fp32 reference
+        assert by[name]["gbps"] == round(nbytes / 1.0 / 1e6, 1)  # the constant 1 ms timer
+    assert by["fused"]["config"] == va.select_config((9, 0), heads.dqk, heads.dv, heads.shared_kv).__dict__
+    # FlashInfer's dense-mask path: not for MLA; on a CPU it cannot run, and says so in the row.
+    assert "ms" not in by["flashinfer_dense"]
+    assert ("unavailable" in by["flashinfer_dense"]) or ("error" in by["flashinfer_dense"])
+    if heads.shared_kv:
+        assert "no custom mask" in by["flashinfer_dense"]["unavailable"]
