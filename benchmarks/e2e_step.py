@@ -115,6 +115,11 @@ def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int]) -> l
         "--cuda-graph-bs-decode", *[str(b) for b in sorted(set(batches))],
         "--mem-fraction-static", "0.8",
         "--chunked-prefill-size", "16384",
+        # Upstream's DFlash admission batching (on for DFLASH and DDTREE) holds a
+        # new prefill until two request slots are free: with batch == max running
+        # requests the last request would wait for the others to finish, and the
+        # batch would never decode together (what batch 8 at 16K hit).
+        "--min-free-slots-delay", "1",
     ] + CONFIGS[spec.config]
     if spec.config != "nospec":
         args += ["--speculative-draft-model-path", drafter]
