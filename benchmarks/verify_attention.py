@@ -15,6 +15,7 @@ over prefix + tree with the dense custom mask. Writes JSON and a PNG plot to
     python benchmarks/verify_attention.py --quick       # the issue's target shapes
     python benchmarks/verify_attention.py --attn gqa    # GQA matrix, FlashInfer's path included
     python benchmarks/verify_attention.py --tune        # sweep MLA tile configs / splits
+    python benchmarks/verify_attention.py --from-log run.log --tag T   # JSON + PNG from stdout
 """
 
 from __future__ import annotations
@@ -363,6 +364,34 @@ def plot(rows, path, heads=MLA):
     fig.savefig(path, dpi=120)
 
 
+def rows_from_log(lines):
+    """The run's metadata and rows from its stdout (one JSON object per line):
+    a device run whose result files did not come back still has its numbers."""
+    objs = []
+    for line in lines:
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                objs.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by a timeout
+    metas = [o for o in objs if "peak_bf16_tflops" in o]
+    if len(metas) != 1:
+        raise ValueError(f"expected one metadata line in the log, found {len(metas)}")
+    return metas[0], [o for o in objs if "strategy" in o]
+
+
+def result_stem(heads, tag):
+    return "verify_attention" + ("" if heads is MLA else f"_{heads.name}") + (f"_{tag}" if tag else "")
+
+
+def write_results(meta, rows, out_dir, tag, heads):
+    stem = result_stem(heads, tag)
+    with open(os.path.join(out_dir, stem + ".json"), "w") as f:
+        json.dump(dict(meta=meta, rows=rows), f, indent=1)
+    plot(rows, os.path.join(out_dir, stem + ".png"), heads)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="only the issue's target shapes")
@@ -376,7 +405,16 @@ def main():
     ap.add_argument("--no-graph", action="store_true", help="time eager calls, not graph replays")
     ap.add_argument("--shapes", default="", help="H:N:P:bs,... instead of the matrix")
     ap.add_argument("--split-factors", default="1", help="--tune: split counts as factors of the model's")
+    ap.add_argument("--from-log", default=None, help="rebuild JSON + PNG from a run's stdout, measure nothing")
     args = ap.parse_args()
+    if args.from_log:
+        with open(args.from_log) as f:
+            meta, rows = rows_from_log(f)
+        meta["rebuilt_from_stdout"] = os.path.basename(args.from_log)
+        os.makedirs(args.out, exist_ok=True)
+        write_results(meta, rows, args.out, args.tag, HEADS[meta["attn"]["name"]])
+        print_table(rows)
+        return
     heads = HEADS[args.attn]
     if args.tune and heads is not MLA:
         ap.error("--tune sweeps the MLA tile configurations only")
@@ -402,7 +440,7 @@ def main():
         attn=dataclasses.asdict(heads),
     )
     print(json.dumps(meta), flush=True)
-    stem = "verify_attention" + ("" if heads is MLA else f"_{heads.name}") + (f"_{args.tag}" if args.tag else "")
+    stem = result_stem(heads, args.tag)
     if args.tune:
         shapes = None
         if args.shapes:
@@ -424,9 +462,7 @@ def main():
     if args.shapes:
         shapes = [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
     rows = run_matrix(shapes, strategies.split(","), peaks, kernel_arch(), heads=heads)
-    with open(os.path.join(args.out, stem + ".json"), "w") as f:
-        json.dump(dict(meta=meta, rows=rows), f, indent=1)
-    plot(rows, os.path.join(args.out, stem + ".png"), heads)
+    write_results(meta, rows, args.out, args.tag, heads)
     print_table(rows)
 
 

@@ -57,3 +57,22 @@ def test_matrix_rows_on_the_interpreter(on_cpu, heads, h):
     assert ("unavailable" in by["flashinfer_dense"]) or ("error" in by["flashinfer_dense"])
     if heads.shared_kv:
         assert "no custom mask" in by["flashinfer_dense"]["unavailable"]
+
+
+def test_results_rebuilt_from_the_runs_stdout(on_cpu, capsys, tmp_path):
+    """--from-log: the rows printed during a run become the same JSON and a plot."""
+    import json
+
+    meta = {"peak_bf16_tflops": 100.0, "hbm_copy_gbps": 1000.0, "attn": {"name": "gqa"}}
+    print(json.dumps(meta))
+    rows = va.run_matrix([(16, 5, 40, 2)], ["reference", "fused"], (100.0, 1000.0), (9, 0),
+                         heads=va.GQA, dtype=torch.float16)  # fmt: skip
+    log = capsys.readouterr().out.splitlines()
+    log.append('{"H": 16, "N": 5, "P": 4')  # the last line of a run cut by its timeout
+    got_meta, got_rows = va.rows_from_log(log)
+    assert got_meta == meta and got_rows == json.loads(json.dumps(rows))
+    va.write_results(got_meta, got_rows, str(tmp_path), "t", va.GQA)
+    saved = json.loads((tmp_path / "verify_attention_gqa_t.json").read_text())
+    assert saved["rows"] == got_rows and (tmp_path / "verify_attention_gqa_t.png").stat().st_size > 0
+    with pytest.raises(ValueError, match="one metadata line"):
+        va.rows_from_log(log[1:])
