@@ -34,8 +34,6 @@ logger = logging.getLogger(__name__)
 # contexts, where a verify token costs less (docs/ddtree.md).
 DEFAULT_BUDGET = 16
 
-#: Lets DDTREE start with --tp-size > 1 before a multi-GPU run has validated it.
-EXPERIMENTAL_TP_ENV = "SGLANG_DDTREE_EXPERIMENTAL_TP"
 MIN_BUDGET = 1
 MAX_BUDGET = 256
 
@@ -128,13 +126,6 @@ def _check_supported_combination(server_args: ServerArgs) -> None:
         raise ValueError(
             "DDTREE requires --page-size 1: the accepted tree nodes' KV is kept by "
             f"remapping token slots, which needs one token per page (got page_size={view.page_size})."
-        )
-    if view.tp_size != 1 and os.environ.get(EXPERIMENTAL_TP_ENV) != "1":
-        raise ValueError(
-            f"DDTREE with --tp-size {view.tp_size} has not run on a multi-GPU host yet "
-            "(the vocabulary-sharded top-K and the rank-0 sampling outcome are tested "
-            f"on CPU only). Use --tp-size 1, DFLASH, or set {EXPERIMENTAL_TP_ENV}=1 to "
-            "try it."
         )
     if server_args.speculative_adaptive:
         raise ValueError("DDTREE does not support --speculative-adaptive.")
