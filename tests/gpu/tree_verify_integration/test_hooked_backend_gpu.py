@@ -1,7 +1,7 @@
 """GPU: the patched Triton backend's TARGET_VERIFY through the tree-verify hook
 against upstream's own extend path with the dense custom mask, at real shapes,
-eager and under CUDA-graph capture/replay; the patched FlashInfer MHA backend's
-against dense attention.
+eager and under CUDA-graph capture/replay; the patched FlashInfer MHA and MLA
+backends' against dense attention.
 
 Run on the GPU host (patched sglang installed, see docs/GPU_HOST.md):
     python3 -m pytest -q tests/gpu/tree_verify_integration
@@ -22,6 +22,7 @@ from _setup import (  # noqa: E402
     Verify,
     dense_reference,
     flashinfer_backend,
+    flashinfer_mla_backend,
     layer_for,
     model_runner,
     qkv,
@@ -102,6 +103,35 @@ def test_flashinfer_mha_hook_matches_dense_attention(prefix, n):
     o = be.forward_extend(q, k, v, layer, fb).view(-1, h, dv)
     ref = dense_reference(verify, q.view(-1, h, dqk), pool, layer.scaling)
     torch.testing.assert_close(o.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("split_rope", [True, False])
+@pytest.mark.parametrize("prefix,n", [([16384], 65), ([1000, 0, 4097, 77], 17)])
+def test_flashinfer_mla_hook_matches_dense_attention(prefix, n, split_rope):
+    """The patched FlashInferMLAAttnBackend (absorbed MLA, 16 heads) serves a
+    DDTREE verify through the hook at real shapes, with q/k given whole or as
+    latent + rope parts (how DeepSeek's attention calls it)."""
+    dtype = torch.bfloat16
+    kind, h, hkv, dqk, dv = SHAPES["mla16"]
+    gen = torch.Generator().manual_seed(6)
+    verify = Verify(prefix, n, "DDTREE", gen, max_ctx=CTX, pool_size=POOL_SIZE, device="cuda")
+    pool = Pool(hkv, dqk, dv, dtype, mla=True, size=POOL_SIZE, device="cuda")
+    be = flashinfer_mla_backend(model_runner("DDTREE", dtype=dtype, max_ctx=CTX, device="cuda"), pool, verify)
+    assert be.consumes_tree_mask_bits
+    layer = layer_for(kind, h, hkv, dqk, dv)
+    q, k, _ = qkv(verify, h, hkv, dqk, dv, dtype, True, gen)
+    fb = verify.forward_batch()
+    be.tree_verify.prepare(fb)  # what the patched init_forward_metadata calls last
+    if split_rope:
+        qv = q.view(-1, h, dqk)
+        o = be.forward_extend(
+            qv[..., :dv].contiguous(), k[..., :dv].contiguous(), k[..., :dv], layer, fb,
+            q_rope=qv[..., dv:].contiguous(), k_rope=k[..., dv:].contiguous(),
+        )  # fmt: skip
+    else:
+        o = be.forward_extend(q, k, k[..., :dv], layer, fb)
+    ref = dense_reference(verify, q.view(-1, h, dqk), pool, layer.scaling)
+    torch.testing.assert_close(o.view(-1, h, dv).float(), ref, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
