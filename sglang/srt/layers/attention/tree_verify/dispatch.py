@@ -1,9 +1,11 @@
 """One entry point over the tree-verify strategies.
 
 ``fused`` (the prefix-split Triton kernels in this package) is the default on
-every arch: measured on an H200 it beats the other paths at every benchmark
-shape (docs/tree-verify.md). The others stay selectable for measurement and
-as fallbacks: ``upstream_extend`` (upstream's Triton extend kernel with a
+every arch: it needs no host work per step, so it replays in CUDA graphs under
+the overlap scheduler. On an H200, ``flashinfer_split`` is faster at most
+MLA shapes but plans on the host from the prefix lengths every step
+(docs/tree-verify.md, "Strategy choice"). The others stay selectable for
+measurement and as fallbacks: ``upstream_extend`` (upstream's Triton extend kernel with a
 dense mask), ``flashinfer_split`` (FlashInfer prefix pass + our tail + LSE
 merge), ``reference`` (plain torch, fp32). A strategy that cannot run here
 raises :class:`StrategyUnavailable` saying why.
@@ -99,8 +101,9 @@ FP8_KV_STRATEGIES = ("fused", "reference")
 
 
 def default_strategy(arch, dqk: int, dv: int) -> str:
-    """Per-arch/shape choice. ``fused`` won every measured shape on sm_90 and
-    is the only fast path with a tree mask on sm_12x (see docs/tree-verify.md)."""
+    """Per-arch/shape choice: ``fused`` everywhere. It is the only fast path with
+    a tree mask on sm_12x; on sm_90 FlashInfer's prefix pass is faster at long
+    prefixes, but its host-side plan would sync every overlapped step."""
     return "fused"
 
 
