@@ -272,6 +272,18 @@ def hooked_backend(cls, make_hook, runner, verify: Verify, **state):
     return be
 
 
+def mla_forward_extend(be, q, k, layer, fb, h, dv, split_rope):
+    """An absorbed-MLA forward_extend, with q/k whole or as latent + rope parts
+    (how DeepSeek's attention calls a FlashInfer MLA backend)."""
+    if not split_rope:
+        return be.forward_extend(q, k, k[..., :dv], layer, fb)
+    qv = q.view(q.shape[0], h, -1)
+    return be.forward_extend(
+        qv[..., :dv].contiguous(), k[..., :dv].contiguous(), k[..., :dv], layer, fb,
+        q_rope=qv[..., dv:].contiguous(), k_rope=k[..., dv:].contiguous(),
+    )  # fmt: skip
+
+
 def qkv(verify: Verify, h, hkv, dqk, dv, dtype, mla, gen):
     t = verify.bs * verify.n
     d = verify.device

@@ -14,6 +14,7 @@ from _setup import (
     flashinfer_backend,
     flashinfer_mla_backend,
     layer_for,
+    mla_forward_extend,
     model_runner,
     qkv,
     triton_backend,
@@ -103,14 +104,7 @@ def test_flashinfer_mla_ddtree_through_the_hook(split_rope):
     fb = verify.forward_batch()
     be.tree_verify.prepare(fb)  # what the patched init_forward_metadata calls last
     q, k, _ = qkv(verify, h, 1, dqk, dv, torch.float16, True, gen)
-    if split_rope:
-        qv = q.view(-1, h, dqk)
-        o = be.forward_extend(
-            qv[..., :dv].contiguous(), k[..., :dv].contiguous(), k[..., :dv], layer, fb,
-            q_rope=qv[..., dv:].contiguous(), k_rope=k[..., dv:].contiguous(),
-        )  # fmt: skip
-    else:
-        o = be.forward_extend(q, k, k[..., :dv], layer, fb)
+    o = mla_forward_extend(be, q, k, layer, fb, h, dv, split_rope)
     ref = dense_reference(verify, q.view(-1, h, dqk), pool, layer.scaling)
     torch.testing.assert_close(o.view(-1, h, dv).float(), ref, atol=2e-3, rtol=2e-3)
 

@@ -24,6 +24,7 @@ from _setup import (  # noqa: E402
     flashinfer_backend,
     flashinfer_mla_backend,
     layer_for,
+    mla_forward_extend,
     model_runner,
     qkv,
     triton_backend,
@@ -122,14 +123,7 @@ def test_flashinfer_mla_hook_matches_dense_attention(prefix, n, split_rope):
     q, k, _ = qkv(verify, h, hkv, dqk, dv, dtype, True, gen)
     fb = verify.forward_batch()
     be.tree_verify.prepare(fb)  # what the patched init_forward_metadata calls last
-    if split_rope:
-        qv = q.view(-1, h, dqk)
-        o = be.forward_extend(
-            qv[..., :dv].contiguous(), k[..., :dv].contiguous(), k[..., :dv], layer, fb,
-            q_rope=qv[..., dv:].contiguous(), k_rope=k[..., dv:].contiguous(),
-        )  # fmt: skip
-    else:
-        o = be.forward_extend(q, k, k[..., :dv], layer, fb)
+    o = mla_forward_extend(be, q, k, layer, fb, h, dv, split_rope)
     ref = dense_reference(verify, q.view(-1, h, dqk), pool, layer.scaling)
     torch.testing.assert_close(o.view(-1, h, dv).float(), ref, atol=2e-2, rtol=2e-2)
 
