@@ -79,14 +79,15 @@ def test_every_request_of_a_batch_is_admitted_at_once(upstream_parser):
     """With the pinned scheduler's DFlash-family default, 7 of 8 requests ran and the
     8th waited for two free slots; the benchmark turns that batching off."""
     from sglang.srt.managers.min_free_slots_delayer import resolve_min_free_slots
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    for text in ("dflash", "ddtree64"):
-        spec = es.parse_spec(text)
-        assert resolve_min_free_slots(None, 8, is_dflash_family=True) == 2  # what bit us
-        ns = upstream_parser.parse_args(["--model-path", "/m", *es.server_args(spec, "/d", 16384, [8])])
+    for text, algo in (("dflash", "DFLASH"), ("ddtree64", "DDTREE")):
+        family = SpeculativeAlgorithm.from_string(algo).is_dflash_family()
+        assert resolve_min_free_slots(None, 8, is_dflash_family=family) == 2  # what bit us
+        ns = upstream_parser.parse_args(["--model-path", "/m", *es.server_args(es.parse_spec(text), "/d", 16384, [8])])
         assert ns.max_running_requests == 8
         assert resolve_min_free_slots(ns.min_free_slots_delay, ns.max_running_requests,
-                                      is_dflash_family=True) is None
+                                      is_dflash_family=family) is None
 
 
 def test_server_env_sets_strategy_only_off_the_default(tmp_path):
