@@ -54,13 +54,38 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import e2e_profile  # noqa: E402
 
+#: Named configurations; ``ddtree<B>`` (any budget the server takes, e.g. ddtree63) is
+#: parsed by config_args.
 CONFIGS = {
     "nospec": [],
     "dflash": ["--speculative-algorithm", "DFLASH"],
-    "ddtree16": ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "16"],
-    "ddtree64": ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "64"],
-    "ddtree128": ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "128"],
 }
+DDTREE_CONFIG = re.compile(r"ddtree([0-9]+)")
+DDTREE_BUDGETS = range(1, 257)  # --speculative-ddtree-budget's range (speculative/ddtree/flags.py)
+
+
+def config_args(config: str) -> list[str]:
+    """Server flags of a configuration name; ValueError for names the server would refuse."""
+    if config in CONFIGS:
+        return list(CONFIGS[config])
+    m = DDTREE_CONFIG.fullmatch(config)
+    if m and int(m.group(1)) in DDTREE_BUDGETS and not m.group(1).startswith("0"):
+        return ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", m.group(1)]
+    raise ValueError(f"unknown configuration {config!r}; choose from {list(CONFIGS)} or ddtree<B> with "
+                     f"B in {DDTREE_BUDGETS.start}..{DDTREE_BUDGETS.stop - 1} (e.g. ddtree16, ddtree64)")
+
+
+def ddtree_budget(config: str) -> Optional[int]:
+    m = DDTREE_CONFIG.fullmatch(config)
+    return int(m.group(1)) if m else None
+
+
+def config_order(config: str) -> tuple:
+    """Table order: nospec, dflash, then DDTREE by budget."""
+    b = ddtree_budget(config)
+    return (len(CONFIGS), b) if b is not None else (list(CONFIGS).index(config), 0)
+
+
 BACKENDS = ("triton", "flashinfer")
 #: SGLANG_DDTREE_VERIFY_STRATEGY values (tree_verify/dispatch.py STRATEGIES); "fused" is
 #: the dispatcher's default, so it runs with the variable unset.
@@ -90,8 +115,10 @@ def parse_spec(text: str, verify: str = "fused", backend: str = "triton") -> Spe
     if not m:
         raise ValueError(f"bad configuration {text!r}: expected CONFIG[@VERIFY][:BACKEND], e.g. ddtree64@upstream_extend")
     config, v, b = m.group(1), m.group(2) or verify, m.group(3) or backend
-    if config not in CONFIGS:
-        raise ValueError(f"unknown configuration {config!r} in {text!r}; choose from {list(CONFIGS)}")
+    try:
+        config_args(config)
+    except ValueError as e:
+        raise ValueError(f"{e} (in {text!r})") from None
     if v not in VERIFY_PATHS:
         raise ValueError(f"unknown verify path {v!r} in {text!r}; choose from {list(VERIFY_PATHS)}")
     if b not in BACKENDS:
@@ -101,6 +128,11 @@ def parse_spec(text: str, verify: str = "fused", backend: str = "triton") -> Spe
             raise ValueError(f"{text!r}: no speculation has no verify path")
         v = "-"
     return Spec(config, v, b)
+
+
+def prefill_chunk(max_ctx: int) -> int:
+    """Chunked-prefill size that takes the longest prompt in one pass (at least upstream's 16K)."""
+    return max(16384, max_ctx + CONTEXT_MARGIN)
 
 
 def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int]) -> list[str]:
@@ -114,13 +146,18 @@ def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int]) -> l
         "--max-running-requests", str(max(8, *batches)),
         "--cuda-graph-bs-decode", *[str(b) for b in sorted(set(batches))],
         "--mem-fraction-static", "0.8",
-        "--chunked-prefill-size", "16384",
+        # Every prompt prefills in one chunk. A prompt split into chunks holds a request
+        # slot while it is chunked; the pinned scheduler then marks the batch full when it
+        # looks at the next queued request and clears that only when a request finishes,
+        # so at 32K the 8th request of a batch waited for the others to end.
+        "--chunked-prefill-size", str(prefill_chunk(max_ctx)),
+        "--max-prefill-tokens", str(prefill_chunk(max_ctx)),
         # Upstream's DFlash admission batching (on for DFLASH and DDTREE) holds a
         # new prefill until two request slots are free: with batch == max running
         # requests the last request would wait for the others to finish, and the
         # batch would never decode together (what batch 8 at 16K hit).
         "--min-free-slots-delay", "1",
-    ] + CONFIGS[spec.config]
+    ] + config_args(spec.config)
     if spec.config != "nospec":
         args += ["--speculative-draft-model-path", drafter]
     return args
@@ -365,7 +402,7 @@ def ratios(rows: list[dict], reference: list[dict]) -> list[dict]:
         fused = get("dflash", "fused")
         add("DFLASH upstream-triton / DFLASH fused (speedup)", get("dflash", "upstream_extend"), fused)
         add("DFLASH upstream-flashinfer / DFLASH fused", get("dflash", "upstream_extend", "flashinfer"), fused)
-        for b in (16, 64, 128):
+        for b in sorted({ddtree_budget(r["config"]) for r in rows} - {None}):
             add(f"DDTREE B={b} fused / DFLASH fused", get(f"ddtree{b}", "fused"), fused,
                 target=1.25 if b == 64 else None)
             add(f"DDTREE B={b} upstream / DDTREE B={b} fused (speedup)", get(f"ddtree{b}", "upstream_extend"),
@@ -404,7 +441,7 @@ def markdown(rows: list[dict], shares: list[dict] = ()) -> str:
     share = {(s["config"], s["verify"], s["backend"], s["ctx"], s["batch"]): s["share"] for s in shares}
     lines = ["| config | verify path | backend | ctx | bs | ms/step | x DFLASH-fused | accept len | verify attn share |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in sorted(rows, key=lambda r: (r["ctx"], r["batch"], list(CONFIGS).index(r["config"]), r["verify"],
+    for r in sorted(rows, key=lambda r: (r["ctx"], r["batch"], config_order(r["config"]), r["verify"],
                                          r["backend"])):
         b = base.get((r["ctx"], r["batch"]))
         s = share.get((r["config"], r["verify"], r["backend"], r["ctx"], r["batch"]))
@@ -620,7 +657,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", type=Path, default=Path(os.environ.get("DDTREE_TEST_MODELS", "/tmp/ddtree-models")))
     ap.add_argument("--configs", default="nospec,dflash",
-                    help=f"comma list of CONFIG[@VERIFY][:BACKEND]; CONFIG in {list(CONFIGS)}, VERIFY in {list(VERIFY_PATHS)}")
+                    help=f"comma list of CONFIG[@VERIFY][:BACKEND]; CONFIG in {list(CONFIGS)} or ddtree<B>, VERIFY in {list(VERIFY_PATHS)}")
     ap.add_argument("--backend", default="triton", choices=BACKENDS, help="for configurations without :BACKEND")
     ap.add_argument("--verify", default="fused", choices=VERIFY_PATHS, help="for configurations without @VERIFY")
     ap.add_argument("--ctx", default="16384", help="comma list, e.g. 1024,4096,16384,32768")

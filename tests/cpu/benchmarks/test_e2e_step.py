@@ -20,6 +20,8 @@ import e2e_step as es  # noqa: E402
     ("dflash@upstream_extend:flashinfer", ("dflash", "upstream_extend", "flashinfer")),
     ("dflash:flashinfer", ("dflash", "fused", "flashinfer")),
     ("nospec", ("nospec", "-", "triton")),
+    ("ddtree63@upstream_extend", ("ddtree63", "upstream_extend", "triton")),
+    ("ddtree256", ("ddtree256", "fused", "triton")),
 ])
 def test_parse_spec(text, want):
     assert es.parse_spec(text).key == want
@@ -32,7 +34,10 @@ def test_parse_spec_run_defaults_apply_only_without_suffix():
 
 
 @pytest.mark.parametrize("text,msg", [
-    ("ddtree32", "unknown configuration"),
+    ("ddtree0", "unknown configuration"),
+    ("ddtree257", "unknown configuration"),
+    ("ddtree016", "unknown configuration"),
+    ("eagle", "unknown configuration"),
     ("ddtree64@dense", "unknown verify path"),
     ("dflash:fa3", "unknown backend"),
     ("nospec@upstream_extend", "no verify path"),
@@ -41,6 +46,19 @@ def test_parse_spec_run_defaults_apply_only_without_suffix():
 def test_parse_spec_errors_say_what_to_use(text, msg):
     with pytest.raises(ValueError, match=msg):
         es.parse_spec(text)
+
+
+def test_ddtree_budgets_are_the_servers(upstream_parser):
+    from sglang.srt.speculative.ddtree import flags
+
+    assert (es.DDTREE_BUDGETS.start, es.DDTREE_BUDGETS.stop - 1) == (flags.MIN_BUDGET, flags.MAX_BUDGET)
+    ns = upstream_parser.parse_args(["--model-path", "/m", *es.server_args(es.parse_spec("ddtree63"), "/d", 4096, [1])])
+    assert (ns.speculative_algorithm, ns.speculative_ddtree_budget) == ("DDTREE", 63)
+
+
+def test_table_orders_ddtree_by_budget():
+    names = ["ddtree128", "dflash", "ddtree16", "nospec", "ddtree63"]
+    assert sorted(names, key=es.config_order) == ["nospec", "dflash", "ddtree16", "ddtree63", "ddtree128"]
 
 
 def test_verify_paths_are_the_dispatchers_strategies():
@@ -88,6 +106,16 @@ def test_every_request_of_a_batch_is_admitted_at_once(upstream_parser):
         assert ns.max_running_requests == 8
         assert resolve_min_free_slots(ns.min_free_slots_delay, ns.max_running_requests,
                                       is_dflash_family=family) is None
+
+
+@pytest.mark.parametrize("max_ctx", [1024, 16384, 32768])
+def test_every_prompt_prefills_in_one_chunk(upstream_parser, max_ctx):
+    """A chunked prompt holds a request slot; the pinned scheduler then marked the batch full
+    and kept the 8th request of a 32K batch queued until the others finished."""
+    ns = upstream_parser.parse_args(["--model-path", "/m", *es.server_args(es.parse_spec("dflash"), "/d", max_ctx, [8])])
+    assert ns.chunked_prefill_size >= ns.context_length >= max_ctx
+    assert ns.max_prefill_tokens >= ns.context_length
+    assert ns.chunked_prefill_size >= 16384  # never below upstream's own chunk
 
 
 def test_server_env_sets_strategy_only_off_the_default(tmp_path):
@@ -203,6 +231,9 @@ def test_ratios_this_run_and_reference(reference):
     assert got[(16384, 8, "DDTREE B=64 fused / DFLASH fused")]["value"] == pytest.approx(1.5)
     assert not [k for k in got if k[1] == 8 and "reference" in k[2]]
     assert (16384, 1, "DDTREE B=16 fused / DFLASH fused") not in got  # not measured: no ratio
+    other = {(q["ctx"], q["batch"], q["ratio"]): q for q in es.ratios([row("dflash", "fused", 10.0), row("ddtree63", "fused", 13.0)], reference)}
+    assert other[(16384, 1, "DDTREE B=63 fused / DFLASH fused")]["value"] == pytest.approx(1.3)
+    assert "target" not in other[(16384, 1, "DDTREE B=63 fused / DFLASH fused")]  # the target is B=64's
 
 
 def test_verify_shares_pair_upstream_with_its_fused_twin():
@@ -286,6 +317,6 @@ def test_cli_report_mode_end_to_end(tmp_path, capsys):
 
 def test_cli_rejects_bad_configs_before_touching_the_gpu(tmp_path):
     with pytest.raises(SystemExit):
-        es.main(["--configs", "dflash,ddtree99", "--out-dir", str(tmp_path)])
+        es.main(["--configs", "dflash,ddtree999", "--out-dir", str(tmp_path)])
     with pytest.raises(SystemExit):
         es.main(["--configs", "dflash,dflash@fused", "--out-dir", str(tmp_path)])
