@@ -2,7 +2,8 @@
 
 ``launch_server(model, args)`` starts ``python -m sglang.launch_server`` on a free port in
 its own process group, waits for ``/health`` (raising with the log tail if the process dies
-or the deadline passes) and always kills the whole group on exit. ``server_pool`` keeps one
+or the deadline passes; relaunching on a new port if another server took that one first)
+and always kills the whole group on exit. ``server_pool`` keeps one
 server alive at a time across a session and restarts only when the configuration changes,
 because a start costs 60-250 s (CUDA graphs, FlashInfer JIT).
 
@@ -40,32 +41,61 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: What uvicorn logs when the HTTP port was taken; the server process lives on without it.
+PORT_TAKEN = "address already in use"
+LAUNCH_ATTEMPTS = 3
+
+
 class ServerProcess:
     """A running server: URL helpers plus its log."""
 
+    #: The command before ``--model-path``.
+    launcher = (sys.executable, "-m", "sglang.launch_server")
+
     def __init__(self, name: str, model: str, args: list[str], log_dir: Path, env: Optional[dict] = None):
         self.name, self.model, self.args = name, model, list(args)
+        self.env = {**os.environ, **(env or {})}
+        self.log_path = log_dir / f"server-{name}.log"
+        self.log_path.write_text("")
+        self._log = open(self.log_path, "a")  # append: this process and the server's share the file
+        self.attempts = 0
+        self.first_started = time.time()
+        self.ready_s: Optional[float] = None
+        self._spawn()
+
+    def _spawn(self) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / f"server-{name}.log"
-        cmd = [
-            sys.executable, "-m", "sglang.launch_server",
-            "--model-path", model, "--host", "127.0.0.1", "--port", str(self.port), *self.args,
-        ]
-        self._log = open(self.log_path, "w")
+        cmd = [*self.launcher, "--model-path", self.model, "--host", "127.0.0.1", "--port", str(self.port), *self.args]
+        self.attempts += 1
+        if self.attempts > 1:
+            self._log.write(f"\n--- {PORT_TAKEN!r}: relaunch {self.attempts} of {LAUNCH_ATTEMPTS} on a new port\n")
         self._log.write("$ " + " ".join(cmd) + "\n")
         self._log.flush()
+        self._attempt_offset = self.log_path.stat().st_size
         self.started = time.time()
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, **(env or {})},
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env,
         )
-        self.ready_s: Optional[float] = None
+
+    def port_taken(self) -> bool:
+        """The port was free when picked but something bound it first: a server starting
+        beside this one takes ports near its own long before it listens on its HTTP port."""
+        with open(self.log_path, errors="replace") as f:
+            f.seek(self._attempt_offset)
+            return PORT_TAKEN in f.read()
 
     # -- lifecycle -------------------------------------------------------------------------
     def wait_healthy(self, timeout: float) -> None:
-        deadline = self.started + timeout
+        """Wait for /health, from the first launch; relaunch on a new port when the port was taken."""
+        deadline = self.first_started + timeout
         while time.time() < deadline:
+            if self.port_taken():
+                if self.attempts >= LAUNCH_ATTEMPTS:
+                    raise RuntimeError(f"server {self.name}: its port was taken {self.attempts} times:\n{self.log_tail()}")
+                self._kill()
+                self._spawn()
+                continue
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server {self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
@@ -77,7 +107,7 @@ class ServerProcess:
             time.sleep(1.0)
         raise TimeoutError(f"server {self.name} not healthy after {timeout:.0f} s:\n{self.log_tail()}")
 
-    def stop(self) -> None:
+    def _kill(self) -> None:
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -89,6 +119,9 @@ class ServerProcess:
                 self.proc.wait(timeout=30)
         with contextlib.suppress(ProcessLookupError):  # stray children of the group
             os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        self._kill()
         self._log.close()
 
     def alive(self) -> bool:
