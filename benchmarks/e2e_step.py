@@ -503,6 +503,8 @@ def plot(result: dict, path: Path) -> None:
 
 
 def finish(result: dict, reference: list[dict]) -> dict:
+    if result.get("expert_routing", "model") != "model":
+        reference = []  # the reference run routes by the dummy router: not comparable
     result["ratios"] = ratios(result["rows"], reference)
     result["verify_attention"] = verify_shares(result.get("profiles", []))
     return result
@@ -650,6 +652,11 @@ def report(paths: list[Path], out: Path, reference: list[dict]) -> dict:
         for q in data.get("profiles", []):
             profiles[(q["config"], q["verify"], q["backend"], q["ctx"])] = q
     merged["rows"], merged["profiles"] = list(rows.values()), list(profiles.values())
+    measured = {(Spec(*k[:3]).label, f"ctx {k[3]} bs {k[4]}") for k in rows}
+    started = {label for label, _ in measured}
+    merged["skipped"] = [s for s in merged["skipped"]  # drop what a later run measured
+                         if (s["config"], s["what"]) not in measured
+                         and not (s["what"] == "server" and s["config"] in started)]
     return finish(merged, reference)
 
 

@@ -289,6 +289,28 @@ def test_report_merges_split_runs_and_writes_a_plot(tmp_path, reference):
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_drops_skips_a_later_run_measured(tmp_path, reference):
+    fail = "failed: too few decode steps in the common window (0 < 5)"
+    a = {"rows": [row("dflash", "fused", 11.0)],
+         "skipped": [{"config": "dflash@fused:triton", "what": "ctx 16384 bs 8", "reason": fail},
+                     {"config": "ddtree64@fused:triton", "what": "ctx 16384 bs 8", "reason": fail},
+                     {"config": "ddtree16@fused:triton", "what": "server", "reason": "time"}]}
+    b = {"rows": [row("dflash", "fused", 20.0, batch=8), row("ddtree16", "fused", 12.0)], "skipped": []}
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for p, d in zip(paths, (a, b)):
+        p.write_text(json.dumps(d))
+    merged = es.report(paths, tmp_path / "m.json", reference)
+    assert merged["skipped"] == [a["skipped"][1]]  # ddtree64 at batch 8 is still owed
+
+
+def test_uniform_routing_runs_are_not_compared_with_the_reference_run(tmp_path, reference):
+    p = tmp_path / "u.json"
+    p.write_text(json.dumps({"rows": [row("dflash", "fused", 11.0), row("ddtree64", "fused", 20.0)],
+                             "skipped": [], "expert_routing": "uniform"}))
+    merged = es.report([p], tmp_path / "m.json", reference)
+    assert [q["ratio"] for q in merged["ratios"]] == ["DDTREE B=64 fused / DFLASH fused"]
+
+
 def test_report_refuses_to_mix_expert_routings(tmp_path, reference):
     paths = []
     for name, routing in (("m", None), ("u", "uniform")):
