@@ -461,12 +461,14 @@ def plot(result: dict, path: Path) -> None:
     except ImportError:
         print("matplotlib missing: no plot", file=sys.stderr)
         return
-    rows, profiles = result["rows"], result.get("profiles", [])
+    rows = result["rows"]
+    profiles = sorted(result.get("profiles", []), key=lambda p: (p["ctx"], config_order(p["config"]), p["verify"]))
     if not rows:
         return
     fig, axes = plt.subplots(1, 2 if profiles else 1, figsize=(13 if profiles else 7.5, 4.8), squeeze=False)
     ax = axes[0][0]
-    for key in sorted({(r["config"], r["verify"], r["backend"], r["batch"]) for r in rows}):
+    for key in sorted({(r["config"], r["verify"], r["backend"], r["batch"]) for r in rows},
+                      key=lambda k: (config_order(k[0]), k[1:])):
         pts = sorted((r["ctx"], r["ms_per_step"]) for r in rows if (r["config"], r["verify"], r["backend"], r["batch"]) == key)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="-" if key[3] == 1 else "--",
                 label="%s @%s %s bs%d" % key)
