@@ -1,0 +1,1 @@
+bash scripts/gpu_host/install.sh .whl-e2e-1
