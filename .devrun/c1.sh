@@ -1,1 +1,0 @@
-bash scripts/gpu_host/install.sh .whl-e2e-1
