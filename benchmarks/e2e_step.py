@@ -60,7 +60,7 @@ CONFIGS = {
     "nospec": [],
     "dflash": ["--speculative-algorithm", "DFLASH"],
 }
-DDTREE_CONFIG = re.compile(r"ddtree([0-9]+)")
+DDTREE_CONFIG = re.compile(r"ddtree([1-9][0-9]*)")
 DDTREE_BUDGETS = range(1, 257)  # --speculative-ddtree-budget's range (speculative/ddtree/flags.py)
 
 
@@ -68,9 +68,9 @@ def config_args(config: str) -> list[str]:
     """Server flags of a configuration name; ValueError for names the server would refuse."""
     if config in CONFIGS:
         return list(CONFIGS[config])
-    m = DDTREE_CONFIG.fullmatch(config)
-    if m and int(m.group(1)) in DDTREE_BUDGETS and not m.group(1).startswith("0"):
-        return ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", m.group(1)]
+    b = ddtree_budget(config)
+    if b in DDTREE_BUDGETS:
+        return ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", str(b)]
     raise ValueError(f"unknown configuration {config!r}; choose from {list(CONFIGS)} or ddtree<B> with "
                      f"B in {DDTREE_BUDGETS.start}..{DDTREE_BUDGETS.stop - 1} (e.g. ddtree16, ddtree64)")
 
