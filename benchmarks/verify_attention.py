@@ -30,7 +30,9 @@ import sys
 
 import torch
 import triton
-import triton.testing
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_timing import bench, measure_peaks  # noqa: E402
 
 from sglang.srt.layers.attention.tree_verify import (
     StrategyUnavailable,
@@ -88,22 +90,6 @@ def full_matrix(heads=MLA):
     return shapes
 
 
-def measure_peaks():
-    """bf16 matmul rate (TFLOP/s) and D2D copy bandwidth (GB/s, read + write)."""
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    ms = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")
-    tflops = 2 * n**3 / ms / 1e9
-    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)  # 2 GiB
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=20, rep=200, return_mode="median")
-    gbps = 2 * src.numel() * 2 / ms / 1e6
-    del a, b, src, dst
-    torch.cuda.empty_cache()
-    return tflops, gbps
-
-
 def make_inputs(h, n, p, bs, dtype=torch.bfloat16, seed=0, heads=MLA):
     g = torch.Generator(device=DEVICE).manual_seed(seed)
     pool = bs * (p + n) + 64
@@ -130,27 +116,6 @@ def flops_bytes(h, n, p, bs, heads=MLA):
     kv_width = heads.dqk + (0 if heads.shared_kv else heads.dv)
     nbytes = 2 * (bs * (p + n) * heads.hkv * kv_width + bs * n * h * (heads.dqk + heads.dv))
     return flops, nbytes
-
-
-def bench(fn, slow=False, graph=True):
-    """Median ms. With ``graph`` the call is captured once and its replays are
-    timed: device time without Python/launch overhead, as in the server's
-    CUDA-graph verify step."""
-    fn()
-    torch.cuda.synchronize()
-    if graph:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        fn = g.replay
-    if slow:
-        return triton.testing.do_bench(fn, warmup=1, rep=30, return_mode="median")
-    return triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median")
 
 
 def run_strategy(name, inputs, config_arch=None, heads=MLA):
