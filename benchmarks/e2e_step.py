@@ -169,10 +169,15 @@ def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int]) -> l
 #: identical draft tokens reaches only a few experts, so "model" flatters a narrow
 #: verify against a wide DDTREE tree on an MoE target.
 EXPERT_ROUTING = {"model": {}, "uniform": {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}}
+#: Fused-MoE default row-tile rule (patch 0060, default_row_tile.py): the fork's, or upstream's.
+MOE_TILE_RULES = {"rows_per_expert": {}, "upstream": {"SGLANG_MOE_DEFAULT_TILE_RULE": "upstream"}}
+#: What a run holds fixed, with the value of runs that predate the option: runs that differ
+#: in one of these cannot share a table.
+RUN_CONDITIONS = {"expert_routing": "model", "moe_tile_rule": "upstream"}
 
 
-def server_env(spec: Spec, triton_cache: Path, routing: str = "model") -> dict:
-    env = {"TRITON_CACHE_DIR": str(triton_cache), **EXPERT_ROUTING[routing]}
+def server_env(spec: Spec, triton_cache: Path, routing: str = "model", moe_tile_rule: str = "rows_per_expert") -> dict:
+    env = {"TRITON_CACHE_DIR": str(triton_cache), **EXPERT_ROUTING[routing], **MOE_TILE_RULES[moe_tile_rule]}
     if spec.verify not in ("-", "fused"):
         env["SGLANG_DDTREE_VERIFY_STRATEGY"] = spec.verify
     return env
@@ -483,6 +488,7 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xlabel("context tokens")
     ax.set_ylabel("ms per decode/verify step (median)")
     routing = "" if result.get("expert_routing", "model") == "model" else ", uniform expert routing"
+    routing += ", upstream's MoE tiles" if result.get("moe_tile_rule", "upstream") == "upstream" else ""
     ax.set_title(f"DeepSeek-V2-Lite shape, dummy weights{routing}, {result.get('device', '')}")
     ax.legend(fontsize=6)
     ax.grid(alpha=0.3)
@@ -545,6 +551,7 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
         "argv": sys.argv[1:],
         "triton_cache": str(args.triton_cache),
         "expert_routing": args.expert_routing,
+        "moe_tile_rule": args.moe_tile_rule,
         "servers": [],
         "rows": [],
         "profiles": [],
@@ -562,7 +569,7 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
         sargs = server_args(spec, str(drafter), max(ctxs), batches)
         try:
             with launch_server(spec.label.replace(":", "-").replace("@", "-"), str(target), sargs, args.log_dir,
-                               timeout=max(60.0, min(600.0, budget.left())), env=server_env(spec, args.triton_cache, args.expert_routing)) as server:
+                               timeout=max(60.0, min(600.0, budget.left())), env=server_env(spec, args.triton_cache, args.expert_routing, args.moe_tile_rule)) as server:
                 start_s = time.monotonic() - t0
                 budget.starts.append(start_s)
                 result["servers"].append({"config": spec.label, "start_s": start_s, "log": str(server.log_path)})
@@ -634,13 +641,16 @@ def report(paths: list[Path], out: Path, reference: list[dict]) -> dict:
     """Merge split runs; a later file's row for the same point replaces an earlier one."""
     merged: dict = {"what": None, "date": None, "device": None, "argv": [], "servers": [], "rows": [],
                     "profiles": [], "skipped": [], "merged_from": [str(p) for p in paths]}
-    rows, profiles, routing = {}, {}, {}
+    rows, profiles = {}, {}
+    conditions: dict = {k: {} for k in RUN_CONDITIONS}
     for p in paths:
         data = json.loads(Path(p).read_text())
-        routing[str(p)] = data.get("expert_routing", "model")
-        if len(set(routing.values())) > 1:
-            raise ValueError(f"--report: runs with different --expert-routing cannot share a table: {routing}")
-        merged["expert_routing"] = routing[str(p)]
+        for key, old_runs in RUN_CONDITIONS.items():
+            seen = conditions[key]
+            seen[str(p)] = data.get(key, old_runs)
+            if len(set(seen.values())) > 1:
+                raise ValueError(f"--report: runs with different --{key.replace('_', '-')} cannot share a table: {seen}")
+            merged[key] = seen[str(p)]
         for k in ("what", "date", "device"):
             merged[k] = data.get(k) or merged[k]
         merged["argv"].append(data.get("argv", []))
@@ -687,6 +697,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default=time.strftime("%Y%m%d-%H%M%S"))
     ap.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp/ddtree-bench-logs"))
+    ap.add_argument("--moe-tile-rule", choices=list(MOE_TILE_RULES), default="rows_per_expert",
+                    help="fused-MoE default row tile: this fork's rule (patch 0060) or upstream's M <= E switch")
     ap.add_argument("--expert-routing", choices=list(EXPERT_ROUTING), default="model",
                     help="MoE routing of the dummy target: its router (model) or spread over the experts (uniform)")
     args = ap.parse_args(argv)

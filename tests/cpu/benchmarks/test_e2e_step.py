@@ -137,6 +137,17 @@ def test_uniform_expert_routing_is_upstreams_switch(tmp_path, monkeypatch):
     assert "SGLANG_SIMULATE_UNIFORM_EXPERTS" not in es.server_env(es.parse_spec("dflash"), tmp_path)
 
 
+def test_upstreams_moe_tile_rule_is_the_overlays_switch(tmp_path, monkeypatch):
+    """The variable and value must be what default_row_tile.py reads."""
+    from sglang.srt.layers.moe.moe_runner.triton_utils import default_row_tile
+
+    env = es.server_env(es.parse_spec("ddtree64"), tmp_path, moe_tile_rule="upstream")
+    assert set(env) == {"TRITON_CACHE_DIR", default_row_tile.TILE_RULE_ENV}
+    monkeypatch.setenv(default_row_tile.TILE_RULE_ENV, env[default_row_tile.TILE_RULE_ENV])
+    assert default_row_tile.tile_rule_from_env() == "upstream"
+    assert set(es.MOE_TILE_RULES) == set(default_row_tile.TILE_RULES)
+
+
 def test_request_timelines_say_which_request_left_the_window():
     results = [{"stamps": [10.0, 10.5, 11.0], "meta": {"finish_reason": {"type": "length"}, "completion_tokens": 3}},
                {"stamps": [12.0], "meta": {}, "error_event": {"message": "KV cache full"}}]
@@ -324,6 +335,19 @@ def test_report_refuses_to_mix_expert_routings(tmp_path, reference):
         es.report(paths, tmp_path / "mixed.json", reference)
     with pytest.raises(SystemExit):
         es.main(["--report", *map(str, paths), "--out-dir", str(tmp_path)])
+
+
+def test_report_refuses_to_mix_moe_tile_rules_and_old_runs_ran_upstreams(tmp_path, reference):
+    paths = []
+    for name, rule in (("old", None), ("up", "upstream"), ("fork", "rows_per_expert")):
+        data = {"rows": [row("dflash", "fused", 10.0)], "skipped": []}
+        if rule:
+            data["moe_tile_rule"] = rule
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(data))
+    assert es.report(paths[:2], tmp_path / "one.json", reference)["moe_tile_rule"] == "upstream"
+    with pytest.raises(ValueError, match="moe-tile-rule"):
+        es.report(paths, tmp_path / "mixed.json", reference)
 
 
 def test_cli_report_mode_end_to_end(tmp_path, capsys):
