@@ -146,12 +146,15 @@ def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int]) -> l
         "--max-running-requests", str(max(8, *batches)),
         "--cuda-graph-bs-decode", *[str(b) for b in sorted(set(batches))],
         "--mem-fraction-static", "0.8",
-        # Every prompt prefills in one chunk. A prompt split into chunks holds a request
-        # slot while it is chunked; the pinned scheduler then marks the batch full when it
-        # looks at the next queued request and clears that only when a request finishes,
-        # so at 32K the 8th request of a batch waited for the others to end.
+        # Every prompt prefills alone and in one chunk. A prompt split into chunks holds a
+        # request slot while it is chunked; the pinned scheduler then marks the batch full
+        # when it looks at the next queued request and clears that only when a request
+        # finishes, so at 32K the 8th request of a batch waited for the others to end. A
+        # budget of one prompt is not enough: the scheduler fills what is left of a prefill
+        # batch with the head of the next prompt (session 6), hence one request per batch.
         "--chunked-prefill-size", str(prefill_chunk(max_ctx)),
         "--max-prefill-tokens", str(prefill_chunk(max_ctx)),
+        "--prefill-max-requests", "1",
         # Upstream's DFlash admission batching (on for DFLASH and DDTREE) holds a
         # new prefill until two request slots are free: with batch == max running
         # requests the last request would wait for the others to finish, and the

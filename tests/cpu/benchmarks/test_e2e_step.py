@@ -116,6 +116,7 @@ def test_every_prompt_prefills_in_one_chunk(upstream_parser, max_ctx):
     assert ns.chunked_prefill_size >= ns.context_length >= max_ctx
     assert ns.max_prefill_tokens >= ns.context_length
     assert ns.chunked_prefill_size >= 16384  # never below upstream's own chunk
+    assert ns.prefill_max_requests == 1  # no prompt shares a prefill batch, so none is cut
 
 
 def test_server_env_sets_strategy_only_off_the_default(tmp_path):
