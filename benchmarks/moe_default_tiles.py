@@ -95,6 +95,12 @@ def weight_bytes(shape: MoeShape, experts_touched: int) -> int:
     return experts_touched * 3 * shape.intermediate * shape.hidden * 2
 
 
+def weight_roofline(shape: MoeShape, experts_touched: int, ms: float, copy_gbps: float) -> float:
+    """Fraction of the time the touched experts' weights take to stream at the copy rate
+    (``copy_gbps`` counts a copy's reads and writes: the rate HBM moves bytes at)."""
+    return weight_bytes(shape, experts_touched) / (copy_gbps * 1e6) / ms
+
+
 def measure(shape: MoeShape, tokens_list, copy_gbps: float, seed: int = 0):
     from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig
     from sglang.srt.layers.moe.moe_runner.triton_utils import fused_experts, override_config
@@ -127,7 +133,7 @@ def measure(shape: MoeShape, tokens_list, copy_gbps: float, seed: int = 0):
             outs[rule] = call()
             ms = bench(call)
             row[rule] = dict(ms=ms, block_m=cfg["BLOCK_SIZE_M"], config=cfg,
-                             roofline=weight_bytes(shape, touched) / (copy_gbps / 2 * 1e6) / ms)
+                             roofline=weight_roofline(shape, touched, ms, copy_gbps))
         # Same math, other tiling: only the accumulation order differs.
         row["max_abs_diff"] = float((outs[RULES[0]].float() - outs[RULES[1]].float()).abs().max())
         row["speedup"] = row["upstream"]["ms"] / row["rows_per_expert"]["ms"]
