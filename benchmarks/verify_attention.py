@@ -267,6 +267,11 @@ TUNE_CONFIGS = [
 ]
 
 
+def tune_configs(match: str = ""):
+    """The default first, then the sweep's configs whose repr contains ``match``."""
+    return [TUNE_CONFIGS[0]] + [c for c in TUNE_CONFIGS[1:] if match in repr(c)]
+
+
 def tune(peaks, configs=TUNE_CONFIGS, shapes=None, split_factors=(1,)):
     """Sweep MLA tile configs (and split counts, as factors of the model's
     choice) on the target shapes; each row carries the max error where
@@ -370,6 +375,8 @@ def main():
     ap.add_argument("--no-graph", action="store_true", help="time eager calls, not graph replays")
     ap.add_argument("--shapes", default="", help="H:N:P:bs,... instead of the matrix")
     ap.add_argument("--split-factors", default="1", help="--tune: split counts as factors of the model's")
+    ap.add_argument("--tune-match", default="",
+                    help="--tune: only the configs whose repr contains this (e.g. dv_split=2), besides the default")
     ap.add_argument("--from-log", default=None, help="rebuild JSON + PNG from a run's stdout, measure nothing")
     args = ap.parse_args()
     if args.from_log:
@@ -411,12 +418,13 @@ def main():
         if args.shapes:
             shapes = [tuple(int(x) for x in v.split(":")) for v in args.shapes.split(",")]
         factors = tuple(float(f) for f in args.split_factors.split(","))
-        rows = tune(peaks, shapes=shapes, split_factors=factors)
+        rows = tune(peaks, configs=tune_configs(args.tune_match), shapes=shapes, split_factors=factors)
         for r in rows:
             c = r["cfg"]
             name = f"{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['num_stages']}" + (
                 "qb" if c["q_as_b"] else "") + ("ahead" if c.get("qk_ahead") else "") + (
-                f"dv{c['dv_split']}" if c.get("dv_split", 1) > 1 else "")
+                f"dv{c['dv_split']}" if c.get("dv_split", 1) > 1 else "") + (
+                "scratch" if c.get("scores_via_scratch") else "")
             print(f"H{r['H']} N{r['N']} P{r['P']} bs{r['bs']} {name:<16} splits {r['splits']:>3} "
                   f"{r['ms']:.4f} ms {r['tflops']:6.1f} TF/s {r['gbps']:7.1f} GB/s err {r['max_err']}")
         with open(os.path.join(args.out, stem + "_tune.json"), "w") as f:

@@ -76,3 +76,12 @@ def test_results_rebuilt_from_the_runs_stdout(on_cpu, capsys, tmp_path):
     assert saved["rows"] == got_rows and (tmp_path / "verify_attention_gqa_t.png").stat().st_size > 0
     with pytest.raises(ValueError, match="one metadata line"):
         va.rows_from_log(log[1:])
+
+
+def test_tune_match_keeps_the_default_first():
+    every = va.tune_configs()
+    assert every == va.TUNE_CONFIGS
+    picked = va.tune_configs("dv_split=2")
+    assert picked[0] == va.TUNE_CONFIGS[0]
+    assert picked[1:] and all(c.dv_split == 2 for c in picked[1:])
+    assert va.tune_configs("no such field") == [va.TUNE_CONFIGS[0]]
