@@ -60,6 +60,7 @@ def split_kernel_source(
     d_main, d_pe, block_d, block_dpe, block_dv = head_dim_blocks(dqk, dv)
     share_kv = share_kv and config.reuse_k_tile and dv == d_main
     dv_split = _compiled_kernels().dv_split_for(config, dqk, dv, share_kv)
+    _compiled_kernels().check_scores_via_scratch(config, dqk, dv, share_kv)
     ints = [
         "num_nodes", "group", "num_heads", "num_kv_heads", "num_splits",
         "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt",
@@ -70,7 +71,8 @@ def split_kernel_source(
     types.update(
         Q=f"*{dtype}", K=f"*{kv_dtype or dtype}", V=f"*{kv_dtype or dtype}", O_part="*fp32",
         Lse_part="*fp32", prefix_indptr="*i32", prefix_indices="*i32",
-        tree_indices="*i32", tree_mask="*i32", qk_scale="fp32", logit_cap="fp32",
+        tree_indices="*i32", tree_mask="*i32", P_scratch=f"*{dtype}",
+        A_scratch="*fp32", qk_scale="fp32", logit_cap="fp32",
         v_scale="fp32",
     )  # fmt: skip
     constexprs = dict(
@@ -78,13 +80,14 @@ def split_kernel_source(
         BLOCK_DV=block_dv, HAS_CAP=has_cap,
         SHARE_KV=share_kv,
         Q_AS_B=config.q_as_b, QK_AHEAD=config.qk_ahead,
+        SCORES_VIA_SCRATCH=config.scores_via_scratch,
         DV_SPLIT=dv_split, BLOCK_DV_PROG=block_dv // dv_split,
         KV_CAST=kv_dtype is not None and kv_dtype != dtype,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
     )  # fmt: skip
     aligned = {"Q", "K", "V", "O_part", "Lse_part", "prefix_indptr",
-               "prefix_indices", "tree_indices", "tree_mask",
+               "prefix_indices", "tree_indices", "tree_mask", "P_scratch", "A_scratch",
                "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt",
                "stride_vh", "stride_ps", "stride_pr"}  # fmt: skip
     return _source(

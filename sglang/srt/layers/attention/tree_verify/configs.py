@@ -39,6 +39,26 @@ class TreeVerifyConfig:
     ctas_per_sm: int = 1
     # Fixed cost of one program (query load, partial store, combine read), in keys.
     split_overhead_keys: int = 256
+    # Absorbed MLA prefix slices only: scores as K.Q^T, and P (and the
+    # rescale factor) handed to the PV product through a small per-program
+    # global scratch, so the score dot no longer feeds the PV dot and Triton
+    # splits the score tile across the warpgroups (see
+    # prefix_split._prefix_slice_via_scratch). Needs block_n == 64 and V = K[..., :512]
+    # (prefix_split.check_scores_via_scratch); q_as_b then applies to the
+    # tree tail only. Experimental, opt-in until measured.
+    scores_via_scratch: bool = False
+
+    def __post_init__(self):
+        if self.scores_via_scratch:
+            if self.block_n != 64:
+                raise ValueError(
+                    f"scores_via_scratch needs block_n=64 (64-key tiles), got {self.block_n}"
+                )
+            if self.qk_ahead or self.dv_split > 1 or not self.reuse_k_tile:
+                raise ValueError(
+                    "scores_via_scratch replaces the prefix loop: it cannot be combined "
+                    "with qk_ahead, dv_split > 1 or reuse_k_tile=False"
+                )
 
 
 # Head-shape classes: absorbed MLA, and (GQA/MHA) head dims.

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -36,6 +37,22 @@ from sglang.srt.layers.attention.tree_verify.configs import (
 )
 
 _LOG2E = 1.4426950408889634
+
+# Under TRITON_INTERPRET=1 (the CPU tests load this file that way) there is
+# no inline PTX; the interpreter runs a program's threads in lockstep anyway.
+_PTX_BARRIER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") != "1")
+
+
+@triton.jit
+def _cta_barrier(x):
+    """bar.sync 0 for the whole CTA, which also orders the global-memory
+    accesses of its threads. Inline PTX rather than ``tl.debug_barrier()``:
+    Triton 3.6 does not software-pipeline a loop that holds a gpu.barrier.
+    ``x``: any scalar (the asm needs an operand)."""
+    if _PTX_BARRIER:
+        tl.inline_asm_elementwise(
+            "bar.sync 0;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1
+        )
 
 
 @triton.jit
@@ -269,6 +286,97 @@ def _prefix_slice_qk_ahead(
 
 
 @triton.jit
+def _prefix_slice_via_scratch(
+    acc, m_i, l_i, q, qpe, K, prefix_indices, kv_start, lo, hi,
+    kvh, stride_kt, stride_kh, qk_scale, logit_cap, P_scr, A_scr,
+    offs_d, offs_dpe,
+    D_MAIN: tl.constexpr, D_PE: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DPE: tl.constexpr, HAS_CAP: tl.constexpr, KV_CAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+):  # fmt: skip
+    """An absorbed-MLA prefix slice whose P reaches the PV product through
+    global memory (``scores_via_scratch``).
+
+    The scores are computed transposed, S^T = K . Q^T (the K tile the A
+    operand, Q the B operand: both stay in shared memory), with the online
+    softmax along the key axis of S^T. P^T and the rescale factor alpha are
+    stored to this program's scratch (``P_scr``: BLOCK_M x BLOCK_N in q's
+    dtype, P[row, key]; ``A_scr``: BLOCK_M fp32) and read back for
+    acc = alpha * acc + P . V, V = K[:, :512] being the K tile already loaded.
+    Nothing the PV dot consumes is then computed from the score dot, so
+    Triton does not lay the two out as an attention chain (every warpgroup
+    computing the whole score tile): the score tile is split across the
+    warpgroups. ``m_i``/``l_i`` stay in the scores' layout.
+    """
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_N)
+    # P^T [key, row] stored at P[row, key]; read back as P [row, key].
+    pt_ptrs = P_scr + offs_m[None, :] * BLOCK_N + offs_k[:, None]
+    p_ptrs = P_scr + offs_m[:, None] * BLOCK_N + offs_k[None, :]
+    offs_n = lo + offs_k
+    slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
+    for start in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
+        offs_n = start + offs_k
+        key_ok = offs_n < hi
+        # Slot indices one tile ahead (a direct K load for the pipeliner; see
+        # the default loop in _tree_verify_split_kernel).
+        slots = slots_next.to(tl.int64)
+        slots_next = tl.load(
+            prefix_indices + kv_start + offs_n + BLOCK_N,
+            mask=offs_n + BLOCK_N < hi,
+            other=0,
+        )
+        k_row = K + slots[:, None] * stride_kt + kvh * stride_kh
+        k = tl.load(k_row + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+        if KV_CAST:
+            k = k.to(q.dtype)
+        st = tl.dot(k, tl.trans(q)) * qk_scale
+        if BLOCK_DPE > 0:
+            kpe = tl.load(
+                k_row + D_MAIN + offs_dpe[None, :],
+                mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
+                other=0.0,
+            )
+            if KV_CAST:
+                kpe = kpe.to(q.dtype)
+            # Scaled and added, not accumulated: a dot feeding another dot
+            # (here the rope dot) is laid out as a chain, and a plain add
+            # would be folded back into an accumulating dot.
+            st += tl.dot(kpe, tl.trans(qpe)) * qk_scale
+        if HAS_CAP:
+            st = logit_cap * (2.0 * tl.sigmoid(2.0 * st / logit_cap) - 1.0)
+            st = st * 1.4426950408889634
+        st = tl.where(key_ok[:, None], st, float("-inf"))
+        # Online softmax along the key axis (axis 0 of S^T), base 2.
+        m_new = tl.maximum(m_i, tl.max(st, 0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m_i - m_use)
+        pt = tl.math.exp2(st - m_use[None, :])
+        l_i = l_i * alpha + tl.sum(pt, 0)
+        m_i = m_new
+        # The hand-over through the scratch sits in a branch that is always
+        # taken: Triton 3.6's loop scheduler moves ops of the loop body across
+        # global stores and barriers (it orders by SSA only), and its pipeliner
+        # would prefetch the read-back (a load feeding a dot) a tile ahead of
+        # its store; a nested region keeps its order and is not prefetched.
+        p = tl.zeros([BLOCK_M, BLOCK_N], dtype=q.dtype)
+        alpha_v = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if start < hi:
+            # WAR: every warp has read the previous tile's P and alpha.
+            _cta_barrier(start)
+            tl.store(pt_ptrs, pt.to(q.dtype))
+            tl.store(A_scr + offs_m, alpha)
+            # RAW: this tile's P and alpha are in memory, from every warp.
+            _cta_barrier(start)
+            # .cg: bypass L1 (the addresses are rewritten every tile).
+            p = tl.load(p_ptrs, cache_modifier=".cg")
+            alpha_v = tl.load(A_scr + offs_m, cache_modifier=".cg")
+        acc = acc * alpha_v[:, None]
+        acc = tl.dot(p, k, acc)
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _tree_verify_split_kernel(
     Q,
     K,
@@ -279,6 +387,8 @@ def _tree_verify_split_kernel(
     prefix_indices,
     tree_indices,
     tree_mask,
+    P_scratch,
+    A_scratch,
     qk_scale,
     logit_cap,
     v_scale,
@@ -309,6 +419,7 @@ def _tree_verify_split_kernel(
     HAS_CAP: tl.constexpr,
     Q_AS_B: tl.constexpr,
     QK_AHEAD: tl.constexpr,
+    SCORES_VIA_SCRATCH: tl.constexpr,  # P through P_scratch / A_scratch (MLA, shared KV)
     DV_SPLIT: tl.constexpr,
     KV_CAST: tl.constexpr,  # fp8 KV cache: tiles converted to q's dtype
     BLOCK_DV_PROG: tl.constexpr,  # value columns per program: BLOCK_DV / DV_SPLIT
@@ -373,7 +484,21 @@ def _tree_verify_split_kernel(
         chunk = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
         lo = pid_s * chunk
         hi = tl.minimum(lo + chunk, prefix_len)
-        if QK_AHEAD:
+        if SCORES_VIA_SCRATCH:
+            # One scratch region per program of the launch grid.
+            prog = tl.program_id(0) + tl.num_programs(0) * (
+                pid_s + tl.num_programs(1) * pid_bk
+            )
+            acc, m_i, l_i = _prefix_slice_via_scratch(
+                acc, m_i, l_i, q, qpe, K, prefix_indices, kv_start, lo, hi,
+                kvh, stride_kt, stride_kh, qk_scale, logit_cap,
+                P_scratch + prog.to(tl.int64) * (BLOCK_M * BLOCK_N),
+                A_scratch + prog.to(tl.int64) * BLOCK_M,
+                offs_d, offs_dpe,
+                D_MAIN, D_PE, BLOCK_D, BLOCK_DPE, HAS_CAP, KV_CAST,
+                BLOCK_M, BLOCK_N, NUM_STAGES,
+            )  # fmt: skip
+        elif QK_AHEAD:
             acc, m_i, l_i = _prefix_slice_qk_ahead(
                 acc, m_i, l_i, q, qpe, K, V, prefix_indices, kv_start, lo, hi,
                 kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
@@ -556,6 +681,23 @@ def dv_split_for(config: TreeVerifyConfig, dqk: int, dv: int, share_kv: bool) ->
     return config.dv_split if ok else 1
 
 
+def check_scores_via_scratch(config: TreeVerifyConfig, dqk: int, dv: int, share_kv: bool) -> None:
+    """``scores_via_scratch`` is written for absorbed MLA only: a power-of-two
+    latent part plus rope dims (576 = 512 + 64), V = K[..., :512] (the K tile
+    reused as the V tile), 64-key tiles. Raises ``ValueError`` otherwise."""
+    if not config.scores_via_scratch:
+        return
+    if config.block_n != 64:
+        raise ValueError(f"scores_via_scratch needs block_n=64, got {config.block_n}")
+    d_main, d_pe, block_d, block_dpe, block_dv = head_dim_blocks(dqk, dv)
+    if not (share_kv and d_pe > 0 and d_main == dv == block_d == block_dv):
+        raise ValueError(
+            "scores_via_scratch needs absorbed MLA with a shared KV buffer "
+            "(Dqk = Dv + rope dims, v_buffer = k_buffer[..., :Dv], reuse_k_tile); "
+            f"got Dqk={dqk}, Dv={dv}, shared={share_kv}"
+        )
+
+
 def kv_shares_storage(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:
     """V is a leading slice of K (absorbed MLA): reuse the K tile as the V tile."""
     return (
@@ -617,9 +759,22 @@ def split_partials(
         return o_part, lse_part
     dv_split = dv_split_for(config, dqk, dv, share_kv)
     row_tiles = triton.cdiv(n * group, config.block_m)
-    _tree_verify_split_kernel[(row_tiles * dv_split, max(num_splits, 1), bs * hkv)](
+    grid = (row_tiles * dv_split, max(num_splits, 1), bs * hkv)
+    check_scores_via_scratch(config, dqk, dv, share_kv)
+    via_scratch = config.scores_via_scratch and num_splits > 0
+    if via_scratch:
+        # Per program: P [block_m, block_n] in q's dtype and alpha [block_m] fp32.
+        programs = grid[0] * grid[1] * grid[2]
+        p_scratch = torch.empty(
+            programs * config.block_m * config.block_n, dtype=q.dtype, device=q.device
+        )
+        a_scratch = torch.empty(programs * config.block_m, dtype=torch.float32, device=q.device)
+    else:
+        p_scratch, a_scratch = q, lse_part  # unused
+    _tree_verify_split_kernel[grid](
         q, k_buffer, v_buffer, o_part, lse_part,
         prefix_kv_indptr, prefix_kv_indices, tree_kv_indices, tree_mask,
+        p_scratch, a_scratch,
         qk_scale, float(logit_cap), float(v_scale),
         n, group, h, hkv, num_splits,
         q.stride(0), q.stride(1),
@@ -631,7 +786,8 @@ def split_partials(
         D_MAIN=d_main, D_PE=d_pe, D_V=dv,
         BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=block_dv,
         SHARE_KV=share_kv, HAS_CAP=has_cap, Q_AS_B=config.q_as_b,
-        QK_AHEAD=config.qk_ahead, DV_SPLIT=dv_split, BLOCK_DV_PROG=block_dv // dv_split,
+        QK_AHEAD=config.qk_ahead, SCORES_VIA_SCRATCH=via_scratch,
+        DV_SPLIT=dv_split, BLOCK_DV_PROG=block_dv // dv_split,
         KV_CAST=k_buffer.dtype != q.dtype,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
