@@ -258,6 +258,10 @@ TUNE_CONFIGS = [
     TreeVerifyConfig(64, 32, 4, 2, dv_split=2),
     TreeVerifyConfig(64, 32, 4, 3, dv_split=2),
     TreeVerifyConfig(64, 64, 4, 2, dv_split=2),
+    # scores as K.Q^T in 64-key tiles with P (and the rescale) handed to the PV
+    # product through a per-program global scratch: no dot chain, so the two
+    # warpgroups split the score tile (m64n32) instead of both computing it
+    TreeVerifyConfig(64, 64, 8, 2, scores_via_scratch=True),
     # sm_12x-sized (<= 99 KiB when compiled for sm_120); 32-row tiles are
     # mma.sync on the H200 as on sm_120
     select_config((12, 0), DQK, DV),
