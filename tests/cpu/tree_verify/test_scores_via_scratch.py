@@ -93,7 +93,12 @@ def test_refuses_other_than_mla_shared_kv(dqk, dv, shared):
         ps.tree_verify_fused(*case, dqk**-0.5, None, 0.0, SCRATCH, num_splits=1)
 
 
-def test_off_by_default_everywhere():
+def test_only_the_227_kib_archs_absorbed_mla_tile_uses_it():
+    """Measured on the H200 (2026-11-30); the tile needs 229,376 B of shared memory."""
     assert not TreeVerifyConfig(64, 64, 8, 2).scores_via_scratch
-    for arch in ((8, 0), (9, 0), (10, 0), (12, 0), (12, 1)):
+    for arch in ((9, 0), (10, 0)):
+        users = {k for k, c in configs_for_arch(arch).items() if c.scores_via_scratch}
+        assert users == {"mla"}
+    for arch in ((8, 0), (8, 6), (12, 0), (12, 1)):  # 163 / 99 KiB
         assert not any(c.scores_via_scratch for c in configs_for_arch(arch).values())
+    assert configs_for_arch((8, 0))["mla"] == TreeVerifyConfig(64, 32, 8, 3)

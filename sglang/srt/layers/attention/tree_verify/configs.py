@@ -91,19 +91,25 @@ def head_dim_blocks(dqk: int, dv: int):
 
 _C = TreeVerifyConfig
 
-# Hopper (227 KiB smem per block, wgmma). MLA: 64 query rows per 32-key tile,
-# K tiles triple-buffered, the 64 x 512 fp32 accumulator over 8 warps. The
-# H200 sweep of 2026-11-29 (benchmarks/results/verify_attention_tune.json):
-# best or within 4 % of the best at every target shape; the value-column
-# split (dv_split=2, 64x32, 3 stages) ties it, qk_ahead is 5-15 % slower.
+# Hopper (227 KiB smem per block, wgmma). MLA: 64 query rows per 64-key tile,
+# the 64 x 512 fp32 accumulator over 8 warps, the scores handed to the PV
+# product through a per-program scratch so the two warpgroups split the score
+# tile (229,376 B). H200, 2026-11-30 (verify_attention_s6_scratch*_tune.json):
+# 1.05-1.18x faster than the 64x32 3-stage tile at 8 of 9 shapes (16K/1K/4K,
+# N 17-129, batch 1 and 8, H 16 and 128), 0.94x at the memory-bound N=4 one.
 _SM90 = {
-    MLA: _C(block_m=64, block_n=32, num_warps=8, num_stages=3),
+    MLA: _C(block_m=64, block_n=64, num_warps=8, num_stages=2, scores_via_scratch=True),
     MLA_SEPARATE_V: _C(block_m=64, block_n=16, num_warps=8, num_stages=3, q_as_b=True),
     "d64": _C(block_m=64, block_n=64, num_warps=4, num_stages=3, ctas_per_sm=2),
     "d128": _C(block_m=64, block_n=64, num_warps=4, num_stages=3, ctas_per_sm=2),
     "d256": _C(block_m=64, block_n=64, num_warps=8, num_stages=2),
     "generic": _C(block_m=64, block_n=32, num_warps=4, num_stages=2),
 }
+
+# A100 / Orin (163 KiB): the Hopper tiles, but the MLA tile of the 2026-11-29
+# sweep (64 x 32 keys, 3 stages: 151,552 B compiled for sm_80), since the
+# scratch tile needs 229,376 B.
+_SM80 = {**_SM90, MLA: _C(block_m=64, block_n=32, num_warps=8, num_stages=3)}
 
 # Workstation Blackwell, Ada, GA10x: 99 KiB smem per block, mma.sync.
 # MLA: 32 rows x 32 keys, K.Q^T keeps the query tile in shared memory
@@ -120,9 +126,10 @@ _SM12X = {
     "generic": _C(block_m=32, block_n=32, num_warps=4, num_stages=1),
 }
 
-# A100 / datacenter Blackwell: large shared memory, start from the Hopper tiles.
+# Datacenter Blackwell (227 KiB) starts from the Hopper tiles.
 _BY_FAMILY: Dict[str, Dict[str, TreeVerifyConfig]] = {
     "sm90": _SM90,
+    "sm80": _SM80,
     "sm12x": _SM12X,
 }
 
@@ -135,7 +142,9 @@ def arch_family(cap: Capability) -> str:
         smem = max_shared_memory_per_block(cap)
     except ValueError:
         return "sm12x"  # unknown: the small tiles fit everywhere
-    return "sm90" if smem >= 160 * 1024 else "sm12x"
+    if smem >= 227 * 1024:
+        return "sm90"
+    return "sm80" if smem >= 160 * 1024 else "sm12x"
 
 
 def configs_for_arch(cap: Capability) -> Dict[str, TreeVerifyConfig]:
