@@ -323,14 +323,20 @@ def test_uniform_routing_runs_are_not_compared_with_the_reference_run(tmp_path, 
     assert [q["ratio"] for q in merged["ratios"]] == ["DDTREE B=64 fused / DFLASH fused"]
 
 
-def test_report_refuses_to_mix_expert_routings(tmp_path, reference):
+def _runs_with(tmp_path, key, values):
+    """One-row result files, each with ``key`` set to a value (None: a run before the option)."""
     paths = []
-    for name, routing in (("m", None), ("u", "uniform")):
+    for i, value in enumerate(values):
         data = {"rows": [row("dflash", "fused", 10.0)], "skipped": []}
-        if routing:
-            data["expert_routing"] = routing
-        paths.append(tmp_path / f"{name}.json")
+        if value:
+            data[key] = value
+        paths.append(tmp_path / f"run{i}.json")
         paths[-1].write_text(json.dumps(data))
+    return paths
+
+
+def test_report_refuses_to_mix_expert_routings(tmp_path, reference):
+    paths = _runs_with(tmp_path, "expert_routing", (None, "uniform"))
     assert es.report(paths[:1], tmp_path / "one.json", reference)["expert_routing"] == "model"
     with pytest.raises(ValueError, match="expert-routing"):
         es.report(paths, tmp_path / "mixed.json", reference)
@@ -339,13 +345,7 @@ def test_report_refuses_to_mix_expert_routings(tmp_path, reference):
 
 
 def test_report_refuses_to_mix_moe_tile_rules_and_old_runs_ran_upstreams(tmp_path, reference):
-    paths = []
-    for name, rule in (("old", None), ("up", "upstream"), ("fork", "rows_per_expert")):
-        data = {"rows": [row("dflash", "fused", 10.0)], "skipped": []}
-        if rule:
-            data["moe_tile_rule"] = rule
-        paths.append(tmp_path / f"{name}.json")
-        paths[-1].write_text(json.dumps(data))
+    paths = _runs_with(tmp_path, "moe_tile_rule", (None, "upstream", "rows_per_expert"))
     assert es.report(paths[:2], tmp_path / "one.json", reference)["moe_tile_rule"] == "upstream"
     with pytest.raises(ValueError, match="moe-tile-rule"):
         es.report(paths, tmp_path / "mixed.json", reference)

@@ -192,6 +192,15 @@ def _attend_tile(
 
 
 @triton.jit
+def _load_k_part(k_row, offs, n_valid, key_ok, q, KV_CAST: tl.constexpr):
+    """Columns ``offs`` (< ``n_valid``) of a gathered K tile, in q's dtype."""
+    k = tl.load(k_row + offs[None, :], mask=key_ok[:, None] & (offs[None, :] < n_valid), other=0.0)
+    if KV_CAST:
+        k = k.to(q.dtype)
+    return k
+
+
+@triton.jit
 def _prefix_scores(
     q, qpe, K, slots, key_ok, kvh, stride_kt, stride_kh, qk_scale, logit_cap,
     offs_d, offs_dpe,
@@ -201,25 +210,13 @@ def _prefix_scores(
     """Base-2 scaled scores of a query tile against one prefix KV tile, -inf
     for keys past the slice end, and the K tile (in q's dtype)."""
     k_row = K + slots[:, None] * stride_kt + kvh * stride_kh
-    k = tl.load(
-        k_row + offs_d[None, :],
-        mask=key_ok[:, None] & (offs_d[None, :] < D_MAIN),
-        other=0.0,
-    )
-    if KV_CAST:
-        k = k.to(q.dtype)
+    k = _load_k_part(k_row, offs_d, D_MAIN, key_ok, q, KV_CAST)
     s = tl.dot(q, tl.trans(k)) * qk_scale
     if BLOCK_DPE > 0:
-        kpe = tl.load(
-            k_row + D_MAIN + offs_dpe[None, :],
-            mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
-            other=0.0,
-        )
         # Scaled and added, not accumulated into one dot: a dot that feeds
         # another dot is laid out as an attention chain (every warpgroup
         # computing the whole tile), and Triton folds a plain add into it.
-        if KV_CAST:
-            kpe = kpe.to(q.dtype)
+        kpe = _load_k_part(k_row + D_MAIN, offs_dpe, D_PE, key_ok, q, KV_CAST)
         s += tl.dot(qpe, tl.trans(kpe)) * qk_scale
     if HAS_CAP:
         s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
@@ -327,21 +324,13 @@ def _prefix_slice_via_scratch(
             other=0,
         )
         k_row = K + slots[:, None] * stride_kt + kvh * stride_kh
-        k = tl.load(k_row + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-        if KV_CAST:
-            k = k.to(q.dtype)
+        k = _load_k_part(k_row, offs_d, D_MAIN, key_ok, q, KV_CAST)
         st = tl.dot(k, tl.trans(q)) * qk_scale
         if BLOCK_DPE > 0:
-            kpe = tl.load(
-                k_row + D_MAIN + offs_dpe[None, :],
-                mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
-                other=0.0,
-            )
-            if KV_CAST:
-                kpe = kpe.to(q.dtype)
             # Scaled and added, not accumulated: a dot feeding another dot
             # (here the rope dot) is laid out as a chain, and a plain add
             # would be folded back into an accumulating dot.
+            kpe = _load_k_part(k_row + D_MAIN, offs_dpe, D_PE, key_ok, q, KV_CAST)
             st += tl.dot(kpe, tl.trans(qpe)) * qk_scale
         if HAS_CAP:
             st = logit_cap * (2.0 * tl.sigmoid(2.0 * st / logit_cap) - 1.0)
