@@ -20,6 +20,8 @@ largest context at batch 1) is traced with the server's profiler (benchmarks/e2e
 to measure the verify attention's share of the step. ``--expert-routing uniform`` spreads the
 MoE routing the way a trained router does (dummy routers send near-identical tokens, such as a
 dummy DFLASH block, to the same few experts); a run and its merges keep one routing.
+``--moe-tile-rule upstream`` runs upstream's fused-MoE default tile switch instead of patch
+0060's (the rule is recorded; runs of different rules do not merge either).
 
 The JSON is rewritten after every point, so a killed run keeps what it measured; with
 ``--deadline-s`` a server or point that would not fit the remaining time is skipped and
