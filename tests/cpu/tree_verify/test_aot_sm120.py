@@ -54,3 +54,11 @@ def test_every_sm120_config_compiles_and_fits():
 def test_hopper_configs_compile():
     for r in compile_report("9.0"):
         assert r["shared"] <= max_shared_memory_per_block((9, 0)), r
+
+
+def test_every_a100_class_config_compiles_and_fits_163_kib():
+    """8.0 has a table of its own: the sm_90 MLA tile needs 229,376 B."""
+    records = compile_report("8.0")
+    assert {r["cls"] for r in records if r["kernel"] == "split"} == set(configs_for_arch((8, 0)))
+    for r in records:
+        assert 0 <= r["shared"] <= max_shared_memory_per_block((8, 0)), r

@@ -143,7 +143,9 @@ def compile_arch_report(cap) -> list:
         dqk, dv = CLASS_HEAD_DIMS[cls]
         variants = [dict(share_kv=cls != MLA_SEPARATE_V)]
         if cls == MLA:
-            variants += [dict(dtype="fp16"), dict(has_cap=True), dict(kv_dtype="fp8e4nv")]
+            variants += [dict(dtype="fp16"), dict(has_cap=True)]
+            if tuple(cap) >= (8, 9):  # e4m3 KV caches need sm_89+ (Triton refuses it below)
+                variants.append(dict(kv_dtype="fp8e4nv"))
         for kw in variants:
             k = compile_split_kernel(cfg, dqk, dv, cap, **kw)
             records.append(dict(kernel="split", cls=cls, config=cfg.__dict__, variant=kw,

@@ -45,7 +45,7 @@ class TreeVerifyConfig:
     # splits the score tile across the warpgroups (see
     # prefix_split._prefix_slice_via_scratch). Needs block_n == 64 and V = K[..., :512]
     # (prefix_split.check_scores_via_scratch); q_as_b then applies to the
-    # tree tail only. Experimental, opt-in until measured.
+    # tree tail only. The sm_90 MLA default since the H200 run of 2026-11-30.
     scores_via_scratch: bool = False
 
     def __post_init__(self):
