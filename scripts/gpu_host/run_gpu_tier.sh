@@ -1,33 +1,59 @@
 #!/usr/bin/env bash
 # The whole GPU test tier in one command on the GPU host (after scripts/gpu_host/install.sh).
 #
-#   scripts/gpu_host/run_gpu_tier.sh [--only DIR,DIR] [--dir-timeout SECONDS] [--] [pytest args...]
+#   scripts/gpu_host/run_gpu_tier.sh [--only DIR,DIR] [--jobs N] [--dir-timeout SECONDS] [--list] [--] [pytest args...]
 #
-# Runs pytest over each tests/gpu/<dir> in turn, one pytest session per dir. Logs go to
-# $OUT (or /tmp/ddtree-out): <dir>-pytest.log, <dir>-server-logs.tgz for dirs that start
-# servers, gpu-tier-summary.txt with one line per dir (rc, passed/failed/skipped/errors,
-# seconds). Exits nonzero if any dir failed, timed out or collected nothing (pytest rc 5),
-# or if no test passed at all. Test-selection variables (DDTREE_E2E_CONFIGS,
-# DDTREE_E2E_SERVERS, ...) pass through: docs/GPU_HOST.md lists them. Server logs go under
-# $DDTREE_GPU_LOG_ROOT (default /tmp/ddtree-logs); give concurrent runs their own root and OUT.
+# The tier is a list of pieces, one pytest session each: a tests/gpu/<dir>, or a share of the
+# e2e configurations. Pieces run --jobs at a time (default 4 per GPU), spread round-robin over
+# the visible GPUs; a piece that needs every GPU (tensor parallel) runs alone after the others.
+# --jobs 1 runs them one after another. Logs go to $OUT (or /tmp/ddtree-out): <piece>-pytest.log,
+# <piece>-server-logs.tgz for pieces that start servers, gpu-tier-summary.txt (one line per
+# piece). Exits nonzero if any piece failed, timed out (--dir-timeout, per piece) or collected
+# nothing (pytest rc 5), or if no test passed at all. DDTREE_E2E_CONFIGS / DDTREE_E2E_SERVERS
+# set by the caller turn that dir back into one piece with the caller's selection.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
 ALL_DIRS=(tree_verify tree_verify_integration ddtree_logic arch_gating e2e ddtree)
 SERVER_DIRS=" e2e ddtree "  # start sglang servers: need the tiny models, leave server logs
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; echo "dirs: ${ALL_DIRS[*]}"; }
-only="" dir_timeout=0
+# name|dir|environment (space-separated VAR=value)|all-gpus when it must run alone on every GPU.
+# Longest first: a free slot takes the next piece in this order. The e2e shares together hold
+# every configuration of tests/gpu/e2e (a CPU test checks it); each holds two or more, so its
+# cross-configuration check runs.
+PIECES=(
+    "e2e-flashinfer|e2e|DDTREE_E2E_CONFIGS=flashinfer-nospec,flashinfer-dflash|"
+    "e2e-qwen3|e2e|DDTREE_E2E_CONFIGS=qwen3-dflash,qwen3-ddtree|"
+    "e2e-triton|e2e|DDTREE_E2E_CONFIGS=triton-nospec,triton-dflash,triton-ddtree|"
+    "ddtree|ddtree||"
+    "tree_verify|tree_verify||"
+    "tree_verify_integration|tree_verify_integration||"
+    "ddtree_logic|ddtree_logic||"
+    "arch_gating|arch_gating||"
+    "e2e-tp2|e2e|DDTREE_E2E_CONFIGS=triton-nospec-tp2,triton-dflash-tp2|all-gpus"
+)
+
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; echo "dirs: ${ALL_DIRS[*]}"; }
+only="" dir_timeout=0 jobs="" list=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --only) only=${2:?--only needs a comma list}; shift 2 ;;
         --only=*) only=${1#--only=}; shift ;;
+        --jobs) jobs=${2:?--jobs needs a number}; shift 2 ;;
+        --jobs=*) jobs=${1#--jobs=}; shift ;;
         --dir-timeout) dir_timeout=${2:?--dir-timeout needs seconds}; shift 2 ;;
+        --list) list=1; shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; break ;;
         *) break ;;  # the rest goes to pytest
     esac
 done
+if [ -n "$jobs" ] && ! [[ "$jobs" =~ ^[1-9][0-9]*$ ]]; then
+    echo "run_gpu_tier.sh: --jobs takes a positive whole number, got '$jobs'" >&2; exit 2
+fi
+if ! [[ "$dir_timeout" =~ ^[0-9]+$ ]]; then
+    echo "run_gpu_tier.sh: --dir-timeout takes seconds, got '$dir_timeout'" >&2; exit 2
+fi
 if [ -n "$only" ]; then
     IFS=, read -r -a dirs <<<"$only"
     for d in "${dirs[@]}"; do
@@ -37,13 +63,48 @@ else
     dirs=("${ALL_DIRS[@]}")
 fi
 
+# The pieces of the selected dirs; a dir whose selection variable the caller set is one piece.
+selected=()
+declare -A whole=()  # dirs already added as one piece
+for spec in "${PIECES[@]}"; do
+    IFS='|' read -r name dir env mode <<<"$spec"
+    [[ " ${dirs[*]} " == *" $dir "* ]] || continue
+    caller_var=""
+    case $dir in e2e) caller_var=${DDTREE_E2E_CONFIGS:-} ;; ddtree) caller_var=${DDTREE_E2E_SERVERS:-} ;; esac
+    if [ -z "$caller_var" ]; then
+        selected+=("$name|$dir|$env|$mode")
+    elif [ -z "${whole[$dir]:-}" ]; then
+        whole[$dir]=1
+        mode=""
+        if [[ "$caller_var" == *tp2* || "${DDTREE_E2E_EXTRA_ARGS:-}" == *--tp-size* ]]; then mode=all-gpus; fi
+        selected+=("$dir|$dir||$mode")
+    fi
+done
+if [ "$list" -eq 1 ]; then
+    printf '%s\n' "${selected[@]}"
+    exit 0
+fi
+
 source scripts/gpu_host/env.sh
 unset TRITON_INTERPRET  # the CPU tier's interpreter switch would break every GPU kernel test
+PY=${PYTHON:-python3}
 OUTDIR=${OUT:-/tmp/ddtree-out}
 mkdir -p "$OUTDIR"
 summary="$OUTDIR/gpu-tier-summary.txt"
 : >"$summary"
 export DDTREE_LOGIC_BENCH_JSON=${DDTREE_LOGIC_BENCH_JSON:-$OUTDIR/ddtree_logic_bench.json}
+LOG_ROOT=${DDTREE_GPU_LOG_ROOT:-/tmp/ddtree-logs}
+STATE=$(mktemp -d "${TMPDIR:-/tmp}/gpu-tier.XXXXXX")
+trap 'rm -rf "$STATE"' EXIT
+
+# The GPUs to spread pieces over: the caller's CUDA_VISIBLE_DEVICES, else every GPU.
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    IFS=, read -r -a gpus <<<"$CUDA_VISIBLE_DEVICES"
+else
+    mapfile -t gpus < <(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr -d ' ')
+fi
+ngpu=${#gpus[@]}
+[ -n "$jobs" ] || jobs=$(( 4 * (ngpu > 0 ? ngpu : 1) ))
 
 t_all=$(date +%s)
 models_ready() {  # all pairs, not just a manifest: `make_test_models.py --only shapes` writes one too
@@ -53,54 +114,94 @@ models_ready() {  # all pairs, not just a manifest: `make_test_models.py --only 
         [ -f "$DDTREE_TEST_MODELS/$m" ] || return 1
     done
 }
-for d in "${dirs[@]}"; do
-    if [[ "$SERVER_DIRS" == *" $d "* ]] && ! models_ready; then
+for spec in "${selected[@]}"; do
+    IFS='|' read -r _ dir _ _ <<<"$spec"
+    if [[ "$SERVER_DIRS" == *" $dir "* ]] && ! models_ready; then
         t0=$(date +%s)
-        python3 scripts/make_test_models.py "$DDTREE_TEST_MODELS" \
+        "$PY" "$REPO/scripts/make_test_models.py" "$DDTREE_TEST_MODELS" \
             || { echo "run_gpu_tier.sh: model generation failed" >&2; exit 1; }
         echo "test models ready in $DDTREE_TEST_MODELS after $(( $(date +%s) - t0 )) s"
         break
     fi
 done
 
-overall=0 passed_total=0
-for d in "${dirs[@]}"; do
-    log="$OUTDIR/$d-pytest.log"
-    export DDTREE_GPU_LOG_DIR="${DDTREE_GPU_LOG_ROOT:-/tmp/ddtree-logs}/$d"
+# One piece: its pytest session, its server logs, and "<rc> <passed> <line>" in $STATE/<name>.
+run_piece() {
+    local name=$1 dir=$2 env=$3 gpu=$4; shift 4
+    local log="$OUTDIR/$name-pytest.log" t0 rc secs last p f s e status line
+    export DDTREE_GPU_LOG_DIR="$LOG_ROOT/$name"
     rm -rf "$DDTREE_GPU_LOG_DIR" && mkdir -p "$DDTREE_GPU_LOG_DIR"
-    echo "=== tests/gpu/$d ($(date -u +%H:%M:%S))"
+    local cmd=(env)
+    [ -n "$gpu" ] && cmd+=("CUDA_VISIBLE_DEVICES=$gpu")
+    # shellcheck disable=SC2206  # the piece's VAR=value words
+    [ -n "$env" ] && cmd+=($env)
+    [ "$dir_timeout" -gt 0 ] && cmd+=(timeout -s INT -k 60 "$dir_timeout")  # SIGINT: pytest's teardown stops its servers
+    cmd+=("$PY" -m pytest "tests/gpu/$dir" -q -rfEs -p no:cacheprovider "$@")
     t0=$(date +%s)
-    cmd=(python3 -m pytest "tests/gpu/$d" -q -rfEs -p no:cacheprovider "$@")
-    if [ "$dir_timeout" -gt 0 ]; then
-        # SIGINT first: pytest then runs its teardown, which stops the servers it started.
-        cmd=(timeout -s INT -k 60 "$dir_timeout" "${cmd[@]}")
-    fi
-    "${cmd[@]}" 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
+    echo "${cmd[*]}" >"$log"
+    "${cmd[@]}" >>"$log" 2>&1
+    rc=$?
     secs=$(( $(date +%s) - t0 ))
     if [ -n "$(ls -A "$DDTREE_GPU_LOG_DIR" 2>/dev/null)" ]; then
-        tar -czf "$OUTDIR/$d-server-logs.tgz" -C "$DDTREE_GPU_LOG_DIR" . 2>/dev/null
+        tar -czf "$OUTDIR/$name-server-logs.tgz" -C "$DDTREE_GPU_LOG_DIR" . 2>/dev/null
     fi
     # counts from pytest's final line, e.g. "3 failed, 40 passed, 2 skipped in 61.2s"
     last=$(grep -E '[0-9]+ (passed|failed|skipped|errors?|deselected)|no tests ran' "$log" | tail -1)
     count() { grep -oE "[0-9]+ $1" <<<"$last" | grep -oE '^[0-9]+' || echo 0; }
     p=$(count passed) f=$(count failed) s=$(count skipped) e=$(count 'errors?')
-    status=ok
     case $rc in
-        0) ;;
+        0) status=ok ;;
         5) status="nothing collected" ;;
         124|130|137) status="timed out after ${dir_timeout} s" ;;
         *) status=failed ;;
     esac
-    [ "$rc" -ne 0 ] && overall=1
-    passed_total=$(( passed_total + p ))
-    line=$(printf 'gpu-tier %-24s %-18s passed=%-4s failed=%-3s skipped=%-3s errors=%-3s %5d s' \
-        "$d" "rc=$rc($status)" "$p" "$f" "$s" "$e" "$secs")
-    echo "$line" | tee -a "$summary"
+    line=$(printf 'gpu-tier %-24s %-18s passed=%-4s failed=%-3s skipped=%-3s errors=%-3s %5d s  gpu=%s' \
+        "$name" "rc=$rc($status)" "$p" "$f" "$s" "$e" "$secs" "${gpu:-all}")
+    echo "$rc $p $t0 $(date +%s) $line" >"$STATE/$name"
+    echo "$line"
+}
+
+# Shared pieces first, at most $jobs at a time, then the all-GPU pieces one by one.
+shared=() alone=()
+for spec in "${selected[@]}"; do
+    [[ "$spec" == *"|all-gpus" ]] && alone+=("$spec") || shared+=("$spec")
+done
+echo "=== GPU tier: ${#selected[@]} pieces, $jobs at a time over ${ngpu} GPU(s) ($(date -u +%H:%M:%S))"
+k=0
+for spec in "${shared[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+    IFS='|' read -r name dir env _ <<<"$spec"
+    gpu=""
+    [ "$ngpu" -gt 0 ] && gpu=${gpus[$(( k % ngpu ))]}
+    k=$(( k + 1 ))
+    echo "--- start $name (tests/gpu/$dir${env:+, $env}${gpu:+, GPU $gpu})"
+    run_piece "$name" "$dir" "$env" "$gpu" "$@" &
+done
+wait
+for spec in "${alone[@]}"; do
+    IFS='|' read -r name dir env _ <<<"$spec"
+    echo "--- start $name (tests/gpu/$dir${env:+, $env}, every GPU, alone)"
+    run_piece "$name" "$dir" "$env" "" "$@"
 done
 
+overall=0 passed_total=0
+for spec in "${selected[@]}"; do
+    IFS='|' read -r name _ _ _ <<<"$spec"
+    read -r rc p _ _ line <"$STATE/$name"
+    [ "$rc" -ne 0 ] && overall=1
+    passed_total=$(( passed_total + p ))
+    echo "$line" >>"$summary"
+done
 echo "--- summary ($(( $(date +%s) - t_all )) s), logs in $OUTDIR"
 cat "$summary"
+for spec in "${selected[@]}"; do  # what failed, from each failing piece's short summary
+    IFS='|' read -r name _ _ _ <<<"$spec"
+    read -r rc _ <"$STATE/$name"
+    if [ "$rc" -ne 0 ]; then
+        echo "--- $name (rc=$rc): tail of $OUTDIR/$name-pytest.log"
+        tail -25 "$OUTDIR/$name-pytest.log"
+    fi
+done
 if [ "$overall" -eq 0 ] && [ "$passed_total" -eq 0 ]; then
     echo "run_gpu_tier.sh: no test passed (all skipped?): nothing was shown" | tee -a "$summary"
     exit 5

@@ -26,7 +26,9 @@ if not torch.cuda.is_available():
     pytest.skip("GPU tier: needs a CUDA device", allow_module_level=True)
 
 COMMON = [
-    "--mem-fraction-static", "0.25",
+    # The GPU tier runs several servers on one GPU at once: size each KV pool by a token
+    # cap, not by a fraction of the memory that the others may already hold.
+    "--mem-fraction-static", "0.85",
     "--max-running-requests", "16",
     "--max-total-tokens", "65536",  # the drafter's KV per token dwarfs the tiny target's
     "--cuda-graph-max-bs", "8",

@@ -1,0 +1,107 @@
+"""scripts/gpu_host/run_gpu_tier.sh: the GPU tier's pieces cover every test directory and e2e
+configuration, run at most --jobs at a time with the tensor-parallel piece alone after them,
+and a run in which nothing ran is a failure. Run here for real, on a machine without a GPU,
+where every GPU test module skips itself."""
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "scripts" / "gpu_host" / "run_gpu_tier.sh"
+GPU_DIRS = sorted(p.name for p in (REPO / "tests" / "gpu").iterdir() if p.is_dir() and p.name != "__pycache__")
+
+
+def tier(*args, **env):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DDTREE_E2E_", "CUDA_VISIBLE"))}
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, cwd=REPO,
+                          env={**clean, **env}, timeout=600)
+
+
+def pieces(*args, **env) -> list[tuple[str, str, str, str]]:
+    r = tier("--list", *args, **env)
+    assert r.returncode == 0, r.stderr
+    return [tuple(line.split("|")) for line in r.stdout.splitlines()]
+
+
+def e2e_configs() -> list[str]:
+    """The keys of CONFIGS in tests/gpu/e2e/test_server_e2e.py, read without importing it."""
+    tree = ast.parse((REPO / "tests" / "gpu" / "e2e" / "test_server_e2e.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "CONFIGS" for t in node.targets):
+            return [k.value for k in node.value.keys]
+    raise AssertionError("no CONFIGS in test_server_e2e.py")
+
+
+def test_pieces_cover_every_dir_and_e2e_configuration_once():
+    ps = pieces()
+    assert sorted({d for _, d, _, _ in ps}) == GPU_DIRS
+    shared = [c for name, d, env, _ in ps if d == "e2e" for c in env.split("=", 1)[1].split(",")]
+    assert sorted(shared) == sorted(e2e_configs())
+    for name, d, env, mode in ps:
+        if d == "e2e":
+            configs = env.split("=", 1)[1].split(",")
+            assert len(configs) >= 2, name  # the cross-configuration check needs two
+            assert (mode == "all-gpus") == any("tp2" in c for c in configs), name
+        else:
+            assert env == "", name
+
+
+def test_caller_selection_makes_one_piece():
+    assert pieces("--only", "e2e,ddtree", DDTREE_E2E_CONFIGS="triton-nospec", DDTREE_E2E_SERVERS="ddtree") == [
+        ("e2e", "e2e", "", ""), ("ddtree", "ddtree", "", "")]
+    assert pieces("--only", "e2e", DDTREE_E2E_CONFIGS="triton-nospec,triton-dflash-tp2") == [
+        ("e2e", "e2e", "", "all-gpus")]
+    assert pieces("--only", "ddtree", DDTREE_E2E_SERVERS="ddtree", DDTREE_E2E_EXTRA_ARGS="--tp-size 2") == [
+        ("ddtree", "ddtree", "", "all-gpus")]
+
+
+@pytest.mark.parametrize("args,error", [
+    (["--jobs", "0"], "--jobs takes a positive whole number"),
+    (["--jobs", "x"], "--jobs takes a positive whole number"),
+    (["--dir-timeout", "soon"], "--dir-timeout takes seconds"),
+    (["--only", "e2e,nope"], "no tests/gpu/nope"),
+])
+def test_bad_arguments_are_refused(args, error):
+    r = tier(*args)
+    assert r.returncode == 2 and error in r.stderr
+
+
+def test_a_run_where_nothing_ran_fails(tmp_path):
+    """Without a GPU every piece collects nothing or skips everything, and the tier fails. Three at a
+    time at most, and the tensor-parallel piece only after every other piece has finished."""
+    out = tmp_path / "out"
+    r = tier("--jobs", "3", PYTHON=sys.executable, OUT=str(out), DDTREE_GPU_LOG_ROOT=str(tmp_path / "logs"),
+             DDTREE_TEST_MODELS=str(tmp_path / "models"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    names = [p[0] for p in pieces()]
+    summary = (out / "gpu-tier-summary.txt").read_text().splitlines()
+    assert [line.split()[1] for line in summary] == names
+    assert all("passed=0" in line for line in summary)
+    assert "e2e-triton               rc=5(nothing collected)" in summary[names.index("e2e-triton")]
+    for name in names:
+        assert (out / f"{name}-pytest.log").read_text().startswith("env ")
+    assert (tmp_path / "models" / "manifest.json").is_file()  # server pieces need the test models
+
+    running, most, finished = 0, 0, []
+    events = r.stdout.split("--- summary")[0].splitlines()
+    for line in events:
+        if line.startswith("--- start "):
+            name = line.split()[2]
+            if name == "e2e-tp2":
+                assert sorted(finished) == sorted(n for n in names if n != "e2e-tp2")
+            running += 1
+            most = max(most, running)
+        elif line.startswith("gpu-tier "):
+            running -= 1
+            finished.append(line.split()[1])
+    assert most == 3 and running == 0 and sorted(finished) == sorted(names)
+
+
+def test_a_run_where_everything_skipped_fails(tmp_path):
+    r = tier("--only", "arch_gating", PYTHON=sys.executable, OUT=str(tmp_path))
+    assert r.returncode == 5 and "no test passed" in r.stdout, r.stdout + r.stderr
