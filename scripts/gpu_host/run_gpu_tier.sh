@@ -4,7 +4,7 @@
 #   scripts/gpu_host/run_gpu_tier.sh [--only DIR,DIR] [--jobs N] [--dir-timeout SECONDS] [--list] [--] [pytest args...]
 #
 # The tier is a list of pieces, one pytest session each: a tests/gpu/<dir>, or a share of the
-# e2e configurations. Pieces run --jobs at a time (default 4 per GPU), spread round-robin over
+# e2e configurations. Pieces run --jobs at a time (default: all at once), spread round-robin over
 # the visible GPUs; a piece that needs every GPU (tensor parallel) runs alone after the others.
 # --jobs 1 runs them one after another. Logs go to $OUT (or /tmp/ddtree-out): <piece>-pytest.log,
 # <piece>-server-logs.tgz for pieces that start servers, gpu-tier-summary.txt (one line per
@@ -104,7 +104,6 @@ else
     mapfile -t gpus < <(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr -d ' ')
 fi
 ngpu=${#gpus[@]}
-[ -n "$jobs" ] || jobs=$(( 4 * (ngpu > 0 ? ngpu : 1) ))
 
 t_all=$(date +%s)
 models_ready() {  # all pairs, not just a manifest: `make_test_models.py --only shapes` writes one too
@@ -166,6 +165,7 @@ shared=() alone=()
 for spec in "${selected[@]}"; do
     [[ "$spec" == *"|all-gpus" ]] && alone+=("$spec") || shared+=("$spec")
 done
+[ -n "$jobs" ] || jobs=$(( ${#shared[@]} > 0 ? ${#shared[@]} : 1 ))
 echo "=== GPU tier: ${#selected[@]} pieces, $jobs at a time over ${ngpu} GPU(s) ($(date -u +%H:%M:%S))"
 k=0
 for spec in "${shared[@]}"; do
