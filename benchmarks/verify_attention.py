@@ -144,6 +144,21 @@ def run_strategy(name, inputs, config_arch=None, heads=MLA):
         cfg = select_config(config_arch, heads.dqk, heads.dv, heads.shared_kv)
         planned = FlashInferPrefixPass(*args[:5], args[5].shape[1], args[7])
         return lambda: tree_verify_flashinfer_split(*args, None, 0.0, cfg, prefix_pass=planned), None
+    if name == "flashmla_split":
+        # Staging and the prefix bound set ahead, as a backend would size them at
+        # start-up: the timed region (and the captured graph) holds device work only.
+        from sglang.srt.layers.attention.tree_verify.flashmla_split import (
+            new_staging,
+            tree_verify_flashmla_split,
+        )
+
+        cfg = select_config(config_arch, heads.dqk, heads.dv, heads.shared_kv)
+        bs = args[5].shape[0]
+        p = int(args[3][1] - args[3][0]) if bs else 0
+        staging = new_staging(bs, p, args[1])
+        return lambda: tree_verify_flashmla_split(
+            *args, None, 0.0, cfg, max_prefix_len=p, staging=staging
+        ), None
     if name == "flashinfer_dense":
         return flashinfer_dense_mask(args, heads), None
     return lambda: tree_verify_attention(*args, strategy=name), None
@@ -373,7 +388,7 @@ def main():
     ap.add_argument("--attn", choices=list(HEADS), default="mla", help="KV layout of the shapes")
     ap.add_argument("--strategies", default=None,
                     help="comma list (default: upstream_extend,fused,fused_sm120,flashinfer_split"
-                         " [,flashinfer_dense for gqa])")
+                         " and flashmla_split for mla, flashinfer_dense for gqa)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--tag", default="")
     ap.add_argument("--no-graph", action="store_true", help="time eager calls, not graph replays")
@@ -395,7 +410,7 @@ def main():
     if args.tune and heads is not MLA:
         ap.error("--tune sweeps the MLA tile configurations only")
     strategies = args.strategies or "upstream_extend,fused,fused_sm120,flashinfer_split" + (
-        "" if heads is MLA else ",flashinfer_dense")
+        ",flashmla_split" if heads is MLA else ",flashinfer_dense")
 
     from sglang.srt.utils.gpu_arch import device_capability, kernel_arch
 

@@ -12,16 +12,17 @@ import os
 
 import torch
 
-import sglang.srt.layers.attention.tree_verify.prefix_split as _compiled
+import sglang.srt.layers.attention.tree_verify.flashmla_split as _flashmla_split
+import sglang.srt.layers.attention.tree_verify.prefix_split as _prefix_split
 
 
-@functools.lru_cache(maxsize=1)
-def interpreted_prefix_split():
+def _interpreted(compiled, kernel: str):
+    """A fresh copy of ``compiled`` whose ``@triton.jit`` kernels interpret."""
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
         spec = importlib.util.spec_from_file_location(
-            "_tree_verify_prefix_split_interpreted", _compiled.__file__
+            f"_{compiled.__name__.rsplit('.', 1)[-1]}_interpreted", compiled.__file__
         )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -32,8 +33,18 @@ def interpreted_prefix_split():
             os.environ["TRITON_INTERPRET"] = old
     from triton.runtime.interpreter import InterpretedFunction
 
-    assert isinstance(module._tree_verify_split_kernel, InterpretedFunction)
+    assert isinstance(getattr(module, kernel), InterpretedFunction)
     return module
+
+
+@functools.lru_cache(maxsize=1)
+def interpreted_prefix_split():
+    return _interpreted(_prefix_split, "_tree_verify_split_kernel")
+
+
+@functools.lru_cache(maxsize=1)
+def interpreted_flashmla_split():
+    return _interpreted(_flashmla_split, "_gather_prefix_pages_kernel")
 
 
 def random_parents(bs: int, n: int, gen: torch.Generator) -> torch.Tensor:

@@ -147,3 +147,26 @@ def test_fp8_kv_real_mla_configs():
     for arch in ((9, 0), (12, 0)):
         check(case, 576**-0.5, select_config(arch, 576, 512), None, kv_scales=(1.5, 1.5))
 
+
+
+@pytest.mark.parametrize("prefix_lens,n,h", [([37, 0, 5], 5, 3), ([64], 9, 2)])
+def test_merge_external_prefix(prefix_lens, n, h):
+    """The contract flashinfer_split and flashmla_split rely on: a prefix pass computed
+    elsewhere, rows in (request, query, head) order with a base-2 LSE (-inf for an
+    empty prefix), plus our tree tail, equals the whole attention."""
+    q, k, v, indptr, pidx, tidx, mask = make_case(7, prefix_lens, n, h, 1, 80, 64, True)
+    scale = 0.125
+    o_pre = torch.zeros(len(prefix_lens), n, h, 64)
+    lse_pre = torch.full((len(prefix_lens), n, h), float("-inf"))
+    for b in range(len(prefix_lens)):
+        keys = k[pidx[indptr[b] : indptr[b + 1]].long(), 0].float()
+        if keys.shape[0] == 0:
+            continue
+        s = torch.einsum("thd,pd->thp", q[b * n : (b + 1) * n].float(), keys) * scale
+        o_pre[b] = torch.softmax(s, -1) @ keys[:, :64]
+        lse_pre[b] = torch.logsumexp(s, -1) / torch.log(torch.tensor(2.0))
+    out = interpreted_prefix_split().merge_external_prefix(
+        q, k, v, indptr, pidx, tidx, mask, scale, SMALL, o_pre.reshape(-1, 64), lse_pre.reshape(-1), None
+    )
+    ref = tree_verify_attention_ref(q, k, v, indptr, pidx, tidx, mask, scale).float()
+    assert (out.float() - ref).abs().max().item() < 4e-3

@@ -177,7 +177,7 @@ def test_cuda_graph_replay_with_new_lengths():
         assert rel_err(out, ref) < 1e-2, lens
 
 
-@pytest.mark.parametrize("strategy", ["upstream_extend", "flashinfer_split"])
+@pytest.mark.parametrize("strategy", ["upstream_extend", "flashinfer_split", "flashmla_split"])
 def test_other_strategies_agree(strategy):
     case = make_case(5, [4096, 100], 17, 16, 1, 576, 512, torch.bfloat16, True)
     try:
@@ -212,3 +212,48 @@ def test_flashinfer_split_planned_ahead_replays_in_a_graph():
     case[0].copy_(torch.randn_like(case[0]))  # new queries, same layout
     g.replay()
     assert rel_err(out, tree_verify_attention_ref(*case)) < 1e-2
+
+
+@pytest.mark.parametrize("lens,n,h", [([16384], 65, 16), ([4096, 0, 777, 64, 1], 65, 16), ([1000, 65], 17, 128)])
+def test_flashmla_split_matches_the_reference(lens, n, h):
+    """Prefixes copied into 64-token pages (ragged, empty, one token, exactly a
+    page), FlashMLA over them, our tree tail, one combine."""
+    case = make_case(7, lens, n, h, 1, 576, 512, torch.bfloat16, True)
+    try:
+        check(case, strategy="flashmla_split")
+    except StrategyUnavailable as e:
+        pytest.skip(str(e))
+
+
+def test_flashmla_split_replays_in_a_graph_with_new_prefix_lengths():
+    """With the staging and a prefix bound set ahead, the whole call is device
+    work: one captured graph serves new queries and new prefix lengths."""
+    from sglang.srt.layers.attention.tree_verify.flashmla_split import (
+        new_staging,
+        tree_verify_flashmla_split,
+    )
+
+    case = make_case(8, [3000, 500], 65, 16, 1, 576, 512, torch.bfloat16, True)
+    q, k, v, indptr, pidx, tidx, mask, scale = case
+    bound = 4096
+    staging = new_staging(2, bound, k)
+    cfg = select_config((9, 0), 576, 512)
+    out = torch.full((q.shape[0], 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    run = lambda: tree_verify_flashmla_split(  # noqa: E731
+        q, k, v, indptr, pidx, tidx, mask, scale, out, 0.0, cfg, max_prefix_len=bound, staging=staging
+    )
+    try:
+        run()
+    except StrategyUnavailable as e:
+        pytest.skip(str(e))
+    torch.cuda.synchronize()
+    assert rel_err(out, tree_verify_attention_ref(*case)) < 1e-2
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run()
+    for lens in ([3499, 1], [0, 3500], [2000, 1500]):  # within the bound and the 3,500 prefix slots
+        indptr.copy_(torch.tensor([0, *lens], device="cuda").cumsum(0).to(torch.int32))
+        q.copy_(torch.randn_like(q))
+        out.fill_(float("nan"))
+        g.replay()
+        assert rel_err(out, tree_verify_attention_ref(q, k, v, indptr, pidx, tidx, mask, scale)) < 1e-2, lens

@@ -129,6 +129,18 @@ def compile_combine_kernel(dv: int, cap, dtype: str = "bf16", parts: int = 257):
     return triton.compile(src, target=cuda_target(cap), options={"num_warps": warps})
 
 
+def compile_page_gather_kernel(cap, dtype: str = "bf16"):
+    """flashmla_split's prefix-to-pages copy, for the archs FlashMLA serves."""
+    from sglang.srt.layers.attention.tree_verify import flashmla_split
+
+    fn = flashmla_split._gather_prefix_pages_kernel
+    types = dict(kv=f"*{dtype}", indptr="*i32", indices="*i32", staging=f"*{dtype}",
+                 stride_kv_row="i32", stride_staging_row="i32", max_pages="i32")  # fmt: skip
+    constexprs = dict(D=576, BLOCK_D=64, PAGE_ROWS=flashmla_split.PAGE)
+    src = _source(fn, types, constexprs, {"kv", "staging", "stride_kv_row", "stride_staging_row"})
+    return triton.compile(src, target=cuda_target(cap), options={"num_warps": 4})
+
+
 def compile_arch_report(cap) -> list:
     """Compile every selectable config for ``cap``; one record per kernel."""
     from sglang.srt.layers.attention.tree_verify.configs import (
@@ -153,6 +165,9 @@ def compile_arch_report(cap) -> list:
     for dv in (64, 128, 256, 512):
         k = compile_combine_kernel(dv, cap)
         records.append(dict(kernel="combine", dv=dv, shared=k.metadata.shared, mma=None))
+    if cap[0] in (9, 10):  # FlashMLA's archs
+        k = compile_page_gather_kernel(cap)
+        records.append(dict(kernel="page_gather", shared=k.metadata.shared, mma=None))
     return records
 
 

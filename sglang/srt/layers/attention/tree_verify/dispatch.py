@@ -7,7 +7,8 @@ MLA shapes but plans on the host from the prefix lengths every step
 (docs/tree-verify.md, "Strategy choice"). The others stay selectable for
 measurement and as fallbacks: ``upstream_extend`` (upstream's Triton extend kernel with a
 dense mask), ``flashinfer_split`` (FlashInfer prefix pass + our tail + LSE
-merge), ``reference`` (plain torch, fp32). A strategy that cannot run here
+merge), ``flashmla_split`` (the prefix copied into 64-token pages, FlashMLA over
+them, our tail, LSE merge; sm_90/sm_100), ``reference`` (plain torch, fp32). A strategy that cannot run here
 raises :class:`StrategyUnavailable` saying why.
 """
 
@@ -71,11 +72,11 @@ def _run_flashmla(args, arch, kv_scales=None):
             f"flashmla_split: FlashMLA ships kernels for sm_90a/sm_100a only, "
             f"not compute capability {arch[0]}.{arch[1]}"
         )
-    raise StrategyUnavailable(
-        "flashmla_split is not implemented: FlashMLA reads page-size-64 block "
-        "tables, and tree verify receives page_size 1 slot indices; serving it "
-        "would copy the whole prefix into pages on every call"
+    from sglang.srt.layers.attention.tree_verify.flashmla_split import (
+        tree_verify_flashmla_split,
     )
+
+    return tree_verify_flashmla_split(*args, config=_config(arch, *args[:3]))
 
 
 def _run_reference(args, arch, kv_scales):

@@ -16,10 +16,7 @@ import functools
 import torch
 
 from sglang.srt.layers.attention.tree_verify.configs import TreeVerifyConfig
-from sglang.srt.layers.attention.tree_verify.prefix_split import (
-    combine_partials,
-    split_partials,
-)
+from sglang.srt.layers.attention.tree_verify.prefix_split import merge_external_prefix
 from sglang.srt.layers.attention.tree_verify.upstream_extend import (
     StrategyUnavailable,
 )
@@ -100,19 +97,13 @@ def tree_verify_flashinfer_split(
     """Without ``prefix_pass`` the call plans one (a host sync)."""
     if logit_cap > 0:
         raise StrategyUnavailable("flashinfer_split does not apply a logit cap")
-    bs, n = tree_kv_indices.shape
+    n = tree_kv_indices.shape[1]
     if prefix_pass is None:
         prefix_pass = FlashInferPrefixPass(
             q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, n, sm_scale
         )
     o_pre, lse_pre = prefix_pass.run(q, k_buffer, v_buffer)
-    o_part, lse_part = split_partials(
-        q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
-        tree_kv_indices, tree_mask, sm_scale, 0.0, config, num_splits=0,
-        extra_parts=1,
+    return merge_external_prefix(
+        q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
+        tree_mask, sm_scale, config, o_pre, lse_pre, out,
     )  # fmt: skip
-    o_part[1].copy_(o_pre.reshape(-1, o_part.shape[-1]))
-    lse_part[1].copy_(lse_pre.reshape(-1))
-    if out is None:
-        out = q.new_empty(bs * n, q.shape[1], v_buffer.shape[2])
-    return combine_partials(o_part, lse_part, out)

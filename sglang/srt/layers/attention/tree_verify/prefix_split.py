@@ -814,6 +814,36 @@ def combine_partials(
     return out
 
 
+def merge_external_prefix(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    prefix_kv_indptr: torch.Tensor,
+    prefix_kv_indices: torch.Tensor,
+    tree_kv_indices: torch.Tensor,
+    tree_mask: torch.Tensor,
+    sm_scale: float,
+    config: TreeVerifyConfig,
+    o_prefix: torch.Tensor,
+    lse_prefix: torch.Tensor,
+    out: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """Our masked tree tail plus a prefix pass another kernel computed (FlashInfer,
+    FlashMLA): ``o_prefix`` holds ``bs*N*H`` rows of Dv in (request, query, head)
+    order, ``lse_prefix`` their base-2 LSE (``-inf`` for an empty prefix)."""
+    bs, n = tree_kv_indices.shape
+    o_part, lse_part = split_partials(
+        q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
+        tree_kv_indices, tree_mask, sm_scale, 0.0, config, num_splits=0,
+        extra_parts=1,
+    )  # fmt: skip
+    o_part[1].copy_(o_prefix.reshape(-1, o_part.shape[-1]))
+    lse_part[1].copy_(lse_prefix.reshape(-1))
+    if out is None:
+        out = q.new_empty(bs * n, q.shape[1], v_buffer.shape[2])
+    return combine_partials(o_part, lse_part, out)
+
+
 def num_splits_for(
     q: torch.Tensor,
     k_buffer: torch.Tensor,

@@ -1,0 +1,195 @@
+"""FlashMLA prefix pass + our masked tree-tail split + one LSE combine (sm_90 / sm_100).
+
+FlashMLA runs the prefix of a wide tree at several times our Triton tile's rate on
+Hopper (0.077 against 0.210 ms at H=16, N=65, P=16K on the H200:
+``../shared/reference/flashmla_prefix_only_h200.jsonl``, ``docs/tree-verify.md``), but it
+reads the KV cache in 64-token pages through a block table, and tree verify gets
+page_size-1 slot indices. So the pass first copies each request's prefix rows into
+page-contiguous staging: one read and one write of the prefix, a small cost next to
+the attention once the tree is wide. Everything runs on the GPU from device tensors;
+with a host bound on the prefix length and a preallocated staging buffer the whole
+call replays in a CUDA graph with no host work per step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang.srt.layers.attention.tree_verify.configs import TreeVerifyConfig
+from sglang.srt.layers.attention.tree_verify.prefix_split import merge_external_prefix
+from sglang.srt.layers.attention.tree_verify.upstream_extend import (
+    StrategyUnavailable,
+)
+
+#: FlashMLA's page size (``page_block_size``); the staging is laid out in such pages.
+PAGE = 64
+_MLA_DIMS = (576, 512, 1)  # latent + rope per key, value width, KV heads
+_LOG2E = math.log2(math.e)
+
+
+@triton.jit
+def _gather_prefix_pages_kernel(
+    kv, indptr, indices, staging,
+    stride_kv_row, stride_staging_row, max_pages,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_ROWS: tl.constexpr,
+):  # fmt: skip
+    """Program (b, j) writes page j of request b's staging: prefix rows
+    ``j*PAGE .. j*PAGE+PAGE-1`` and zeros past the prefix's end (FlashMLA masks
+    their scores, but a stale NaN there would still reach P·V)."""
+    b = tl.program_id(0)
+    j = tl.program_id(1)
+    start = tl.load(indptr + b)
+    length = tl.load(indptr + b + 1) - start
+    if j * PAGE_ROWS < length:
+        pos = j * PAGE_ROWS + tl.arange(0, PAGE_ROWS)
+        ok = pos < length
+        src = tl.load(indices + start + pos, mask=ok, other=0).to(tl.int64)
+        dst = (b * max_pages + j).to(tl.int64) * PAGE_ROWS + tl.arange(0, PAGE_ROWS)
+        for d0 in tl.static_range(0, D, BLOCK_D):
+            cols = d0 + tl.arange(0, BLOCK_D)
+            rows = tl.load(kv + src[:, None] * stride_kv_row + cols[None, :], mask=ok[:, None], other=0.0)
+            tl.store(staging + dst[:, None] * stride_staging_row + cols[None, :], rows)
+
+
+def new_staging(bs: int, max_prefix_len: int, like: torch.Tensor) -> torch.Tensor:
+    """Staging for ``bs`` requests of up to ``max_prefix_len`` prefix tokens:
+    ``[bs * max_pages, PAGE, 1, 576]`` in the KV cache's dtype."""
+    pages = bs * pages_for(max_prefix_len)
+    return torch.empty(pages, PAGE, 1, _MLA_DIMS[0], dtype=like.dtype, device=like.device)
+
+
+def pages_for(max_prefix_len: int) -> int:
+    return max(1, triton.cdiv(max_prefix_len, PAGE))
+
+
+def gather_prefix_pages(
+    k_buffer: torch.Tensor,
+    prefix_kv_indptr: torch.Tensor,
+    prefix_kv_indices: torch.Tensor,
+    max_pages: int,
+    staging: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Request b's prefix lands in staging pages ``b*max_pages ..``, in order; the
+    rest of its last page is zero. Requests longer than ``max_pages`` pages are
+    the caller's error (the bound is a host value so the grid is static)."""
+    bs = prefix_kv_indptr.numel() - 1
+    d = k_buffer.shape[-1]
+    if staging is None:
+        staging = torch.empty(bs * max_pages, PAGE, 1, d, dtype=k_buffer.dtype, device=k_buffer.device)
+    if staging.shape[0] < bs * max_pages or staging.shape[1:] != (PAGE, 1, d):
+        raise ValueError(
+            f"staging of shape {tuple(staging.shape)} cannot hold {bs} requests of "
+            f"{max_pages} pages of {PAGE} x 1 x {d}"
+        )
+    if bs == 0:
+        return staging
+    rows = staging.view(-1, d)
+    _gather_prefix_pages_kernel[(bs, max_pages)](
+        k_buffer, prefix_kv_indptr, prefix_kv_indices, rows,
+        k_buffer.stride(0), rows.stride(0), max_pages,
+        D=d, BLOCK_D=64, PAGE_ROWS=PAGE,
+    )  # fmt: skip
+    return staging
+
+
+def gather_prefix_pages_ref(
+    k_buffer: torch.Tensor,
+    prefix_kv_indptr: torch.Tensor,
+    prefix_kv_indices: torch.Tensor,
+    max_pages: int,
+) -> torch.Tensor:
+    """Plain torch: the staging ``gather_prefix_pages`` writes, NaN where it writes
+    nothing (pages past a request's prefix)."""
+    bs = prefix_kv_indptr.numel() - 1
+    d = k_buffer.shape[-1]
+    staging = torch.full((bs * max_pages * PAGE, d), float("nan"), dtype=k_buffer.dtype, device=k_buffer.device)
+    bounds = prefix_kv_indptr.tolist()
+    for b in range(bs):
+        rows = prefix_kv_indices[bounds[b] : bounds[b + 1]].long()
+        base = b * max_pages * PAGE
+        used = triton.cdiv(rows.numel(), PAGE) * PAGE
+        staging[base : base + used] = 0
+        staging[base : base + rows.numel()] = k_buffer.reshape(k_buffer.shape[0], d)[rows]
+    return staging.view(bs * max_pages, PAGE, 1, d)
+
+
+def _flash_mla():
+    try:
+        from sgl_kernel.flash_mla import flash_mla_with_kvcache, get_mla_metadata
+    except Exception as e:  # ImportError, or the extension failing to load
+        raise StrategyUnavailable(f"flashmla_split needs sgl_kernel's FlashMLA: {e}") from e
+    return flash_mla_with_kvcache, get_mla_metadata
+
+
+def check_supported(q, k_buffer, v_buffer, logit_cap: float) -> None:
+    """Raise StrategyUnavailable unless FlashMLA's dense bf16/fp16 kernel serves this call."""
+    if logit_cap > 0:
+        raise StrategyUnavailable("flashmla_split does not apply a logit cap")
+    dims = (q.shape[-1], v_buffer.shape[-1], k_buffer.shape[1])
+    if dims != _MLA_DIMS:
+        raise StrategyUnavailable(
+            f"flashmla_split serves absorbed MLA (Dqk 576, Dv 512, 1 KV head); got "
+            f"Dqk={dims[0]}, Dv={dims[1]}, Hkv={dims[2]}"
+        )
+    if q.dtype not in (torch.bfloat16, torch.float16) or k_buffer.dtype != q.dtype:
+        raise StrategyUnavailable(
+            f"flashmla_split needs a bf16/fp16 KV cache in q's dtype; got q {q.dtype}, "
+            f"KV {k_buffer.dtype} (fp8 KV: use the fused strategy)"
+        )
+
+
+def flashmla_prefix_pass(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    prefix_kv_indptr: torch.Tensor,
+    prefix_kv_indices: torch.Tensor,
+    n: int,
+    sm_scale: float,
+    max_pages: int,
+    staging: Optional[torch.Tensor] = None,
+):
+    """Every tree query over its prefix only: ``(o [bs*n*H, 512], lse [bs*n*H])``,
+    rows in (request, query, head) order, LSE in base 2 as our combine takes it."""
+    flash_mla_with_kvcache, get_mla_metadata = _flash_mla()
+    bs = prefix_kv_indptr.numel() - 1
+    h = q.shape[1]
+    staging = gather_prefix_pages(k_buffer, prefix_kv_indptr, prefix_kv_indices, max_pages, staging)
+    lengths = (prefix_kv_indptr[1:] - prefix_kv_indptr[:-1]).to(torch.int32)
+    page_table = torch.arange(bs * max_pages, dtype=torch.int32, device=q.device).view(bs, max_pages)
+    schedule, splits = get_mla_metadata(lengths, n * h, 1)
+    o, lse = flash_mla_with_kvcache(
+        q.reshape(bs, n, h, q.shape[-1]), staging, page_table, lengths, _MLA_DIMS[1],
+        schedule, splits, softmax_scale=sm_scale, causal=False,
+    )  # fmt: skip
+    # FlashMLA's LSE is natural-log, [bs, H, n]; a request with no prefix contributes nothing.
+    empty = (lengths == 0)[:, None, None]
+    lse = torch.where(empty, float("-inf"), lse.float() * _LOG2E).transpose(1, 2)
+    o = torch.where(empty[..., None], 0.0, o)
+    return o.reshape(bs * n * h, -1), lse.reshape(-1)
+
+
+def tree_verify_flashmla_split(
+    q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
+    tree_mask, sm_scale, out, logit_cap, config: TreeVerifyConfig,
+    max_prefix_len: Optional[int] = None, staging: Optional[torch.Tensor] = None,
+):  # fmt: skip
+    """Without ``max_prefix_len`` the call reads the longest prefix on the host (a
+    sync); with it and ``staging`` (``new_staging``) it is graph-capturable."""
+    check_supported(q, k_buffer, v_buffer, logit_cap)
+    bs, n = tree_kv_indices.shape
+    if max_prefix_len is None:
+        lengths = prefix_kv_indptr[1:] - prefix_kv_indptr[:-1]
+        max_prefix_len = int(lengths.max()) if bs else 0
+    o_pre, lse_pre = flashmla_prefix_pass(
+        q, k_buffer, prefix_kv_indptr, prefix_kv_indices, n, sm_scale,
+        pages_for(max_prefix_len), staging,
+    )  # fmt: skip
+    return merge_external_prefix(
+        q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
+        tree_mask, sm_scale, config, o_pre, lse_pre, out,
+    )  # fmt: skip
