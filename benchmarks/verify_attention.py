@@ -149,13 +149,14 @@ def run_strategy(name, inputs, config_arch=None, heads=MLA):
         # start-up: the timed region (and the captured graph) holds device work only.
         from sglang.srt.layers.attention.tree_verify.flashmla_split import (
             new_staging,
+            staging_pages,
             tree_verify_flashmla_split,
         )
 
         cfg = select_config(config_arch, heads.dqk, heads.dv, heads.shared_kv)
         bs = args[5].shape[0]
         p = int(args[3][1] - args[3][0]) if bs else 0
-        staging = new_staging(bs, p, args[1])
+        staging = new_staging(staging_pages(bs, args[4].numel()), args[1])
         return lambda: tree_verify_flashmla_split(
             *args, None, 0.0, cfg, max_prefix_len=p, staging=staging
         ), None

@@ -15,6 +15,7 @@ from sglang.srt.layers.attention.tree_verify.flashmla_split import (
     check_supported,
     gather_prefix_pages_ref,
     pages_for,
+    staging_pages,
 )
 
 from _interp import interpreted_flashmla_split
@@ -33,20 +34,32 @@ def ragged(lens, pool_extra=50, seed=0):
 def test_gather_copies_each_prefix_into_its_pages_exactly(lens):
     mod = interpreted_flashmla_split()
     kv, indptr, indices = ragged(lens)
-    max_pages = pages_for(max(lens))
-    sentinel = torch.full((len(lens) * max_pages, PAGE, 1, 576), 7.0).half()
-    got = mod.gather_prefix_pages(kv, indptr, indices, max_pages, sentinel.clone())
-    want = gather_prefix_pages_ref(kv, indptr, indices, max_pages)
+    pages = staging_pages(len(lens), sum(lens)) + 2  # room to see nothing is written past the end
+    page_start, table = mod.page_layout(indptr, pages_for(max(lens)), pages)
+    sentinel = torch.full((pages, PAGE, 1, 576), 7.0).half()
+    got = mod.gather_prefix_pages(kv, indptr, indices, page_start, pages_for(max(lens)), sentinel.clone())
+    want = gather_prefix_pages_ref(kv, indptr, indices, pages)
     written = ~want.isnan()
-    assert torch.equal(got[written], want[written])  # a copy: bit for bit, zeros after the end
-    assert (got[~written] == 7.0).all()  # pages past a prefix are left alone
+    assert torch.equal(got[written], want[written])  # a copy: bit for bit, zeros after each end
+    assert (got[~written] == 7.0).all()  # nothing else is touched
+    # FlashMLA's block table walks each request's own pages.
+    for b, n in enumerate(lens):
+        first = int(page_start[b])
+        assert table[b, : -(-n // PAGE)].tolist() == list(range(first, first + -(-n // PAGE)))
 
 
-def test_gather_refuses_a_staging_too_small():
+def test_staging_pages_hold_any_split_of_the_tokens():
+    for lens in ([1] * 7, [63, 65, 1], [64, 64], [0, 0, 0], [4096, 1, 1]):
+        need = sum(-(-n // PAGE) for n in lens)
+        assert need <= staging_pages(len(lens), sum(lens)), lens
+
+
+def test_gather_refuses_a_staging_of_the_wrong_shape():
     mod = interpreted_flashmla_split()
     kv, indptr, indices = ragged([100, 10])
-    with pytest.raises(ValueError, match="cannot hold 2 requests of 2 pages"):
-        mod.gather_prefix_pages(kv, indptr, indices, 2, torch.empty(3, PAGE, 1, 576).half())
+    page_start, _ = mod.page_layout(indptr, 2, 4)
+    with pytest.raises(ValueError, match=r"staging must be \[pages, 64, 1, 576\]"):
+        mod.gather_prefix_pages(kv, indptr, indices, page_start, 2, torch.empty(4, 32, 1, 576).half())
 
 
 def test_pages_for():

@@ -230,13 +230,14 @@ def test_flashmla_split_replays_in_a_graph_with_new_prefix_lengths():
     work: one captured graph serves new queries and new prefix lengths."""
     from sglang.srt.layers.attention.tree_verify.flashmla_split import (
         new_staging,
+        staging_pages,
         tree_verify_flashmla_split,
     )
 
     case = make_case(8, [3000, 500], 65, 16, 1, 576, 512, torch.bfloat16, True)
     q, k, v, indptr, pidx, tidx, mask, scale = case
     bound = 4096
-    staging = new_staging(2, bound, k)
+    staging = new_staging(staging_pages(2, pidx.numel()), k)
     cfg = select_config((9, 0), 576, 512)
     out = torch.full((q.shape[0], 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     run = lambda: tree_verify_flashmla_split(  # noqa: E731

@@ -134,8 +134,8 @@ def compile_page_gather_kernel(cap, dtype: str = "bf16"):
     from sglang.srt.layers.attention.tree_verify import flashmla_split
 
     fn = flashmla_split._gather_prefix_pages_kernel
-    types = dict(kv=f"*{dtype}", indptr="*i32", indices="*i32", staging=f"*{dtype}",
-                 stride_kv_row="i32", stride_staging_row="i32", max_pages="i32")  # fmt: skip
+    types = dict(kv=f"*{dtype}", indptr="*i32", indices="*i32", page_start="*i32",
+                 staging=f"*{dtype}", stride_kv_row="i32", stride_staging_row="i32")  # fmt: skip
     constexprs = dict(D=576, BLOCK_D=64, PAGE_ROWS=flashmla_split.PAGE)
     src = _source(fn, types, constexprs, {"kv", "staging", "stride_kv_row", "stride_staging_row"})
     return triton.compile(src, target=cuda_target(cap), options={"num_warps": 4})

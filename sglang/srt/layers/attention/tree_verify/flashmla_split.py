@@ -6,9 +6,11 @@ Hopper (0.077 against 0.210 ms at H=16, N=65, P=16K on the H200:
 reads the KV cache in 64-token pages through a block table, and tree verify gets
 page_size-1 slot indices. So the pass first copies each request's prefix rows into
 page-contiguous staging: one read and one write of the prefix, a small cost next to
-the attention once the tree is wide. Everything runs on the GPU from device tensors;
-with a host bound on the prefix length and a preallocated staging buffer the whole
-call replays in a CUDA graph with no host work per step.
+the attention once the tree is wide. The requests' pages follow each other in the
+staging (a device-side prefix sum), so it needs one page per 64 prefix tokens plus one
+per request, at most one KV layer's worth. Everything runs on the GPU from device
+tensors; with a host bound on the prefix length and a preallocated staging buffer the
+whole call replays in a CUDA graph with no host work per step.
 """
 
 from __future__ import annotations
@@ -34,13 +36,13 @@ _LOG2E = math.log2(math.e)
 
 @triton.jit
 def _gather_prefix_pages_kernel(
-    kv, indptr, indices, staging,
-    stride_kv_row, stride_staging_row, max_pages,
+    kv, indptr, indices, page_start, staging,
+    stride_kv_row, stride_staging_row,
     D: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_ROWS: tl.constexpr,
 ):  # fmt: skip
-    """Program (b, j) writes page j of request b's staging: prefix rows
-    ``j*PAGE .. j*PAGE+PAGE-1`` and zeros past the prefix's end (FlashMLA masks
-    their scores, but a stale NaN there would still reach P·V)."""
+    """Program (b, j) writes request b's page j, staging page ``page_start[b] + j``:
+    prefix rows ``j*PAGE .. j*PAGE+PAGE-1`` and zeros past the prefix's end
+    (FlashMLA masks their scores, but a stale NaN there would still reach P·V)."""
     b = tl.program_id(0)
     j = tl.program_id(1)
     start = tl.load(indptr + b)
@@ -49,49 +51,65 @@ def _gather_prefix_pages_kernel(
         pos = j * PAGE_ROWS + tl.arange(0, PAGE_ROWS)
         ok = pos < length
         src = tl.load(indices + start + pos, mask=ok, other=0).to(tl.int64)
-        dst = (b * max_pages + j).to(tl.int64) * PAGE_ROWS + tl.arange(0, PAGE_ROWS)
+        page = tl.load(page_start + b).to(tl.int64) + j
+        dst = page * PAGE_ROWS + tl.arange(0, PAGE_ROWS)
         for d0 in tl.static_range(0, D, BLOCK_D):
             cols = d0 + tl.arange(0, BLOCK_D)
             rows = tl.load(kv + src[:, None] * stride_kv_row + cols[None, :], mask=ok[:, None], other=0.0)
             tl.store(staging + dst[:, None] * stride_staging_row + cols[None, :], rows)
 
 
-def new_staging(bs: int, max_prefix_len: int, like: torch.Tensor) -> torch.Tensor:
-    """Staging for ``bs`` requests of up to ``max_prefix_len`` prefix tokens:
-    ``[bs * max_pages, PAGE, 1, 576]`` in the KV cache's dtype."""
-    pages = bs * pages_for(max_prefix_len)
+def pages_for(max_prefix_len: int) -> int:
+    """Block-table width for prefixes of up to ``max_prefix_len`` tokens."""
+    return max(1, triton.cdiv(max_prefix_len, PAGE))
+
+
+def staging_pages(bs: int, total_prefix_tokens: int) -> int:
+    """Pages that always hold ``bs`` prefixes of ``total_prefix_tokens`` in all."""
+    return total_prefix_tokens // PAGE + bs
+
+
+def new_staging(pages: int, like: torch.Tensor) -> torch.Tensor:
+    """``[pages, PAGE, 1, 576]`` in the KV cache's dtype (``staging_pages``)."""
     return torch.empty(pages, PAGE, 1, _MLA_DIMS[0], dtype=like.dtype, device=like.device)
 
 
-def pages_for(max_prefix_len: int) -> int:
-    return max(1, triton.cdiv(max_prefix_len, PAGE))
+def page_layout(prefix_kv_indptr: torch.Tensor, max_pages: int, total_pages: int):
+    """Device-side: each request's first staging page (its pages follow the
+    previous request's) and FlashMLA's ``[bs, max_pages]`` block table."""
+    lengths = prefix_kv_indptr[1:] - prefix_kv_indptr[:-1]
+    pages = (lengths + PAGE - 1) // PAGE
+    page_start = (torch.cumsum(pages, 0) - pages).to(torch.int32)
+    table = page_start[:, None] + torch.arange(max_pages, dtype=torch.int32, device=page_start.device)
+    # Entries past a request's last page are never read; keep them inside the staging.
+    return page_start, table.clamp_(max=total_pages - 1)
 
 
 def gather_prefix_pages(
     k_buffer: torch.Tensor,
     prefix_kv_indptr: torch.Tensor,
     prefix_kv_indices: torch.Tensor,
+    page_start: torch.Tensor,
     max_pages: int,
-    staging: Optional[torch.Tensor] = None,
+    staging: torch.Tensor,
 ) -> torch.Tensor:
-    """Request b's prefix lands in staging pages ``b*max_pages ..``, in order; the
-    rest of its last page is zero. Requests longer than ``max_pages`` pages are
-    the caller's error (the bound is a host value so the grid is static)."""
+    """Copy request b's prefix into staging pages ``page_start[b] ..`` in order,
+    zeros after its end. ``max_pages`` bounds every request's pages (a host
+    value, so the grid is static); the staging must hold them all
+    (``staging_pages``): both are the caller's contract, unchecked on the host."""
     bs = prefix_kv_indptr.numel() - 1
     d = k_buffer.shape[-1]
-    if staging is None:
-        staging = torch.empty(bs * max_pages, PAGE, 1, d, dtype=k_buffer.dtype, device=k_buffer.device)
-    if staging.shape[0] < bs * max_pages or staging.shape[1:] != (PAGE, 1, d):
+    if staging.shape[1:] != (PAGE, 1, d) or staging.dtype != k_buffer.dtype:
         raise ValueError(
-            f"staging of shape {tuple(staging.shape)} cannot hold {bs} requests of "
-            f"{max_pages} pages of {PAGE} x 1 x {d}"
+            f"staging must be [pages, {PAGE}, 1, {d}] of {k_buffer.dtype}; got "
+            f"{tuple(staging.shape)} of {staging.dtype}"
         )
     if bs == 0:
         return staging
     rows = staging.view(-1, d)
     _gather_prefix_pages_kernel[(bs, max_pages)](
-        k_buffer, prefix_kv_indptr, prefix_kv_indices, rows,
-        k_buffer.stride(0), rows.stride(0), max_pages,
+        k_buffer, prefix_kv_indptr, prefix_kv_indices, page_start, rows,
+        k_buffer.stride(0), rows.stride(0),
         D=d, BLOCK_D=64, PAGE_ROWS=PAGE,
     )  # fmt: skip
     return staging
@@ -101,21 +119,22 @@ def gather_prefix_pages_ref(
     k_buffer: torch.Tensor,
     prefix_kv_indptr: torch.Tensor,
     prefix_kv_indices: torch.Tensor,
-    max_pages: int,
+    pages: int,
 ) -> torch.Tensor:
-    """Plain torch: the staging ``gather_prefix_pages`` writes, NaN where it writes
-    nothing (pages past a request's prefix)."""
+    """Plain torch: the staging ``gather_prefix_pages`` writes, requests' pages one
+    after another, NaN where it writes nothing."""
     bs = prefix_kv_indptr.numel() - 1
     d = k_buffer.shape[-1]
-    staging = torch.full((bs * max_pages * PAGE, d), float("nan"), dtype=k_buffer.dtype, device=k_buffer.device)
+    staging = torch.full((pages * PAGE, d), float("nan"), dtype=k_buffer.dtype, device=k_buffer.device)
     bounds = prefix_kv_indptr.tolist()
+    base = 0
     for b in range(bs):
         rows = prefix_kv_indices[bounds[b] : bounds[b + 1]].long()
-        base = b * max_pages * PAGE
         used = triton.cdiv(rows.numel(), PAGE) * PAGE
         staging[base : base + used] = 0
         staging[base : base + rows.numel()] = k_buffer.reshape(k_buffer.shape[0], d)[rows]
-    return staging.view(bs * max_pages, PAGE, 1, d)
+        base += used
+    return staging.view(pages, PAGE, 1, d)
 
 
 def _flash_mla():
@@ -154,13 +173,18 @@ def flashmla_prefix_pass(
     staging: Optional[torch.Tensor] = None,
 ):
     """Every tree query over its prefix only: ``(o [bs*n*H, 512], lse [bs*n*H])``,
-    rows in (request, query, head) order, LSE in base 2 as our combine takes it."""
+    rows in (request, query, head) order, LSE in base 2 as our combine takes it.
+    Without ``staging`` one sized from ``prefix_kv_indices`` is allocated."""
     flash_mla_with_kvcache, get_mla_metadata = _flash_mla()
     bs = prefix_kv_indptr.numel() - 1
     h = q.shape[1]
-    staging = gather_prefix_pages(k_buffer, prefix_kv_indptr, prefix_kv_indices, max_pages, staging)
+    if bs == 0:
+        return q.new_empty(0, _MLA_DIMS[1]), torch.empty(0, device=q.device)
+    if staging is None:
+        staging = new_staging(staging_pages(bs, prefix_kv_indices.numel()), k_buffer)
+    page_start, page_table = page_layout(prefix_kv_indptr, max_pages, staging.shape[0])
+    gather_prefix_pages(k_buffer, prefix_kv_indptr, prefix_kv_indices, page_start, max_pages, staging)
     lengths = (prefix_kv_indptr[1:] - prefix_kv_indptr[:-1]).to(torch.int32)
-    page_table = torch.arange(bs * max_pages, dtype=torch.int32, device=q.device).view(bs, max_pages)
     schedule, splits = get_mla_metadata(lengths, n * h, 1)
     o, lse = flash_mla_with_kvcache(
         q.reshape(bs, n, h, q.shape[-1]), staging, page_table, lengths, _MLA_DIMS[1],
@@ -179,7 +203,8 @@ def tree_verify_flashmla_split(
     max_prefix_len: Optional[int] = None, staging: Optional[torch.Tensor] = None,
 ):  # fmt: skip
     """Without ``max_prefix_len`` the call reads the longest prefix on the host (a
-    sync); with it and ``staging`` (``new_staging``) it is graph-capturable."""
+    sync); with it and a ``staging`` that holds every prefix (``new_staging`` of
+    ``staging_pages``) it is graph-capturable."""
     check_supported(q, k_buffer, v_buffer, logit_cap)
     bs, n = tree_kv_indices.shape
     if max_prefix_len is None:
