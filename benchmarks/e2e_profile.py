@@ -38,6 +38,8 @@ CATEGORIES = (
     ("extend_attention", re.compile(r"^_fwd_kernel(_unified)?$")),
     # upstream's Triton decode attention (kernels/ops/attention/decode_attention.py)
     ("decode_attention", re.compile(r"^_fwd_(grouped_)?kernel_stage[12]$")),
+    # FlashMLA (sgl_kernel): the prefix pass of the flashmla_split verify path
+    ("flashmla", re.compile(r"flash_fwd_splitkv_mla|flash_fwd_mla_combine|get_mla_metadata")),
     ("other_attention", re.compile(r"attn|attention|flashinfer|flash_|mla|merge_state|BatchPrefill|BatchDecode",
                                    re.IGNORECASE)),
     ("moe", re.compile(r"moe|expert", re.IGNORECASE)),
@@ -153,7 +155,8 @@ def host_calls(trace: dict, steps: int) -> dict:
 
 
 def verify_category(verify: Optional[str]) -> Optional[str]:
-    """The category that holds the target's verify attention on a verify path."""
+    """The category that holds the target's verify attention on a verify path
+    (flashmla_split adds the ``flashmla`` category to it)."""
     if verify is None or verify == "-":
         return None
     return "extend_attention" if verify == "upstream_extend" else "tree_verify"
@@ -166,6 +169,8 @@ def verify_attention_ms(prof: dict, verify: Optional[str], fused_twin: Optional[
     if category is None:
         return None
     ms = prof["categories"].get(category, {}).get("ms_per_step", 0.0)
+    if verify == "flashmla_split":
+        ms += prof["categories"].get("flashmla", {}).get("ms_per_step", 0.0)
     if category == "extend_attention":
         if fused_twin is None:
             return None  # not separable from the drafter's attention without the twin

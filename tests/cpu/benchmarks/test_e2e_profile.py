@@ -107,6 +107,10 @@ def test_bare_event_list_is_accepted():
     ("_fwd_grouped_kernel_stage1", "decode_attention"),
     ("BatchPrefillWithPagedKVCacheKernel", "other_attention"),
     ("merge_state_v2_kernel", "other_attention"),
+    ("_tree_verify_page_gather_kernel", "tree_verify"),
+    ("void sm90::flash_fwd_splitkv_mla_kernel<Traits<cutlass::bfloat16_t, 576>>(DenseAttnDecodeParams)", "flashmla"),
+    ("void smxx::decode::flash_fwd_mla_combine_kernel<cutlass::bfloat16_t, 512, 8, 64, 256>(CombineParams)", "flashmla"),
+    ("get_mla_metadata_kernel(GetDecodingMetadataParams)", "flashmla"),
     ("fused_moe_kernel", "moe"),
     ("moe_align_block_size_kernel", "moe"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32", "gemm"),
@@ -158,6 +162,9 @@ def test_verify_attention_ms_fused_and_upstream_with_drafter_twin():
     assert ep.verify_attention_ms(upstream, "upstream_extend", fused) == pytest.approx(10.0)
     assert ep.verify_attention_ms(upstream, "upstream_extend") is None  # not separable alone
     assert ep.verify_attention_ms(fused, "-") is None
+    flashmla = {"categories": {"tree_verify": {"ms_per_step": 0.5}, "flashmla": {"ms_per_step": 2.0}}}
+    assert ep.verify_attention_ms(flashmla, "flashmla_split") == pytest.approx(2.5)
+    assert ep.verify_attention_ms(flashmla, "fused") == 0.5
 
 
 def test_trace_roundtrip_and_wait(tmp_path):

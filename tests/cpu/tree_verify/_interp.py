@@ -44,7 +44,7 @@ def interpreted_prefix_split():
 
 @functools.lru_cache(maxsize=1)
 def interpreted_flashmla_split():
-    return _interpreted(_flashmla_split, "_gather_prefix_pages_kernel")
+    return _interpreted(_flashmla_split, "_tree_verify_page_gather_kernel")
 
 
 def random_parents(bs: int, n: int, gen: torch.Generator) -> torch.Tensor:

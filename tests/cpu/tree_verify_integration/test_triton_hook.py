@@ -6,7 +6,7 @@ import torch
 
 from sglang.srt.layers.radix_attention import AttentionType
 
-from _setup import Pool, Verify, dense_reference, layer_for, model_runner, qkv, triton_backend
+from _setup import MAX_CTX, MAX_REQS, Pool, Verify, dense_reference, layer_for, model_runner, qkv, triton_backend
 from sglang.srt.layers.attention.tree_verify_hook import (
     BLOCK,
     CHAIN,
@@ -216,3 +216,48 @@ def test_fp8_kv_cache_is_served_unless_turned_off(monkeypatch, env):
     ref = dense_reference(verify, q.view(-1, h, dqk), pool, layer.scaling)  # reads the fp8 pool
     torch.testing.assert_close(o, ref, atol=2e-3, rtol=2e-3)
 
+
+
+def test_flashmla_strategy_routes_the_targets_verify_only(monkeypatch):
+    """SGLANG_DDTREE_VERIFY_STRATEGY=flashmla_split: the target's tree verify goes to
+    flashmla_split with the context length as the prefix bound and one page staging
+    for every layer (room for the whole pool); the drafter's block keeps the default.
+    FlashMLA itself runs on the GPU host only, so its runner is observed here and
+    computes the reference (tests/gpu/tree_verify runs the real one)."""
+    from sglang.srt.layers.attention.tree_verify import dispatch
+    from sglang.srt.layers.attention.tree_verify.flashmla_split import PAGE, staging_pages
+    from sglang.srt.utils import gpu_arch
+
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "flashmla_split")
+    monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (9, 0))
+    calls = []
+
+    def observed(args, arch, kv_scales=None, **options):
+        calls.append(options)
+        return dispatch._run_reference(args, arch, kv_scales)
+
+    monkeypatch.setitem(dispatch._RUNNERS, "flashmla_split", observed)
+    be, o, ref = _run("DDTREE", "mla", [17, 40], 9, seed=3)
+    torch.testing.assert_close(o.float(), ref, atol=2e-3, rtol=2e-3)
+    assert len(calls) == 1 and calls[0]["max_prefix_len"] == MAX_CTX
+    staging = calls[0]["staging"]
+    pool_rows = be.token_to_kv_pool.get_key_buffer(0).shape[0]
+    assert staging.shape == (staging_pages(MAX_REQS, pool_rows), PAGE, 1, 576)
+    _run("DDTREE", "mla", [5], 4, seed=4)  # a new backend: its own staging, same rule
+    assert calls[1]["staging"].shape == staging.shape
+
+    # The drafter's block is not FlashMLA's: default kernels, the env ignored.
+    gen = torch.Generator().manual_seed(2)
+    verify = Verify([3], 4, "DDTREE", gen)
+    draft = triton_backend(model_runner("DDTREE", is_draft=True), Pool(2, 64, 64, torch.float16, False), verify, False)
+    assert draft.tree_verify.kind == BLOCK and not draft.tree_verify.flashmla_prefix
+
+
+def test_flashmla_strategy_is_refused_at_startup_off_sm90_sm100(monkeypatch):
+    from sglang.srt.utils import gpu_arch
+
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "flashmla_split")
+    monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (12, 0))
+    verify = Verify([3], 4, "DDTREE", torch.Generator().manual_seed(0))
+    with pytest.raises(TreeVerifyUnavailable, match="sm_90a/sm_100a only, not compute capability 12.0"):
+        triton_backend(model_runner("DDTREE"), Pool(1, 576, 512, torch.float16, True), verify, True)

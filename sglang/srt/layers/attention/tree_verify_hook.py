@@ -22,6 +22,9 @@ captured kernels read fixed addresses and launch with fixed shapes.
 
 ``SGLANG_DDTREE_VERIFY_STRATEGY=upstream_extend`` turns the hook off: verify
 then runs upstream's own path (the dense custom mask for DDTREE), for A/B runs.
+``=flashmla_split`` (sm_90/sm_100, absorbed MLA) runs the target's verify prefix
+through FlashMLA over pages copied into a staging buffer of about one KV layer,
+graph-capturable; the drafter's block keeps the default kernels.
 """
 
 from __future__ import annotations
@@ -33,7 +36,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from sglang.srt.layers.attention.tree_verify.dispatch import STRATEGY_ENV
+from sglang.srt.layers.attention.tree_verify.dispatch import (
+    AUTO_STRATEGY,
+    STRATEGY_ENV,
+    flashmla_arch_reason,
+)
 from sglang.srt.layers.attention.tree_verify.masks import (
     causal_tree_mask,
     full_tree_mask,
@@ -52,6 +59,8 @@ NON_CAUSAL = "non-causal attention"
 
 #: Strategy name that keeps the backend's upstream verify path (A/B runs).
 UPSTREAM_STRATEGY = "upstream_extend"
+#: Strategy name that routes the target's verify prefix through FlashMLA.
+FLASHMLA_STRATEGY = "flashmla_split"
 
 #: An fp8 KV cache is served through the fused kernels (converted per tile);
 #: ``=0`` hands it back to upstream's dense-mask path (A/B runs, a suspected bug).
@@ -235,6 +244,25 @@ class TreeVerifyHook:
             logger.info("Tree-verify path off on %s: %s.", backend_name, reason)
         elif self.kind is not None:
             logger.info("%s serves %s verify through the tree-verify path.", backend_name, self.kind)
+        # FlashMLA for the target's verify prefix: the env names it, so the hook
+        # routes it (the drafter's block and anything it cannot serve keep the default).
+        self.flashmla_prefix = (
+            os.environ.get(STRATEGY_ENV) == FLASHMLA_STRATEGY and self.kind in (TREE, CHAIN)
+        )
+        self._route_strategy = (
+            AUTO_STRATEGY if os.environ.get(STRATEGY_ENV) == FLASHMLA_STRATEGY else None
+        )
+        self._flashmla_staging: Optional[torch.Tensor] = None
+        if self.flashmla_prefix:
+            from sglang.srt.utils.gpu_arch import device_capability
+
+            try:  # gating: the real GPU, not SGLANG_DDTREE_KERNEL_ARCH
+                reason = flashmla_arch_reason(device_capability(torch.device(device)))
+            except RuntimeError as e:
+                reason = str(e)
+            if reason is not None:
+                raise TreeVerifyUnavailable(f"{STRATEGY_ENV}={FLASHMLA_STRATEGY}: {reason}")
+            logger.info("%s: the target's verify prefix runs through FlashMLA.", backend_name)
         self.metadata: Optional[TreeVerifyMetadata] = None
         # Eager-mode chain / all-ones masks, built once per (kind, bs, N).
         self._masks: Dict[Tuple[Any, int, int], torch.Tensor] = {}
@@ -463,6 +491,10 @@ class TreeVerifyHook:
             return None
         from sglang.srt.layers.attention.tree_verify import tree_verify_attention
 
+        strategy, options = self._route_strategy, None
+        if self.flashmla_prefix and meta.kind in (TREE, CHAIN):
+            strategy = FLASHMLA_STRATEGY
+            options = dict(max_prefix_len=self.max_context_len, staging=self._staging_for(k_buffer))
         return tree_verify_attention(
             q,
             k_buffer,
@@ -476,7 +508,27 @@ class TreeVerifyHook:
             logit_cap=float(logit_cap or 0.0),
             k_scale=float(getattr(layer, "k_scale_float", None) or 1.0),
             v_scale=float(getattr(layer, "v_scale_float", None) or 1.0),
+            strategy=strategy,
+            strategy_options=options,
         )
+
+    def _staging_for(self, k_buffer: torch.Tensor) -> torch.Tensor:
+        """FlashMLA's page staging, shared by every layer: room for every running
+        request's prefix (they all live in the pool), so about one KV layer."""
+        if self._flashmla_staging is None:
+            if k_buffer.is_cuda and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    "flashmla_split: the page staging must be allocated before graph "
+                    "capture (by an eager TARGET_VERIFY forward, e.g. the warm-up run)"
+                )
+            from sglang.srt.layers.attention.tree_verify.flashmla_split import (
+                new_staging,
+                staging_pages,
+            )
+
+            pages = staging_pages(int(self.req_to_token.shape[0]), int(k_buffer.shape[0]))
+            self._flashmla_staging = new_staging(pages, k_buffer)
+        return self._flashmla_staging
 
 
 # ---------------------------------------------------------------------------

@@ -133,7 +133,7 @@ def compile_page_gather_kernel(cap, dtype: str = "bf16"):
     """flashmla_split's prefix-to-pages copy, for the archs FlashMLA serves."""
     from sglang.srt.layers.attention.tree_verify import flashmla_split
 
-    fn = flashmla_split._gather_prefix_pages_kernel
+    fn = flashmla_split._tree_verify_page_gather_kernel
     types = dict(kv=f"*{dtype}", indptr="*i32", indices="*i32", page_start="*i32",
                  staging=f"*{dtype}", stride_kv_row="i32", stride_staging_row="i32")  # fmt: skip
     constexprs = dict(D=576, BLOCK_D=64, PAGE_ROWS=flashmla_split.PAGE)

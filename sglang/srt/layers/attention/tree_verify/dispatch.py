@@ -27,6 +27,9 @@ from sglang.srt.layers.attention.tree_verify.upstream_extend import (
 
 #: Forces a strategy for every call that does not name one (benchmarks, triage).
 STRATEGY_ENV = "SGLANG_DDTREE_VERIFY_STRATEGY"
+#: Names no strategy and ignores STRATEGY_ENV: the per-arch default (for callers that
+#: route the forced strategy themselves, like the tree-verify hook).
+AUTO_STRATEGY = "auto"
 
 STRATEGIES = ("fused", "upstream_extend", "flashinfer_split", "flashmla_split", "reference")
 
@@ -66,17 +69,26 @@ def _run_flashinfer(args, arch, kv_scales=None):
     return tree_verify_flashinfer_split(*args, config=_config(arch, *args[:3]))
 
 
-def _run_flashmla(args, arch, kv_scales=None):
-    if arch[0] not in (9, 10):
-        raise StrategyUnavailable(
-            f"flashmla_split: FlashMLA ships kernels for sm_90a/sm_100a only, "
-            f"not compute capability {arch[0]}.{arch[1]}"
-        )
+def flashmla_arch_reason(arch) -> Optional[str]:
+    if arch[0] in (9, 10):
+        return None
+    return (
+        f"flashmla_split: FlashMLA ships kernels for sm_90a/sm_100a only, "
+        f"not compute capability {arch[0]}.{arch[1]}"
+    )
+
+
+def _run_flashmla(args, arch, kv_scales=None, max_prefix_len=None, staging=None):
+    reason = flashmla_arch_reason(arch)
+    if reason:
+        raise StrategyUnavailable(reason)
     from sglang.srt.layers.attention.tree_verify.flashmla_split import (
         tree_verify_flashmla_split,
     )
 
-    return tree_verify_flashmla_split(*args, config=_config(arch, *args[:3]))
+    return tree_verify_flashmla_split(
+        *args, config=_config(arch, *args[:3]), max_prefix_len=max_prefix_len, staging=staging
+    )
 
 
 def _run_reference(args, arch, kv_scales):
@@ -174,9 +186,13 @@ def tree_verify_attention(
     strategy: Optional[str] = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    strategy_options: Optional[dict] = None,
 ) -> torch.Tensor:
     """Attention of every tree node over its request's committed prefix and
     its visible tree nodes; returns ``[bs*N, H, Dv]`` (``out`` when given).
+
+    ``strategy_options``: keyword arguments for the chosen strategy (flashmla_split:
+    ``max_prefix_len``, ``staging``, which make it graph-capturable).
 
     An fp8 KV cache holds ``K / k_scale`` and ``V / v_scale`` (upstream's
     per-layer scales); the scales are ignored for a KV cache in q's dtype.
@@ -189,7 +205,10 @@ def tree_verify_attention(
     tree_mask = tree_mask.contiguous()
     _validate(q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
               tree_kv_indices, tree_mask, out)  # fmt: skip
-    strategy = strategy or os.environ.get(STRATEGY_ENV) or None
+    if strategy == AUTO_STRATEGY:
+        strategy = None
+    else:
+        strategy = strategy or os.environ.get(STRATEGY_ENV) or None
     arch = _kernel_arch(q.device) if q.is_cuda else None
     if strategy is None:
         if arch is None:
@@ -212,7 +231,7 @@ def tree_verify_attention(
                 f"{strategy}: an fp8 KV cache is served by the fused and reference strategies only"
             )
         kv_scales = (float(k_scale), float(v_scale))
-    return _RUNNERS[strategy](args, arch or (8, 0), kv_scales)
+    return _RUNNERS[strategy](args, arch or (8, 0), kv_scales, **(strategy_options or {}))
 
 
 def _interpreting() -> bool:

@@ -35,7 +35,7 @@ _LOG2E = math.log2(math.e)
 
 
 @triton.jit
-def _gather_prefix_pages_kernel(
+def _tree_verify_page_gather_kernel(
     kv, indptr, indices, page_start, staging,
     stride_kv_row, stride_staging_row,
     D: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_ROWS: tl.constexpr,
@@ -107,7 +107,7 @@ def gather_prefix_pages(
     if bs == 0:
         return staging
     rows = staging.view(-1, d)
-    _gather_prefix_pages_kernel[(bs, max_pages)](
+    _tree_verify_page_gather_kernel[(bs, max_pages)](
         k_buffer, prefix_kv_indptr, prefix_kv_indices, page_start, rows,
         k_buffer.stride(0), rows.stride(0),
         D=d, BLOCK_D=64, PAGE_ROWS=PAGE,
