@@ -10,7 +10,8 @@
 # <piece>-server-logs.tgz for pieces that start servers, gpu-tier-summary.txt (one line per
 # piece). Exits nonzero if any piece failed, timed out (--dir-timeout, per piece) or collected
 # nothing (pytest rc 5), or if no test passed at all. DDTREE_E2E_CONFIGS / DDTREE_E2E_SERVERS
-# set by the caller turn that dir back into one piece with the caller's selection.
+# set by the caller turn that dir back into one piece with the caller's selection. PYTHON
+# picks the interpreter (default python3).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
@@ -33,7 +34,7 @@ PIECES=(
     "e2e-tp2|e2e|DDTREE_E2E_CONFIGS=triton-nospec-tp2,triton-dflash-tp2|all-gpus"
 )
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; echo "dirs: ${ALL_DIRS[*]}"; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; echo "dirs: ${ALL_DIRS[*]}"; }
 only="" dir_timeout=0 jobs="" list=0
 while [ $# -gt 0 ]; do
     case "$1" in
