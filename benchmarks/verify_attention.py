@@ -145,20 +145,23 @@ def run_strategy(name, inputs, config_arch=None, heads=MLA):
         planned = FlashInferPrefixPass(*args[:5], args[5].shape[1], args[7])
         return lambda: tree_verify_flashinfer_split(*args, None, 0.0, cfg, prefix_pass=planned), None
     if name == "flashmla_split":
-        # Staging and the prefix bound set ahead, as a backend would size them at
-        # start-up: the timed region (and the captured graph) holds device work only.
+        # Staging sized ahead as the hook sizes it at start-up, and the forward's plan
+        # (page layout, FlashMLA schedule) made ahead: the hook makes it once per forward
+        # and every layer shares it, so one timed call is one layer's work.
         from sglang.srt.layers.attention.tree_verify.flashmla_split import (
             new_staging,
+            plan_flashmla,
             staging_pages,
             tree_verify_flashmla_split,
         )
 
         cfg = select_config(config_arch, heads.dqk, heads.dv, heads.shared_kv)
-        bs = args[5].shape[0]
+        bs, n = args[5].shape
         p = int(args[3][1] - args[3][0]) if bs else 0
         staging = new_staging(staging_pages(bs, args[4].numel()), args[1])
+        plan = plan_flashmla(args[3], n, args[0].shape[1], p, staging.shape[0])
         return lambda: tree_verify_flashmla_split(
-            *args, None, 0.0, cfg, max_prefix_len=p, staging=staging
+            *args, None, 0.0, cfg, staging=staging, plan=plan
         ), None
     if name == "flashinfer_dense":
         return flashinfer_dense_mask(args, heads), None

@@ -9,6 +9,7 @@ kernels stay untouched for the ahead-of-time compile tests in this process.
 import functools
 import importlib.util
 import os
+import sys
 
 import torch
 
@@ -25,6 +26,7 @@ def _interpreted(compiled, kernel: str):
             f"_{compiled.__name__.rsplit('.', 1)[-1]}_interpreted", compiled.__file__
         )
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
     finally:
         if old is None:

@@ -220,16 +220,18 @@ def test_fp8_kv_cache_is_served_unless_turned_off(monkeypatch, env):
 
 def test_flashmla_strategy_routes_the_targets_verify_only(monkeypatch):
     """SGLANG_DDTREE_VERIFY_STRATEGY=flashmla_split: the target's tree verify goes to
-    flashmla_split with the context length as the prefix bound and one page staging
-    for every layer (room for the whole pool); the drafter's block keeps the default.
-    FlashMLA itself runs on the GPU host only, so its runner is observed here and
-    computes the reference (tests/gpu/tree_verify runs the real one)."""
-    from sglang.srt.layers.attention.tree_verify import dispatch
-    from sglang.srt.layers.attention.tree_verify.flashmla_split import PAGE, staging_pages
+    flashmla_split with one page staging for every layer (room for the whole pool) and
+    one plan per forward (layout for the context-length bound, made by the first layer);
+    the drafter's block keeps the default. FlashMLA runs on the GPU host only
+    (tests/gpu/tree_verify), so here its scheduler returns placeholders and its runner
+    is observed, computing the reference."""
+    from sglang.srt.layers.attention.tree_verify import dispatch, flashmla_split
     from sglang.srt.utils import gpu_arch
 
     monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "flashmla_split")
     monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (9, 0))
+    schedules = []
+    monkeypatch.setattr(flashmla_split, "_flash_mla", lambda: (None, lambda *a: schedules.append(a) or ("s", "n")))
     calls = []
 
     def observed(args, arch, kv_scales=None, **options):
@@ -237,19 +239,37 @@ def test_flashmla_strategy_routes_the_targets_verify_only(monkeypatch):
         return dispatch._run_reference(args, arch, kv_scales)
 
     monkeypatch.setitem(dispatch._RUNNERS, "flashmla_split", observed)
-    be, o, ref = _run("DDTREE", "mla", [17, 40], 9, seed=3)
-    torch.testing.assert_close(o.float(), ref, atol=2e-3, rtol=2e-3)
-    assert len(calls) == 1 and calls[0]["max_prefix_len"] == MAX_CTX
-    staging = calls[0]["staging"]
-    pool_rows = be.token_to_kv_pool.get_key_buffer(0).shape[0]
-    assert staging.shape == (staging_pages(MAX_REQS, pool_rows), PAGE, 1, 576)
-    _run("DDTREE", "mla", [5], 4, seed=4)  # a new backend: its own staging, same rule
-    assert calls[1]["staging"].shape == staging.shape
+    gen = torch.Generator().manual_seed(3)
+    h, hkv, dqk, dv = SHAPES["mla"]
+    verify = Verify([17, 40], 9, "DDTREE", gen)
+    pool = Pool(hkv, dqk, dv, torch.float16, mla=True)
+    be = triton_backend(model_runner("DDTREE"), pool, verify, mla=True)
+    fb = verify.forward_batch()
+    be.init_forward_metadata(fb)
+    for layer_id in range(2):  # two layers of one forward
+        layer = layer_for("mla", h, hkv, dqk, dv)
+        layer.layer_id = layer_id
+        q, k, v = qkv(verify, h, hkv, dqk, dv, torch.float16, True, gen)
+        o = be.forward_extend(q, k, v, layer, fb)
+        ref = dense_reference(verify, q.view(-1, h, dqk), pool, layer.scaling)
+        torch.testing.assert_close(o.view(-1, h, dv).float(), ref, atol=2e-3, rtol=2e-3)
+    assert len(calls) == 2 and calls[0]["staging"] is calls[1]["staging"]
+    plan = calls[0]["plan"]
+    assert calls[1]["plan"] is plan and len(schedules) == 1  # planned once per forward
+    assert schedules[0][1:] == (9 * h, 1)  # query rows per KV head, one KV head
+    assert plan.max_pages == flashmla_split.pages_for(MAX_CTX)
+    assert plan.lengths.tolist() == [17, 40] and plan.page_start.tolist() == [0, 1]
+    assert plan.page_table[1, :1].tolist() == [1]
+    pool_rows = pool.get_key_buffer(0).shape[0]
+    assert calls[0]["staging"].shape == (flashmla_split.staging_pages(MAX_REQS, pool_rows), 64, 1, 576)
+
+    be.init_forward_metadata(verify.forward_batch())  # the next forward plans anew
+    be.forward_extend(*qkv(verify, h, hkv, dqk, dv, torch.float16, True, gen), layer, verify.forward_batch())
+    assert calls[2]["plan"] is not plan and calls[2]["staging"] is calls[0]["staging"]
 
     # The drafter's block is not FlashMLA's: default kernels, the env ignored.
-    gen = torch.Generator().manual_seed(2)
-    verify = Verify([3], 4, "DDTREE", gen)
-    draft = triton_backend(model_runner("DDTREE", is_draft=True), Pool(2, 64, 64, torch.float16, False), verify, False)
+    draft = triton_backend(model_runner("DDTREE", is_draft=True), Pool(2, 64, 64, torch.float16, False),
+                           Verify([3], 4, "DDTREE", gen), False)
     assert draft.tree_verify.kind == BLOCK and not draft.tree_verify.flashmla_prefix
 
 

@@ -154,6 +154,9 @@ class TreeVerifyMetadata:
     # BLOCK only: the mask of the drafter's causal layers (tree_mask is the
     # all-ones mask of its non-causal ones).
     causal_mask: Optional[torch.Tensor] = None
+    # flashmla_split: the page layout and FlashMLA schedule, made by the first
+    # layer of the forward (inside a capture, recorded once) and shared by the rest.
+    flashmla_plan: Any = None
 
 
 def fill_prefix_indices(
@@ -493,8 +496,7 @@ class TreeVerifyHook:
 
         strategy, options = self._route_strategy, None
         if self.flashmla_prefix and meta.kind in (TREE, CHAIN):
-            strategy = FLASHMLA_STRATEGY
-            options = dict(max_prefix_len=self.max_context_len, staging=self._staging_for(k_buffer))
+            strategy, options = FLASHMLA_STRATEGY, self._flashmla_options(meta, q, k_buffer)
         return tree_verify_attention(
             q,
             k_buffer,
@@ -512,23 +514,30 @@ class TreeVerifyHook:
             strategy_options=options,
         )
 
-    def _staging_for(self, k_buffer: torch.Tensor) -> torch.Tensor:
-        """FlashMLA's page staging, shared by every layer: room for every running
-        request's prefix (they all live in the pool), so about one KV layer."""
+    def _flashmla_options(self, meta: TreeVerifyMetadata, q: torch.Tensor, k_buffer: torch.Tensor) -> dict:
+        """flashmla_split's inputs: one page staging for every layer (room for every
+        running request's prefix, which all live in the pool: about one KV layer),
+        and the forward's plan, made by its first layer."""
+        from sglang.srt.layers.attention.tree_verify.flashmla_split import (
+            new_staging,
+            plan_flashmla,
+            staging_pages,
+        )
+
         if self._flashmla_staging is None:
             if k_buffer.is_cuda and torch.cuda.is_current_stream_capturing():
                 raise RuntimeError(
                     "flashmla_split: the page staging must be allocated before graph "
                     "capture (by an eager TARGET_VERIFY forward, e.g. the warm-up run)"
                 )
-            from sglang.srt.layers.attention.tree_verify.flashmla_split import (
-                new_staging,
-                staging_pages,
-            )
-
             pages = staging_pages(int(self.req_to_token.shape[0]), int(k_buffer.shape[0]))
             self._flashmla_staging = new_staging(pages, k_buffer)
-        return self._flashmla_staging
+        if meta.flashmla_plan is None:
+            meta.flashmla_plan = plan_flashmla(
+                meta.prefix_kv_indptr, meta.tree_kv_indices.shape[1], q.shape[1],
+                self.max_context_len, self._flashmla_staging.shape[0],
+            )  # fmt: skip
+        return dict(staging=self._flashmla_staging, plan=meta.flashmla_plan)
 
 
 # ---------------------------------------------------------------------------

@@ -78,7 +78,7 @@ def flashmla_arch_reason(arch) -> Optional[str]:
     )
 
 
-def _run_flashmla(args, arch, kv_scales=None, max_prefix_len=None, staging=None):
+def _run_flashmla(args, arch, kv_scales=None, **options):
     reason = flashmla_arch_reason(arch)
     if reason:
         raise StrategyUnavailable(reason)
@@ -86,9 +86,7 @@ def _run_flashmla(args, arch, kv_scales=None, max_prefix_len=None, staging=None)
         tree_verify_flashmla_split,
     )
 
-    return tree_verify_flashmla_split(
-        *args, config=_config(arch, *args[:3]), max_prefix_len=max_prefix_len, staging=staging
-    )
+    return tree_verify_flashmla_split(*args, config=_config(arch, *args[:3]), **options)
 
 
 def _run_reference(args, arch, kv_scales):
@@ -192,7 +190,7 @@ def tree_verify_attention(
     its visible tree nodes; returns ``[bs*N, H, Dv]`` (``out`` when given).
 
     ``strategy_options``: keyword arguments for the chosen strategy (flashmla_split:
-    ``max_prefix_len``, ``staging``, which make it graph-capturable).
+    ``max_prefix_len`` and ``staging``, which make it graph-capturable, and ``plan``).
 
     An fp8 KV cache holds ``K / k_scale`` and ``V / v_scale`` (upstream's
     per-layer scales); the scales are ignored for a KV cache in q's dtype.

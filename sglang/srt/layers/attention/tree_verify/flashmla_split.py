@@ -16,6 +16,7 @@ whole call replays in a CUDA graph with no host work per step.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -162,38 +163,58 @@ def check_supported(q, k_buffer, v_buffer, logit_cap: float) -> None:
         )
 
 
+@dataclass
+class FlashMLAPlan:
+    """What every layer's prefix pass of one forward shares: the page layout,
+    FlashMLA's schedule and which requests have no prefix. Device tensors only."""
+
+    max_pages: int
+    page_start: torch.Tensor  # int32 [bs]: each request's first staging page
+    page_table: torch.Tensor  # int32 [bs, max_pages]
+    lengths: torch.Tensor  # int32 [bs]
+    schedule: torch.Tensor
+    splits: torch.Tensor
+    empty: torch.Tensor  # bool [bs, 1, 1]
+
+
+def plan_flashmla(
+    prefix_kv_indptr: torch.Tensor, n: int, num_heads: int, max_prefix_len: int, staging_pages: int
+) -> FlashMLAPlan:
+    """Once per forward (the hook keeps it on the forward's metadata): the layers
+    differ only in their KV, not in the layout or the schedule."""
+    _, get_mla_metadata = _flash_mla()
+    max_pages = pages_for(max_prefix_len)
+    page_start, page_table = page_layout(prefix_kv_indptr, max_pages, staging_pages)
+    lengths = (prefix_kv_indptr[1:] - prefix_kv_indptr[:-1]).to(torch.int32)
+    schedule, splits = get_mla_metadata(lengths, n * num_heads, 1)
+    empty = (lengths == 0)[:, None, None]
+    return FlashMLAPlan(max_pages, page_start, page_table, lengths, schedule, splits, empty)
+
+
 def flashmla_prefix_pass(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
     prefix_kv_indptr: torch.Tensor,
     prefix_kv_indices: torch.Tensor,
-    n: int,
     sm_scale: float,
-    max_pages: int,
-    staging: Optional[torch.Tensor] = None,
+    plan: FlashMLAPlan,
+    staging: torch.Tensor,
 ):
     """Every tree query over its prefix only: ``(o [bs*n*H, 512], lse [bs*n*H])``,
-    rows in (request, query, head) order, LSE in base 2 as our combine takes it.
-    Without ``staging`` one sized from ``prefix_kv_indices`` is allocated."""
-    flash_mla_with_kvcache, get_mla_metadata = _flash_mla()
-    bs = prefix_kv_indptr.numel() - 1
-    h = q.shape[1]
-    if bs == 0:
-        return q.new_empty(0, _MLA_DIMS[1]), torch.empty(0, device=q.device)
-    if staging is None:
-        staging = new_staging(staging_pages(bs, prefix_kv_indices.numel()), k_buffer)
-    page_start, page_table = page_layout(prefix_kv_indptr, max_pages, staging.shape[0])
-    gather_prefix_pages(k_buffer, prefix_kv_indptr, prefix_kv_indices, page_start, max_pages, staging)
-    lengths = (prefix_kv_indptr[1:] - prefix_kv_indptr[:-1]).to(torch.int32)
-    schedule, splits = get_mla_metadata(lengths, n * h, 1)
+    rows in (request, query, head) order, LSE in base 2 as our combine takes it."""
+    flash_mla_with_kvcache, _ = _flash_mla()
+    bs, h = plan.lengths.shape[0], q.shape[1]
+    n = q.shape[0] // bs
+    gather_prefix_pages(
+        k_buffer, prefix_kv_indptr, prefix_kv_indices, plan.page_start, plan.max_pages, staging
+    )
     o, lse = flash_mla_with_kvcache(
-        q.reshape(bs, n, h, q.shape[-1]), staging, page_table, lengths, _MLA_DIMS[1],
-        schedule, splits, softmax_scale=sm_scale, causal=False,
+        q.reshape(bs, n, h, q.shape[-1]), staging, plan.page_table, plan.lengths, _MLA_DIMS[1],
+        plan.schedule, plan.splits, softmax_scale=sm_scale, causal=False,
     )  # fmt: skip
     # FlashMLA's LSE is natural-log, [bs, H, n]; a request with no prefix contributes nothing.
-    empty = (lengths == 0)[:, None, None]
-    lse = torch.where(empty, float("-inf"), lse.float() * _LOG2E).transpose(1, 2)
-    o = torch.where(empty[..., None], 0.0, o)
+    lse = torch.where(plan.empty, float("-inf"), lse.float() * _LOG2E).transpose(1, 2)
+    o = torch.where(plan.empty[..., None], 0.0, o)
     return o.reshape(bs * n * h, -1), lse.reshape(-1)
 
 
@@ -201,19 +222,25 @@ def tree_verify_flashmla_split(
     q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
     tree_mask, sm_scale, out, logit_cap, config: TreeVerifyConfig,
     max_prefix_len: Optional[int] = None, staging: Optional[torch.Tensor] = None,
+    plan: Optional[FlashMLAPlan] = None,
 ):  # fmt: skip
     """Without ``max_prefix_len`` the call reads the longest prefix on the host (a
     sync); with it and a ``staging`` that holds every prefix (``new_staging`` of
-    ``staging_pages``) it is graph-capturable."""
+    ``staging_pages``) it is graph-capturable. ``plan`` (``plan_flashmla``) lets
+    the layers of one forward share the layout and schedule."""
     check_supported(q, k_buffer, v_buffer, logit_cap)
     bs, n = tree_kv_indices.shape
-    if max_prefix_len is None:
-        lengths = prefix_kv_indptr[1:] - prefix_kv_indptr[:-1]
-        max_prefix_len = int(lengths.max()) if bs else 0
+    if bs == 0:
+        return out if out is not None else q.new_empty(0, q.shape[1], v_buffer.shape[2])
+    if staging is None:
+        staging = new_staging(staging_pages(bs, prefix_kv_indices.numel()), k_buffer)
+    if plan is None:
+        if max_prefix_len is None:
+            max_prefix_len = int((prefix_kv_indptr[1:] - prefix_kv_indptr[:-1]).max())
+        plan = plan_flashmla(prefix_kv_indptr, n, q.shape[1], max_prefix_len, staging.shape[0])
     o_pre, lse_pre = flashmla_prefix_pass(
-        q, k_buffer, prefix_kv_indptr, prefix_kv_indices, n, sm_scale,
-        pages_for(max_prefix_len), staging,
-    )  # fmt: skip
+        q, k_buffer, prefix_kv_indptr, prefix_kv_indices, sm_scale, plan, staging
+    )
     return merge_external_prefix(
         q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
         tree_mask, sm_scale, config, o_pre, lse_pre, out,
