@@ -221,7 +221,7 @@ def test_fp8_kv_cache_is_served_unless_turned_off(monkeypatch, env):
 def test_flashmla_strategy_routes_the_targets_verify_only(monkeypatch):
     """SGLANG_DDTREE_VERIFY_STRATEGY=flashmla_split: the target's tree verify goes to
     flashmla_split with one page staging for every layer (room for the whole pool) and
-    one plan per forward (layout for the context-length bound, made by the first layer);
+    one plan per forward (layout for the context-length bound, made by its first layer);
     the drafter's block keeps the default. FlashMLA runs on the GPU host only
     (tests/gpu/tree_verify), so here its scheduler returns placeholders and its runner
     is observed, computing the reference."""
@@ -263,9 +263,14 @@ def test_flashmla_strategy_routes_the_targets_verify_only(monkeypatch):
     pool_rows = pool.get_key_buffer(0).shape[0]
     assert calls[0]["staging"].shape == (flashmla_split.staging_pages(MAX_REQS, pool_rows), 64, 1, 576)
 
+    # The same batch's forward again (the graph runner's warm-ups, then its capture):
+    # its first layer plans again, so a capture records the planning.
+    layer.layer_id = 0
+    be.forward_extend(*qkv(verify, h, hkv, dqk, dv, torch.float16, True, gen), layer, fb)
+    assert calls[2]["plan"] is not plan and len(schedules) == 2
     be.init_forward_metadata(verify.forward_batch())  # the next forward plans anew
     be.forward_extend(*qkv(verify, h, hkv, dqk, dv, torch.float16, True, gen), layer, verify.forward_batch())
-    assert calls[2]["plan"] is not plan and calls[2]["staging"] is calls[0]["staging"]
+    assert calls[3]["plan"] is not calls[2]["plan"] and calls[3]["staging"] is calls[0]["staging"]
 
     # The drafter's block is not FlashMLA's: default kernels, the env ignored.
     draft = triton_backend(model_runner("DDTREE", is_draft=True), Pool(2, 64, 64, torch.float16, False),

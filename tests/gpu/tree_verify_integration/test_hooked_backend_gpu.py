@@ -186,10 +186,40 @@ def test_draft_block_hook_matches_upstream(attn_type, algorithm):
     torch.testing.assert_close(out.float(), upstream.float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("shape", list(SHAPES))
-def test_graph_capture_and_replay(shape):
+def _flashmla_or_skip(monkeypatch):
+    """SGLANG_DDTREE_VERIFY_STRATEGY=flashmla_split, where FlashMLA can run."""
+    from sglang.srt.layers.attention.tree_verify import StrategyUnavailable
+    from sglang.srt.layers.attention.tree_verify.flashmla_split import _flash_mla
+
+    if torch.cuda.get_device_capability()[0] not in (9, 10):
+        pytest.skip("FlashMLA runs on sm_90/sm_100 only")
+    try:
+        _flash_mla()
+    except StrategyUnavailable as e:
+        pytest.skip(str(e))
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "flashmla_split")
+
+
+@pytest.mark.parametrize("prefix,n", [([16384], 65), ([1000, 0, 4097, 77], 65), ([513, 2048], 17)])
+def test_flashmla_hook_matches_dense_attention(monkeypatch, prefix, n):
+    """The hook's FlashMLA route (opt-in): pages copied from the slots, FlashMLA
+    over them, our tree tail, against the dense definition."""
+    _flashmla_or_skip(monkeypatch)
+    verify, pool, be, layer, x, dims = _setup("DDTREE", "mla16", prefix, n, 1, torch.bfloat16)
+    assert be.tree_verify.flashmla_prefix
+    out = _forward(be, verify, layer, x, dims)
+    ref = dense_reference(verify, x[0].view(-1, dims[0], dims[1]), pool, layer.scaling)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("shape,strategy", [("mla16", None), ("gqa", None), ("mla16", "flashmla_split")])
+def test_graph_capture_and_replay(monkeypatch, shape, strategy):
     """Capture the hooked forward once (padded batch of 4), replay with new
-    prefixes, trees and slots; outputs equal the eager hooked forward."""
+    prefixes, trees and slots; outputs equal the eager hooked forward. With
+    flashmla_split the capture must record the forward's planning (warm-ups
+    ran the same batch eagerly first), so replays plan for their own batch."""
+    if strategy == "flashmla_split":
+        _flashmla_or_skip(monkeypatch)
     dtype = torch.bfloat16
     kind, h, hkv, dqk, dv = SHAPES[shape]
     n, graph_bs = 65, 4

@@ -154,9 +154,6 @@ class TreeVerifyMetadata:
     # BLOCK only: the mask of the drafter's causal layers (tree_mask is the
     # all-ones mask of its non-causal ones).
     causal_mask: Optional[torch.Tensor] = None
-    # flashmla_split: the page layout and FlashMLA schedule, made by the first
-    # layer of the forward (inside a capture, recorded once) and shared by the rest.
-    flashmla_plan: Any = None
 
 
 def fill_prefix_indices(
@@ -256,6 +253,9 @@ class TreeVerifyHook:
             AUTO_STRATEGY if os.environ.get(STRATEGY_ENV) == FLASHMLA_STRATEGY else None
         )
         self._flashmla_staging: Optional[torch.Tensor] = None
+        # The forward's plan (page layout, FlashMLA schedule) and what it was made for.
+        self._flashmla_plan: Any = None
+        self._flashmla_plan_at: Tuple[Any, int] = (None, -1)  # (metadata, last layer id)
         if self.flashmla_prefix:
             from sglang.srt.utils.gpu_arch import device_capability
 
@@ -496,7 +496,8 @@ class TreeVerifyHook:
 
         strategy, options = self._route_strategy, None
         if self.flashmla_prefix and meta.kind in (TREE, CHAIN):
-            strategy, options = FLASHMLA_STRATEGY, self._flashmla_options(meta, q, k_buffer)
+            strategy = FLASHMLA_STRATEGY
+            options = self._flashmla_options(meta, q, k_buffer, getattr(layer, "layer_id", 0))
         return tree_verify_attention(
             q,
             k_buffer,
@@ -514,10 +515,15 @@ class TreeVerifyHook:
             strategy_options=options,
         )
 
-    def _flashmla_options(self, meta: TreeVerifyMetadata, q: torch.Tensor, k_buffer: torch.Tensor) -> dict:
+    def _flashmla_options(
+        self, meta: TreeVerifyMetadata, q: torch.Tensor, k_buffer: torch.Tensor, layer_id: int
+    ) -> dict:
         """flashmla_split's inputs: one page staging for every layer (room for every
         running request's prefix, which all live in the pool: about one KV layer),
-        and the forward's plan, made by its first layer."""
+        and the forward's plan. The plan is made by the forward's first layer: a new
+        metadata, or a layer id not above the last one (the graph runner re-runs
+        one batch's forward for warm-up and capture, and the capture must record
+        the planning so replays plan for their own batch)."""
         from sglang.srt.layers.attention.tree_verify.flashmla_split import (
             new_staging,
             plan_flashmla,
@@ -532,12 +538,14 @@ class TreeVerifyHook:
                 )
             pages = staging_pages(int(self.req_to_token.shape[0]), int(k_buffer.shape[0]))
             self._flashmla_staging = new_staging(pages, k_buffer)
-        if meta.flashmla_plan is None:
-            meta.flashmla_plan = plan_flashmla(
+        planned_for, last_layer = self._flashmla_plan_at
+        if planned_for is not meta or layer_id <= last_layer:
+            self._flashmla_plan = plan_flashmla(
                 meta.prefix_kv_indptr, meta.tree_kv_indices.shape[1], q.shape[1],
                 self.max_context_len, self._flashmla_staging.shape[0],
             )  # fmt: skip
-        return dict(staging=self._flashmla_staging, plan=meta.flashmla_plan)
+        self._flashmla_plan_at = (meta, layer_id)
+        return dict(staging=self._flashmla_staging, plan=self._flashmla_plan)
 
 
 # ---------------------------------------------------------------------------
