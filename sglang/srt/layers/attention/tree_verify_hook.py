@@ -246,12 +246,9 @@ class TreeVerifyHook:
             logger.info("%s serves %s verify through the tree-verify path.", backend_name, self.kind)
         # FlashMLA for the target's verify prefix: the env names it, so the hook
         # routes it (the drafter's block and anything it cannot serve keep the default).
-        self.flashmla_prefix = (
-            os.environ.get(STRATEGY_ENV) == FLASHMLA_STRATEGY and self.kind in (TREE, CHAIN)
-        )
-        self._route_strategy = (
-            AUTO_STRATEGY if os.environ.get(STRATEGY_ENV) == FLASHMLA_STRATEGY else None
-        )
+        flashmla_asked = os.environ.get(STRATEGY_ENV) == FLASHMLA_STRATEGY
+        self.flashmla_prefix = flashmla_asked and self.kind in (TREE, CHAIN)
+        self._route_strategy = AUTO_STRATEGY if flashmla_asked else None
         self._flashmla_staging: Optional[torch.Tensor] = None
         # The forward's plan (page layout, FlashMLA schedule) and what it was made for.
         self._flashmla_plan: Any = None
