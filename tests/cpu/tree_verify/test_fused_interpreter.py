@@ -2,6 +2,8 @@
 reference, with random trees, ragged batches and awkward sizes (fp16 inputs:
 triton 3.6's interpreter mis-computes bf16 tl.dot)."""
 
+import math
+
 import pytest
 import torch
 
@@ -149,24 +151,47 @@ def test_fp8_kv_real_mla_configs():
 
 
 
+@pytest.mark.parametrize("layout", ["flashinfer", "flashmla"])
 @pytest.mark.parametrize("prefix_lens,n,h", [([37, 0, 5], 5, 3), ([64], 9, 2)])
-def test_merge_external_prefix(prefix_lens, n, h):
+def test_merge_external_prefix(prefix_lens, n, h, layout):
     """The contract flashinfer_split and flashmla_split rely on: a prefix pass computed
-    elsewhere, rows in (request, query, head) order with a base-2 LSE (-inf for an
-    empty prefix), plus our tree tail, equals the whole attention."""
+    elsewhere, merged into our tree tail in the tail kernel's epilogue, equals the whole
+    attention. FlashInfer's layout: token-major, base-2 LSE. FlashMLA's: a head-major
+    natural-log LSE, and whatever it leaves for a request with no prefix (here NaN and
+    +inf, which must not reach the output). The output is a strided view."""
     q, k, v, indptr, pidx, tidx, mask = make_case(7, prefix_lens, n, h, 1, 80, 64, True)
     scale = 0.125
-    o_pre = torch.zeros(len(prefix_lens), n, h, 64)
-    lse_pre = torch.full((len(prefix_lens), n, h), float("-inf"))
-    for b in range(len(prefix_lens)):
+    bs = len(prefix_lens)
+    o_pre = torch.full((bs, n, h, 64), float("nan"))
+    lse_nat = torch.full((bs, n, h), float("inf"))
+    for b in range(bs):
         keys = k[pidx[indptr[b] : indptr[b + 1]].long(), 0].float()
         if keys.shape[0] == 0:
             continue
         s = torch.einsum("thd,pd->thp", q[b * n : (b + 1) * n].float(), keys) * scale
         o_pre[b] = torch.softmax(s, -1) @ keys[:, :64]
-        lse_pre[b] = torch.logsumexp(s, -1) / torch.log(torch.tensor(2.0))
-    out = interpreted_prefix_split().merge_external_prefix(
-        q, k, v, indptr, pidx, tidx, mask, scale, SMALL, o_pre.reshape(-1, 64), lse_pre.reshape(-1), None
-    )
+        lse_nat[b] = torch.logsumexp(s, -1)
+    if layout == "flashinfer":
+        lse, lse_scale = lse_nat / math.log(2.0), 1.0
+    else:
+        lse, lse_scale = lse_nat.transpose(1, 2).contiguous().transpose(1, 2), 1 / math.log(2.0)
+        assert lse.stride(1) == 1  # head-major, as FlashMLA returns it
+    wide = torch.full((bs * n, h, 80), float("nan"), dtype=q.dtype)
+    out = wide[..., 8:72]
+    got = interpreted_prefix_split().merge_external_prefix(
+        q, k, v, indptr, pidx, tidx, mask, scale, SMALL, o_pre.to(q.dtype), lse, out,
+        lse_scale=lse_scale,
+    )  # fmt: skip
+    assert got is out
     ref = tree_verify_attention_ref(q, k, v, indptr, pidx, tidx, mask, scale).float()
     assert (out.float() - ref).abs().max().item() < 4e-3
+    assert torch.isnan(wide[..., :8]).all() and torch.isnan(wide[..., 72:]).all()
+
+
+def test_merge_external_prefix_refuses_wrong_shapes():
+    q, k, v, indptr, pidx, tidx, mask = make_case(7, [5, 3], 4, 2, 1, 80, 64, True)
+    with pytest.raises(ValueError, match=r"want o \[2, 4, 2, 64\]"):
+        interpreted_prefix_split().merge_external_prefix(
+            q, k, v, indptr, pidx, tidx, mask, 0.1, SMALL,
+            torch.zeros(8, 2, 64), torch.zeros(8, 2), None,
+        )  # fmt: skip

@@ -56,7 +56,10 @@ def split_kernel_source(
     share_kv: bool = True,
     has_cap: bool = False,
     kv_dtype: Optional[str] = None,
+    merge_ext: bool = False,
 ) -> ASTSource:
+    """``merge_ext``: the tail-only launch that merges an external prefix pass
+    and writes the output in ``dtype`` (flashinfer_split, flashmla_split)."""
     d_main, d_pe, block_d, block_dpe, block_dv = head_dim_blocks(dqk, dv)
     share_kv = share_kv and config.reuse_k_tile and dv == d_main
     dv_split = _compiled_kernels().dv_split_for(config, dqk, dv, share_kv)
@@ -64,32 +67,34 @@ def split_kernel_source(
     ints = [
         "num_nodes", "group", "num_heads", "num_kv_heads", "num_splits",
         "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt",
-        "stride_vh", "stride_ps", "stride_pr", "stride_ls", "stride_tib",
-        "stride_mb", "stride_mn",
+        "stride_vh", "stride_ps", "stride_pt", "stride_ph", "stride_ls", "stride_tib",
+        "stride_mb", "stride_mn", "stride_eob", "stride_eoq", "stride_eoh",
+        "stride_elb", "stride_elq", "stride_elh",
     ]  # fmt: skip
     types = {n: "i32" for n in ints}
     types.update(
-        Q=f"*{dtype}", K=f"*{kv_dtype or dtype}", V=f"*{kv_dtype or dtype}", O_part="*fp32",
+        Q=f"*{dtype}", K=f"*{kv_dtype or dtype}", V=f"*{kv_dtype or dtype}",
+        O_part=f"*{dtype}" if merge_ext else "*fp32",
         Lse_part="*fp32", prefix_indptr="*i32", prefix_indices="*i32",
         tree_indices="*i32", tree_mask="*i32", P_scratch=f"*{dtype}",
-        A_scratch="*fp32", qk_scale="fp32", logit_cap="fp32",
-        v_scale="fp32",
+        A_scratch="*fp32", Ext_o=f"*{dtype}", Ext_lse="*fp32", qk_scale="fp32",
+        logit_cap="fp32", v_scale="fp32", ext_lse_scale="fp32",
     )  # fmt: skip
     constexprs = dict(
         D_MAIN=d_main, D_PE=d_pe, D_V=dv, BLOCK_D=block_d, BLOCK_DPE=block_dpe,
         BLOCK_DV=block_dv, HAS_CAP=has_cap,
         SHARE_KV=share_kv,
         Q_AS_B=config.q_as_b, QK_AHEAD=config.qk_ahead,
-        SCORES_VIA_SCRATCH=config.scores_via_scratch,
+        SCORES_VIA_SCRATCH=config.scores_via_scratch and not merge_ext,
         DV_SPLIT=dv_split, BLOCK_DV_PROG=block_dv // dv_split,
-        KV_CAST=kv_dtype is not None and kv_dtype != dtype,
+        KV_CAST=kv_dtype is not None and kv_dtype != dtype, MERGE_EXT=merge_ext,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
     )  # fmt: skip
     aligned = {"Q", "K", "V", "O_part", "Lse_part", "prefix_indptr",
                "prefix_indices", "tree_indices", "tree_mask", "P_scratch", "A_scratch",
                "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt",
-               "stride_vh", "stride_ps", "stride_pr"}  # fmt: skip
+               "stride_vh", "stride_ps", "stride_pt", "stride_ph"}  # fmt: skip
     return _source(
         _compiled_kernels()._tree_verify_split_kernel, types, constexprs, aligned
     )
@@ -155,7 +160,7 @@ def compile_arch_report(cap) -> list:
         dqk, dv = CLASS_HEAD_DIMS[cls]
         variants = [dict(share_kv=cls != MLA_SEPARATE_V)]
         if cls == MLA:
-            variants += [dict(dtype="fp16"), dict(has_cap=True)]
+            variants += [dict(dtype="fp16"), dict(has_cap=True), dict(merge_ext=True)]
             if tuple(cap) >= (8, 9):  # e4m3 KV caches need sm_89+ (Triton refuses it below)
                 variants.append(dict(kv_dtype="fp8e4nv"))
         for kw in variants:

@@ -1,4 +1,4 @@
-"""FlashInfer prefix pass + our masked tree-tail split + one LSE combine.
+"""FlashInfer prefix pass + our masked tree tail, merged in the tail's epilogue.
 
 The prefix is plain attention with no mask, which FlashInfer serves well
 (MLA: ``BatchMLAPagedAttentionWrapper``, FA2 on sm_80/sm_120, FA3 on sm_90;
@@ -73,10 +73,10 @@ class FlashInferPrefixPass:
                 f"flashinfer_split supports absorbed MLA (576/512, 1 KV head) and "
                 f"Dqk == Dv; got Dqk={dqk}, Dv={dv}, Hkv={hkv}"
             )
-        # A request with an empty prefix contributes nothing from this pass.
-        self.empty = (indptr[1:] == indptr[:-1]).repeat_interleave(n)
+        self.bs, self.n = bs, n
 
     def run(self, q, k_buffer, v_buffer):
+        """``(o [bs, N, H, Dv], lse [bs, N, H])``, the LSE base 2."""
         if self.mla:
             o, lse = self.wrapper.run(
                 q[..., :512], q[..., 512:], k_buffer[:, :, :512], k_buffer[:, :, 512:],
@@ -86,7 +86,8 @@ class FlashInferPrefixPass:
             o, lse = self.wrapper.run(
                 q, (k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)), return_lse=True
             )
-        return o, torch.where(self.empty[:, None], float("-inf"), lse.float())
+        h = q.shape[1]
+        return o.view(self.bs, self.n, h, -1), lse.float().view(self.bs, self.n, h)
 
 
 def tree_verify_flashinfer_split(

@@ -1,4 +1,4 @@
-"""FlashMLA prefix pass + our masked tree-tail split + one LSE combine (sm_90 / sm_100).
+"""FlashMLA prefix pass + our masked tree tail, merged in the tail's epilogue (sm_90 / sm_100).
 
 FlashMLA runs the prefix of a wide tree at several times our Triton tile's rate on
 Hopper (0.077 against 0.210 ms at H=16, N=65, P=16K on the H200:
@@ -166,7 +166,7 @@ def check_supported(q, k_buffer, v_buffer, logit_cap: float) -> None:
 @dataclass
 class FlashMLAPlan:
     """What every layer's prefix pass of one forward shares: the page layout,
-    FlashMLA's schedule and which requests have no prefix. Device tensors only."""
+    FlashMLA's schedule. Device tensors only."""
 
     max_pages: int
     page_start: torch.Tensor  # int32 [bs]: each request's first staging page
@@ -174,21 +174,19 @@ class FlashMLAPlan:
     lengths: torch.Tensor  # int32 [bs]
     schedule: torch.Tensor
     splits: torch.Tensor
-    empty: torch.Tensor  # bool [bs, 1, 1]
 
 
 def plan_flashmla(
     prefix_kv_indptr: torch.Tensor, n: int, num_heads: int, max_prefix_len: int, staging_pages: int
 ) -> FlashMLAPlan:
-    """Once per forward (the hook keeps it on the forward's metadata): the layers
-    differ only in their KV, not in the layout or the schedule."""
+    """Once per forward (the hook makes it in the forward's first layer): the
+    layers differ only in their KV, not in the layout or the schedule."""
     _, get_mla_metadata = _flash_mla()
     max_pages = pages_for(max_prefix_len)
     page_start, page_table = page_layout(prefix_kv_indptr, max_pages, staging_pages)
     lengths = (prefix_kv_indptr[1:] - prefix_kv_indptr[:-1]).to(torch.int32)
     schedule, splits = get_mla_metadata(lengths, n * num_heads, 1)
-    empty = (lengths == 0)[:, None, None]
-    return FlashMLAPlan(max_pages, page_start, page_table, lengths, schedule, splits, empty)
+    return FlashMLAPlan(max_pages, page_start, page_table, lengths, schedule, splits)
 
 
 def flashmla_prefix_pass(
@@ -200,8 +198,9 @@ def flashmla_prefix_pass(
     plan: FlashMLAPlan,
     staging: torch.Tensor,
 ):
-    """Every tree query over its prefix only: ``(o [bs*n*H, 512], lse [bs*n*H])``,
-    rows in (request, query, head) order, LSE in base 2 as our combine takes it."""
+    """Every tree query over its prefix only: FlashMLA's ``(o [bs, N, H, 512],
+    lse [bs, N, H])`` as it returns them (the LSE natural-log, a head-major view,
+    undefined for a request with no prefix)."""
     flash_mla_with_kvcache, _ = _flash_mla()
     bs, h = plan.lengths.shape[0], q.shape[1]
     n = q.shape[0] // bs
@@ -212,10 +211,7 @@ def flashmla_prefix_pass(
         q.reshape(bs, n, h, q.shape[-1]), staging, plan.page_table, plan.lengths, _MLA_DIMS[1],
         plan.schedule, plan.splits, softmax_scale=sm_scale, causal=False,
     )  # fmt: skip
-    # FlashMLA's LSE is natural-log, [bs, H, n]; a request with no prefix contributes nothing.
-    lse = torch.where(plan.empty, float("-inf"), lse.float() * _LOG2E).transpose(1, 2)
-    o = torch.where(plan.empty[..., None], 0.0, o)
-    return o.reshape(bs * n * h, -1), lse.reshape(-1)
+    return o, lse.transpose(1, 2)
 
 
 def tree_verify_flashmla_split(
@@ -243,5 +239,5 @@ def tree_verify_flashmla_split(
     )
     return merge_external_prefix(
         q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
-        tree_mask, sm_scale, config, o_pre, lse_pre, out,
+        tree_mask, sm_scale, config, o_pre, lse_pre, out, lse_scale=_LOG2E,
     )  # fmt: skip

@@ -378,9 +378,12 @@ def _tree_verify_split_kernel(
     tree_mask,
     P_scratch,
     A_scratch,
+    Ext_o,
+    Ext_lse,
     qk_scale,
     logit_cap,
     v_scale,
+    ext_lse_scale,
     num_nodes,
     group,
     num_heads,
@@ -393,11 +396,18 @@ def _tree_verify_split_kernel(
     stride_vt,
     stride_vh,
     stride_ps,
-    stride_pr,
+    stride_pt,
+    stride_ph,
     stride_ls,
     stride_tib,
     stride_mb,
     stride_mn,
+    stride_eob,
+    stride_eoq,
+    stride_eoh,
+    stride_elb,
+    stride_elq,
+    stride_elh,
     D_MAIN: tl.constexpr,
     D_PE: tl.constexpr,
     D_V: tl.constexpr,
@@ -411,6 +421,7 @@ def _tree_verify_split_kernel(
     SCORES_VIA_SCRATCH: tl.constexpr,  # P through P_scratch / A_scratch (MLA, shared KV)
     DV_SPLIT: tl.constexpr,
     KV_CAST: tl.constexpr,  # fp8 KV cache: tiles converted to q's dtype
+    MERGE_EXT: tl.constexpr,  # merge Ext_o/Ext_lse into the tail and write the output
     BLOCK_DV_PROG: tl.constexpr,  # value columns per program: BLOCK_DV / DV_SPLIT
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -545,13 +556,39 @@ def _tree_verify_split_kernel(
     seen = l_i > 0.0
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
     o = acc * (v_scale / tl.where(seen, l_i, 1.0))[:, None]
-    out_row = (tok * num_heads + head).to(tl.int64)
+    col_ok = row_ok[:, None] & (offs_dv[None, :] < D_V)
+    if MERGE_EXT:
+        # The prefix came from another kernel (FlashMLA, FlashInfer): weigh it
+        # against the tail by the two LSEs here instead of in a combine launch.
+        # A request with no prefix has no pass to merge, whatever it left there.
+        has_prefix = tl.load(prefix_indptr + b + 1) > tl.load(prefix_indptr + b)
+        ext_lse = tl.load(
+            Ext_lse + b * stride_elb + node * stride_elq + head * stride_elh,
+            mask=row_ok & has_prefix,
+            other=float("-inf"),
+        )
+        ext_lse = tl.where(has_prefix, ext_lse * ext_lse_scale, float("-inf"))
+        ext_o = tl.load(
+            Ext_o + b.to(tl.int64) * stride_eob + node[:, None] * stride_eoq
+            + head[:, None] * stride_eoh + offs_dv[None, :],
+            mask=col_ok & has_prefix,
+            other=0.0,
+        ).to(tl.float32)
+        m = tl.maximum(lse, ext_lse)
+        m = tl.where(m == float("-inf"), 0.0, m)
+        w_tail = tl.math.exp2(lse - m)
+        w_ext = tl.math.exp2(ext_lse - m)
+        den = w_tail + w_ext
+        o = (o * w_tail[:, None] + ext_o * w_ext[:, None]) / tl.where(den > 0.0, den, 1.0)[:, None]
     tl.store(
-        O_part + pid_s * stride_ps + out_row[:, None] * stride_pr + offs_dv[None, :],
-        o,
-        mask=row_ok[:, None] & (offs_dv[None, :] < D_V),
+        O_part + pid_s * stride_ps + tok[:, None].to(tl.int64) * stride_pt
+        + head[:, None] * stride_ph + offs_dv[None, :],
+        o.to(O_part.dtype.element_ty),
+        mask=col_ok,
     )
-    tl.store(Lse_part + pid_s * stride_ls + out_row, lse, mask=row_ok & (half == 0))
+    if not MERGE_EXT:
+        out_row = (tok * num_heads + head).to(tl.int64)
+        tl.store(Lse_part + pid_s * stride_ls + out_row, lse, mask=row_ok & (half == 0))
 
 
 @triton.jit
@@ -718,18 +755,36 @@ def split_partials(
     logit_cap: float,
     config: TreeVerifyConfig,
     num_splits: int,
-    extra_parts: int = 0,
     kv_scales: Optional[Tuple[float, float]] = None,
 ):
     """Run the split kernel: ``num_splits`` prefix slices plus the tree tail.
 
     Returns ``(o_part, lse_part)`` of shapes ``[parts, bs*N*H, Dv]`` and
-    ``[parts, bs*N*H]`` (fp32, base-2 LSE), ``parts = max(num_splits, 1) +
-    extra_parts``; the tail is folded into the last split (part 0 when
-    ``num_splits`` is 0).
-    ``extra_parts`` appends unwritten parts for another strategy's prefix pass.
+    ``[parts, bs*N*H]`` (fp32, base-2 LSE), ``parts = max(num_splits, 1)``;
+    the tail is folded into the last split (part 0 when ``num_splits`` is 0).
     ``kv_scales``: ``(k_scale, v_scale)`` of an fp8 KV cache (None otherwise).
     """
+    bs, n = tree_kv_indices.shape
+    h, dv = q.shape[1], v_buffer.shape[2]
+    parts = max(num_splits, 1)
+    o_part = torch.empty(parts, bs * n * h, dv, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(parts, bs * n * h, dtype=torch.float32, device=q.device)
+    _launch_split(
+        q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
+        tree_mask, sm_scale, logit_cap, config, num_splits, kv_scales,
+        o_part, (o_part.stride(0), o_part.stride(1) * h, o_part.stride(1)), lse_part,
+    )  # fmt: skip
+    return o_part, lse_part
+
+
+def _launch_split(
+    q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
+    tree_mask, sm_scale, logit_cap, config, num_splits, kv_scales,
+    o_out, o_strides, lse_part, external=None,
+):  # fmt: skip
+    """``o_out`` is written at ``part * o_strides[0] + token * o_strides[1] +
+    head * o_strides[2]``: the fp32 partials, or with ``external = (o, lse,
+    lse_scale)`` (a prefix pass merged in the epilogue; num_splits 0) the output."""
     bs, n = tree_kv_indices.shape
     h, dqk = q.shape[1], q.shape[2]
     hkv = k_buffer.shape[1]
@@ -737,15 +792,11 @@ def split_partials(
     group = h // hkv
     d_main, d_pe, block_d, block_dpe, block_dv = head_dim_blocks(dqk, dv)
     share_kv = reuses_k_tile(config, k_buffer, v_buffer)
-    parts = max(num_splits, 1) + extra_parts
-    total_rows = bs * n * h
-    o_part = torch.empty(parts, total_rows, dv, dtype=torch.float32, device=q.device)
-    lse_part = torch.empty(parts, total_rows, dtype=torch.float32, device=q.device)
     has_cap = logit_cap > 0
     k_scale, v_scale = kv_scales if kv_scales is not None else (1.0, 1.0)
     qk_scale = sm_scale * k_scale * (1.0 if has_cap else _LOG2E)
     if bs == 0:
-        return o_part, lse_part
+        return
     dv_split = dv_split_for(config, dqk, dv, share_kv)
     row_tiles = triton.cdiv(n * group, config.block_m)
     grid = (row_tiles * dv_split, max(num_splits, 1), bs * hkv)
@@ -760,29 +811,35 @@ def split_partials(
         a_scratch = torch.empty(programs * config.block_m, dtype=torch.float32, device=q.device)
     else:
         p_scratch, a_scratch = q, lse_part  # unused
+    if external is not None:
+        ext_o, ext_lse, ext_lse_scale = external
+        ext_o_strides, ext_lse_strides = ext_o.stride()[:3], ext_lse.stride()
+    else:
+        ext_o, ext_lse, ext_lse_scale = q, lse_part, 1.0  # unused
+        ext_o_strides = ext_lse_strides = (0, 0, 0)
     _tree_verify_split_kernel[grid](
-        q, k_buffer, v_buffer, o_part, lse_part,
+        q, k_buffer, v_buffer, o_out, lse_part,
         prefix_kv_indptr, prefix_kv_indices, tree_kv_indices, tree_mask,
-        p_scratch, a_scratch,
-        qk_scale, float(logit_cap), float(v_scale),
+        p_scratch, a_scratch, ext_o, ext_lse,
+        qk_scale, float(logit_cap), float(v_scale), float(ext_lse_scale),
         n, group, h, hkv, num_splits,
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1),
-        o_part.stride(0), o_part.stride(1), lse_part.stride(0),
+        *o_strides, lse_part.stride(0),
         tree_kv_indices.stride(0),
         tree_mask.stride(0), tree_mask.stride(1),
+        *ext_o_strides, *ext_lse_strides,
         D_MAIN=d_main, D_PE=d_pe, D_V=dv,
         BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=block_dv,
         SHARE_KV=share_kv, HAS_CAP=has_cap, Q_AS_B=config.q_as_b,
         QK_AHEAD=config.qk_ahead, SCORES_VIA_SCRATCH=via_scratch,
         DV_SPLIT=dv_split, BLOCK_DV_PROG=block_dv // dv_split,
-        KV_CAST=k_buffer.dtype != q.dtype,
+        KV_CAST=k_buffer.dtype != q.dtype, MERGE_EXT=external is not None,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    return o_part, lse_part
 
 
 def combine_tiles(dv: int, parts: int):
@@ -827,21 +884,34 @@ def merge_external_prefix(
     o_prefix: torch.Tensor,
     lse_prefix: torch.Tensor,
     out: Optional[torch.Tensor],
+    lse_scale: float = 1.0,
 ) -> torch.Tensor:
     """Our masked tree tail plus a prefix pass another kernel computed (FlashInfer,
-    FlashMLA): ``o_prefix`` holds ``bs*N*H`` rows of Dv in (request, query, head)
-    order, ``lse_prefix`` their base-2 LSE (``-inf`` for an empty prefix)."""
+    FlashMLA), merged in one launch: ``o_prefix`` is ``[bs, N, H, Dv]`` and
+    ``lse_prefix`` ``[bs, N, H]``, any strides (FlashMLA's LSE is head-major),
+    ``lse * lse_scale`` a base-2 LSE. What the pass left for a request with an
+    empty prefix is ignored."""
     bs, n = tree_kv_indices.shape
-    o_part, lse_part = split_partials(
-        q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
-        tree_kv_indices, tree_mask, sm_scale, 0.0, config, num_splits=0,
-        extra_parts=1,
-    )  # fmt: skip
-    o_part[1].copy_(o_prefix.reshape(-1, o_part.shape[-1]))
-    lse_part[1].copy_(lse_prefix.reshape(-1))
+    h, dv = q.shape[1], v_buffer.shape[2]
+    if o_prefix.shape != (bs, n, h, dv) or lse_prefix.shape != (bs, n, h):
+        raise ValueError(
+            f"external prefix pass: want o [{bs}, {n}, {h}, {dv}] and lse [{bs}, {n}, {h}]; "
+            f"got {tuple(o_prefix.shape)} and {tuple(lse_prefix.shape)}"
+        )
+    if o_prefix.stride(-1) != 1 or lse_prefix.dtype != torch.float32:
+        raise ValueError("external prefix pass: o needs unit stride in Dv and lse fp32")
     if out is None:
-        out = q.new_empty(bs * n, q.shape[1], v_buffer.shape[2])
-    return combine_partials(o_part, lse_part, out)
+        out = q.new_empty(bs * n, h, dv)
+    target = out if out.stride(2) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
+    _launch_split(
+        q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
+        tree_mask, sm_scale, 0.0, config, 0, None,
+        target, (0, target.stride(0), target.stride(1)),
+        q.new_empty(1, 1, dtype=torch.float32), external=(o_prefix, lse_prefix, lse_scale),
+    )  # fmt: skip
+    if target is not out:
+        out.copy_(target)
+    return out
 
 
 def num_splits_for(
