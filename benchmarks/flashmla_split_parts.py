@@ -50,7 +50,7 @@ def tail_config(base, block_m, warps, dv_split):
 def measure(h, n, p, bs):
     args = make_inputs(h, n, p, bs)
     q, k, v, indptr, pidx, tidx, mask, scale = args
-    base = select_config(None, 576, 512, True)
+    base = select_config(torch.cuda.get_device_capability(), 576, 512, True)
     staging = fm.new_staging(fm.staging_pages(bs, pidx.numel()), k)
     plan = fm.plan_flashmla(indptr, n, h, p, staging.shape[0])
     flash_mla_with_kvcache, _ = fm._flash_mla()

@@ -60,6 +60,8 @@ def split_kernel_source(
 ) -> ASTSource:
     """``merge_ext``: the tail-only launch that merges an external prefix pass
     and writes the output in ``dtype`` (flashinfer_split, flashmla_split)."""
+    if merge_ext:
+        config = _compiled_kernels().tail_only_config(config)
     d_main, d_pe, block_d, block_dpe, block_dv = head_dim_blocks(dqk, dv)
     share_kv = share_kv and config.reuse_k_tile and dv == d_main
     dv_split = _compiled_kernels().dv_split_for(config, dqk, dv, share_kv)
@@ -85,7 +87,7 @@ def split_kernel_source(
         BLOCK_DV=block_dv, HAS_CAP=has_cap,
         SHARE_KV=share_kv,
         Q_AS_B=config.q_as_b, QK_AHEAD=config.qk_ahead,
-        SCORES_VIA_SCRATCH=config.scores_via_scratch and not merge_ext,
+        SCORES_VIA_SCRATCH=config.scores_via_scratch,
         DV_SPLIT=dv_split, BLOCK_DV_PROG=block_dv // dv_split,
         KV_CAST=kv_dtype is not None and kv_dtype != dtype, MERGE_EXT=merge_ext,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
@@ -121,6 +123,8 @@ def compile_split_kernel(config: TreeVerifyConfig, dqk: int, dv: int, cap, **kw)
     """Compile the split kernel for compute capability ``cap``; returns the
     compiled kernel (``.metadata.shared`` is its static shared memory)."""
     src = split_kernel_source(config, dqk, dv, **kw)
+    if kw.get("merge_ext"):
+        config = _compiled_kernels().tail_only_config(config)
     return triton.compile(
         src,
         target=cuda_target(cap),
