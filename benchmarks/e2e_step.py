@@ -89,9 +89,10 @@ def config_order(config: str) -> tuple:
 
 
 BACKENDS = ("triton", "flashinfer")
-#: SGLANG_DDTREE_VERIFY_STRATEGY values (tree_verify/dispatch.py STRATEGIES); "fused" is
-#: the dispatcher's default, so it runs with the variable unset.
-VERIFY_PATHS = ("fused", "upstream_extend", "flashinfer_split", "flashmla_split", "reference")
+#: SGLANG_DDTREE_VERIFY_STRATEGY values (tree_verify/dispatch.py STRATEGIES), each set
+#: explicitly, and "auto": the variable unset, the server's own choice (on sm_90 the
+#: fused kernel, or FlashMLA's prefix pass for wide trees: tree_verify_hook.FLASHMLA_MIN_ROWS).
+VERIFY_PATHS = ("fused", "upstream_extend", "flashinfer_split", "flashmla_split", "reference", "auto")
 DEFAULT_REFERENCE = REPO.parent / "shared" / "reference" / "e2e_baseline_h200.jsonl"
 BASELINE = ("dflash", "fused", "triton")  # the "x DFLASH-fused" column divides by this
 
@@ -183,7 +184,7 @@ RUN_CONDITIONS = {"expert_routing": "model", "moe_tile_rule": "upstream"}
 
 def server_env(spec: Spec, triton_cache: Path, routing: str = "model", moe_tile_rule: str = "rows_per_expert") -> dict:
     env = {"TRITON_CACHE_DIR": str(triton_cache), **EXPERT_ROUTING[routing], **MOE_TILE_RULES[moe_tile_rule]}
-    if spec.verify not in ("-", "fused"):
+    if spec.verify not in ("-", "auto"):
         env["SGLANG_DDTREE_VERIFY_STRATEGY"] = spec.verify
     return env
 

@@ -64,7 +64,7 @@ def test_table_orders_ddtree_by_budget():
 def test_verify_paths_are_the_dispatchers_strategies():
     from sglang.srt.layers.attention.tree_verify.dispatch import STRATEGIES
 
-    assert set(es.VERIFY_PATHS) == set(STRATEGIES)
+    assert set(es.VERIFY_PATHS) == set(STRATEGIES) | {"auto"}
 
 
 @pytest.fixture(scope="module")
@@ -119,10 +119,13 @@ def test_every_prompt_prefills_in_one_chunk(upstream_parser, max_ctx):
     assert ns.prefill_max_requests == 1  # no prompt shares a prefill batch, so none is cut
 
 
-def test_server_env_sets_strategy_only_off_the_default(tmp_path):
-    assert es.server_env(es.parse_spec("ddtree64"), tmp_path) == {"TRITON_CACHE_DIR": str(tmp_path)}
+def test_server_env_names_the_verify_path_unless_auto(tmp_path):
+    """A row labelled fused ran the fused kernel, not whatever the server picks by default."""
+    assert es.server_env(es.parse_spec("ddtree64"), tmp_path) == {
+        "TRITON_CACHE_DIR": str(tmp_path), "SGLANG_DDTREE_VERIFY_STRATEGY": "fused"}
     env = es.server_env(es.parse_spec("ddtree64@upstream_extend"), tmp_path)
     assert env["SGLANG_DDTREE_VERIFY_STRATEGY"] == "upstream_extend"
+    assert es.server_env(es.parse_spec("ddtree64@auto"), tmp_path) == {"TRITON_CACHE_DIR": str(tmp_path)}
     assert "SGLANG_DDTREE_VERIFY_STRATEGY" not in es.server_env(es.parse_spec("nospec"), tmp_path)
 
 
@@ -130,7 +133,7 @@ def test_uniform_expert_routing_is_upstreams_switch(tmp_path, monkeypatch):
     """The variable must be the one the pinned upstream's MoE top-k reads."""
     from sglang.srt.environ import envs
 
-    env = es.server_env(es.parse_spec("dflash"), tmp_path, "uniform")
+    env = es.server_env(es.parse_spec("dflash@auto"), tmp_path, "uniform")
     assert set(env) == {"TRITON_CACHE_DIR", "SGLANG_SIMULATE_UNIFORM_EXPERTS"}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -142,7 +145,7 @@ def test_upstreams_moe_tile_rule_is_the_overlays_switch(tmp_path, monkeypatch):
     """The variable and value must be what default_row_tile.py reads."""
     from sglang.srt.layers.moe.moe_runner.triton_utils import default_row_tile
 
-    env = es.server_env(es.parse_spec("ddtree64"), tmp_path, moe_tile_rule="upstream")
+    env = es.server_env(es.parse_spec("ddtree64@auto"), tmp_path, moe_tile_rule="upstream")
     assert set(env) == {"TRITON_CACHE_DIR", default_row_tile.TILE_RULE_ENV}
     monkeypatch.setenv(default_row_tile.TILE_RULE_ENV, env[default_row_tile.TILE_RULE_ENV])
     assert default_row_tile.tile_rule_from_env() == "upstream"

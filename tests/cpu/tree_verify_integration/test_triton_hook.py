@@ -286,3 +286,121 @@ def test_flashmla_strategy_is_refused_at_startup_off_sm90_sm100(monkeypatch):
     verify = Verify([3], 4, "DDTREE", torch.Generator().manual_seed(0))
     with pytest.raises(TreeVerifyUnavailable, match="sm_90a/sm_100a only, not compute capability 12.0"):
         triton_backend(model_runner("DDTREE"), Pool(1, 576, 512, torch.float16, True), verify, True)
+
+
+def _default_flashmla_backend(monkeypatch, cap, n, flash_mla_loads=True, draft=False, prefix_lens=(17, 40)):
+    """A DDTREE Triton backend with the strategy variable unset on a GPU of
+    capability ``cap``; FlashMLA's scheduler returns placeholders and its runner is
+    observed computing the reference (FlashMLA itself runs in tests/gpu)."""
+    from sglang.srt.layers.attention import tree_verify_hook
+    from sglang.srt.layers.attention.tree_verify import dispatch, flashmla_split
+    from sglang.srt.layers.attention.tree_verify.upstream_extend import StrategyUnavailable
+    from sglang.srt.utils import gpu_arch
+
+    monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: cap)
+
+    def flash_mla():
+        if not flash_mla_loads:
+            raise StrategyUnavailable("flashmla_split needs sgl_kernel's FlashMLA: no module")
+        return None, lambda *a: ("s", "n")
+
+    monkeypatch.setattr(flashmla_split, "_flash_mla", flash_mla)
+    # 3 MLA heads here: a 9-node tree is "wide" (27 rows), a 4-node one is not.
+    monkeypatch.setattr(tree_verify_hook, "FLASHMLA_MIN_ROWS", 9 * SHAPES["mla"][0])
+    calls = []
+
+    def observed(args, arch, kv_scales=None, **options):
+        calls.append(options)
+        return dispatch._run_reference(args, arch, kv_scales)
+
+    monkeypatch.setitem(dispatch._RUNNERS, "flashmla_split", observed)
+    gen = torch.Generator().manual_seed(5)
+    h, hkv, dqk, dv = SHAPES["mla"]
+    verify = Verify(list(prefix_lens), n, "DDTREE", gen)
+    pool = Pool(hkv, dqk, dv, torch.float16, mla=True)
+    be = triton_backend(model_runner("DDTREE", is_draft=draft), pool, verify, mla=True)
+
+    def forward():
+        fb = verify.forward_batch()
+        be.init_forward_metadata(fb)
+        layer = layer_for("mla", h, hkv, dqk, dv)
+        q, k, v = qkv(verify, h, hkv, dqk, dv, torch.float16, True, gen)
+        o = be.forward_extend(q, k, v, layer, fb)
+        ref = dense_reference(verify, q.view(-1, h, dqk), pool, layer.scaling)
+        torch.testing.assert_close(o.view(-1, h, dv).float(), ref, atol=2e-3, rtol=2e-3)
+
+    return be, forward, calls
+
+
+def test_flashmla_is_the_default_for_wide_trees_on_sm90(monkeypatch):
+    monkeypatch.delenv("SGLANG_DDTREE_VERIFY_STRATEGY", raising=False)
+    be, forward, calls = _default_flashmla_backend(monkeypatch, (9, 0), n=9)
+    assert be.tree_verify.flashmla_by_default and not be.tree_verify.flashmla_prefix
+    forward()
+    forward()
+    assert len(calls) == 2 and calls[0]["staging"] is calls[1]["staging"]
+    assert calls[0]["plan"] is not calls[1]["plan"]  # one plan per forward
+
+    _, forward, calls = _default_flashmla_backend(monkeypatch, (9, 0), n=4)  # narrow tree
+    forward()
+    assert calls == []
+
+
+@pytest.mark.parametrize(
+    "cap,env,loads,draft",
+    [((12, 0), None, True, False),  # sm_120: no FlashMLA kernels
+     ((10, 0), None, True, False),  # sm_100: FlashMLA ships kernels, but never measured here
+     ((9, 0), "fused", True, False),  # the user keeps the fused kernel
+     ((9, 0), None, False, False),  # sgl_kernel's FlashMLA does not load
+     ((9, 0), None, True, True)],  # the drafter's block
+)  # fmt: skip
+def test_default_keeps_the_fused_kernel_where_flashmla_is_not_measured_or_not_wanted(
+    monkeypatch, cap, env, loads, draft
+):
+    if env is None:
+        monkeypatch.delenv("SGLANG_DDTREE_VERIFY_STRATEGY", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", env)
+    prefix_lens = (3,) if draft else (17, 40)
+    be, forward, calls = _default_flashmla_backend(
+        monkeypatch, cap, n=9, flash_mla_loads=loads, draft=draft, prefix_lens=prefix_lens
+    )
+    assert not be.tree_verify.flashmla_by_default
+    if not draft:
+        forward()
+        assert calls == []
+
+
+def test_default_flashmla_without_room_for_its_staging_falls_back_for_good(monkeypatch, caplog):
+    """Out of memory for the page staging: a warning, the fused path, and no retry,
+    so graphs captured later record the same path as eager forwards."""
+    from sglang.srt.layers.attention.tree_verify import flashmla_split
+
+    monkeypatch.delenv("SGLANG_DDTREE_VERIFY_STRATEGY", raising=False)
+    be, forward, calls = _default_flashmla_backend(monkeypatch, (9, 0), n=9)
+    tries = []
+
+    def no_room(pages, like):
+        tries.append(pages)
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(flashmla_split, "new_staging", no_room)
+    with caplog.at_level("WARNING"):
+        forward()
+        forward()
+    assert calls == [] and len(tries) == 1 and not be.tree_verify.flashmla_by_default
+    assert "FlashMLA verify off, the fused kernel serves it: no room for its page staging" in caplog.text
+
+
+def test_forced_flashmla_without_room_for_its_staging_raises(monkeypatch):
+    from sglang.srt.layers.attention.tree_verify import flashmla_split
+
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "flashmla_split")
+    be, forward, calls = _default_flashmla_backend(monkeypatch, (9, 0), n=9)
+
+    def no_room(pages, like):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(flashmla_split, "new_staging", no_room)
+    with pytest.raises(RuntimeError, match="flashmla_split: no room for its page staging"):
+        forward()

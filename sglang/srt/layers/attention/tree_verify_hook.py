@@ -24,7 +24,8 @@ captured kernels read fixed addresses and launch with fixed shapes.
 then runs upstream's own path (the dense custom mask for DDTREE), for A/B runs.
 ``=flashmla_split`` (sm_90/sm_100, absorbed MLA) runs the target's verify prefix
 through FlashMLA over pages copied into a staging buffer of about one KV layer,
-graph-capturable; the drafter's block keeps the default kernels.
+graph-capturable; the drafter's block keeps the default kernels. Unset, the same
+happens on sm_90 for wide trees (``FLASHMLA_MIN_ROWS``); ``=fused`` turns that off.
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ NON_CAUSAL = "non-causal attention"
 UPSTREAM_STRATEGY = "upstream_extend"
 #: Strategy name that routes the target's verify prefix through FlashMLA.
 FLASHMLA_STRATEGY = "flashmla_split"
+#: Query rows per request (tree nodes x query heads on this rank) from which the
+#: default sends the target's verify prefix to FlashMLA on sm_90. On the H200
+#: (``benchmarks/results/verify_attention_s8_merge.json``) flashmla_split beats the
+#: fused kernel 1.5-2.8x at 1,040+ rows and 16K prefixes, while below ~1,000 rows
+#: (H=16, N=17) it loses up to 0.55x at short prefixes and wins only past 16K.
+FLASHMLA_MIN_ROWS = 1024
 
 #: An fp8 KV cache is served through the fused kernels (converted per tile);
 #: ``=0`` hands it back to upstream's dense-mask path (A/B runs, a suspected bug).
@@ -156,6 +163,26 @@ class TreeVerifyMetadata:
     causal_mask: Optional[torch.Tensor] = None
 
 
+def _flashmla_device_reason(device: Any, forced: bool) -> Optional[str]:
+    """Why FlashMLA cannot serve verify on ``device`` (None: it can). Forced, any
+    arch FlashMLA ships kernels for; by default sm_90 only, where it was measured,
+    and only if sgl_kernel's FlashMLA loads. Gated on the real GPU, not
+    SGLANG_DDTREE_KERNEL_ARCH."""
+    from sglang.srt.utils.gpu_arch import device_capability
+
+    try:
+        cap = device_capability(torch.device(device))
+    except RuntimeError as e:
+        return str(e)
+    if forced:
+        return flashmla_arch_reason(cap)
+    if cap[0] != 9:
+        return f"compute capability {cap[0]}.{cap[1]} (the default uses it on sm_90 only)"
+    from sglang.srt.layers.attention.tree_verify.flashmla_split import flash_mla_reason
+
+    return flash_mla_reason()
+
+
 def fill_prefix_indices(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -244,25 +271,33 @@ class TreeVerifyHook:
             logger.info("Tree-verify path off on %s: %s.", backend_name, reason)
         elif self.kind is not None:
             logger.info("%s serves %s verify through the tree-verify path.", backend_name, self.kind)
-        # FlashMLA for the target's verify prefix: the env names it, so the hook
-        # routes it (the drafter's block and anything it cannot serve keep the default).
-        flashmla_asked = os.environ.get(STRATEGY_ENV) == FLASHMLA_STRATEGY
-        self.flashmla_prefix = flashmla_asked and self.kind in (TREE, CHAIN)
-        self._route_strategy = AUTO_STRATEGY if flashmla_asked else None
+        # FlashMLA for the target's verify prefix: forced by the env, or by default
+        # on the H200 class for wide trees (FLASHMLA_MIN_ROWS), where it measured
+        # faster; the drafter's block and anything FlashMLA cannot serve keep the
+        # fused kernel.
+        env = os.environ.get(STRATEGY_ENV)
+        targets_verify = self.kind in (TREE, CHAIN)
+        self.flashmla_prefix = env == FLASHMLA_STRATEGY and targets_verify
+        self._route_strategy = AUTO_STRATEGY if env == FLASHMLA_STRATEGY else None
+        self.flashmla_by_default = False
         self._flashmla_staging: Optional[torch.Tensor] = None
         # The forward's plan (page layout, FlashMLA schedule) and what it was made for.
         self._flashmla_plan: Any = None
         self._flashmla_plan_at: Tuple[Any, int] = (None, -1)  # (metadata, last layer id)
         if self.flashmla_prefix:
-            from sglang.srt.utils.gpu_arch import device_capability
-
-            try:  # gating: the real GPU, not SGLANG_DDTREE_KERNEL_ARCH
-                reason = flashmla_arch_reason(device_capability(torch.device(device)))
-            except RuntimeError as e:
-                reason = str(e)
+            reason = _flashmla_device_reason(device, forced=True)
             if reason is not None:
                 raise TreeVerifyUnavailable(f"{STRATEGY_ENV}={FLASHMLA_STRATEGY}: {reason}")
             logger.info("%s: the target's verify prefix runs through FlashMLA.", backend_name)
+        elif targets_verify and not env:
+            reason = _flashmla_device_reason(device, forced=False)
+            self.flashmla_by_default = reason is None
+            if self.flashmla_by_default:
+                logger.info(
+                    "%s: a verify with >= %d query rows per request (tree nodes x heads) "
+                    "runs its prefix through FlashMLA; %s=fused keeps the fused kernel.",
+                    backend_name, FLASHMLA_MIN_ROWS, STRATEGY_ENV,
+                )  # fmt: skip
         self.metadata: Optional[TreeVerifyMetadata] = None
         # Eager-mode chain / all-ones masks, built once per (kind, bs, N).
         self._masks: Dict[Tuple[Any, int, int], torch.Tensor] = {}
@@ -492,9 +527,12 @@ class TreeVerifyHook:
         from sglang.srt.layers.attention.tree_verify import tree_verify_attention
 
         strategy, options = self._route_strategy, None
-        if self.flashmla_prefix and meta.kind in (TREE, CHAIN):
-            strategy = FLASHMLA_STRATEGY
+        if meta.kind in (TREE, CHAIN) and (
+            self.flashmla_prefix or self._flashmla_serves(meta, q, k_buffer, v_buffer, logit_cap)
+        ):
             options = self._flashmla_options(meta, q, k_buffer, getattr(layer, "layer_id", 0))
+            if options is not None:
+                strategy = FLASHMLA_STRATEGY
         return tree_verify_attention(
             q,
             k_buffer,
@@ -512,15 +550,34 @@ class TreeVerifyHook:
             strategy_options=options,
         )
 
+    def _flashmla_serves(self, meta, q, k_buffer, v_buffer, logit_cap) -> bool:
+        """The default's choice for this layer: a wide tree, a layer FlashMLA serves."""
+        if not self.flashmla_by_default:
+            return False
+        if meta.tree_kv_indices.shape[1] * q.shape[1] < FLASHMLA_MIN_ROWS:
+            return False
+        from sglang.srt.layers.attention.tree_verify.flashmla_split import check_supported
+        from sglang.srt.layers.attention.tree_verify.upstream_extend import StrategyUnavailable
+
+        try:
+            check_supported(q, k_buffer, v_buffer, float(logit_cap or 0.0))
+        except StrategyUnavailable:
+            return False
+        return True
+
     def _flashmla_options(
         self, meta: TreeVerifyMetadata, q: torch.Tensor, k_buffer: torch.Tensor, layer_id: int
-    ) -> dict:
+    ) -> Optional[dict]:
         """flashmla_split's inputs: one page staging for every layer (room for every
         running request's prefix, which all live in the pool: about one KV layer),
         and the forward's plan. The plan is made by the forward's first layer: a new
         metadata, or a layer id not above the last one (the graph runner re-runs
         one batch's forward for warm-up and capture, and the capture must record
-        the planning so replays plan for their own batch)."""
+        the planning so replays plan for their own batch).
+
+        None when the default cannot have its staging (no room, or first asked
+        inside a graph capture): the default then stays off for this server, so
+        captured graphs and eager forwards agree; a forced strategy raises."""
         from sglang.srt.layers.attention.tree_verify.flashmla_split import (
             new_staging,
             plan_flashmla,
@@ -528,13 +585,27 @@ class TreeVerifyHook:
         )
 
         if self._flashmla_staging is None:
-            if k_buffer.is_cuda and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(
-                    "flashmla_split: the page staging must be allocated before graph "
-                    "capture (by an eager TARGET_VERIFY forward, e.g. the warm-up run)"
-                )
             pages = staging_pages(int(self.req_to_token.shape[0]), int(k_buffer.shape[0]))
-            self._flashmla_staging = new_staging(pages, k_buffer)
+            problem = None
+            if k_buffer.is_cuda and torch.cuda.is_current_stream_capturing():
+                problem = (
+                    "the page staging must be allocated before graph capture (by an "
+                    "eager TARGET_VERIFY forward, e.g. the warm-up run)"
+                )
+            else:
+                try:
+                    self._flashmla_staging = new_staging(pages, k_buffer)
+                except torch.cuda.OutOfMemoryError as e:
+                    problem = f"no room for its page staging ({pages} pages of 64 tokens): {e}"
+            if problem is not None:
+                if self.flashmla_prefix:
+                    raise RuntimeError(f"flashmla_split: {problem}")
+                logger.warning(
+                    "%s: FlashMLA verify off, the fused kernel serves it: %s",
+                    self.backend_name, problem,
+                )  # fmt: skip
+                self.flashmla_by_default = False
+                return None
         planned_for, last_layer = self._flashmla_plan_at
         if planned_for is not meta or layer_id <= last_layer:
             self._flashmla_plan = plan_flashmla(

@@ -146,6 +146,15 @@ def _flash_mla():
     return flash_mla_with_kvcache, get_mla_metadata
 
 
+def flash_mla_reason() -> Optional[str]:
+    """Why sgl_kernel's FlashMLA cannot be loaded here (None: it can)."""
+    try:
+        _flash_mla()
+    except StrategyUnavailable as e:
+        return str(e)
+    return None
+
+
 def check_supported(q, k_buffer, v_buffer, logit_cap: float) -> None:
     """Raise StrategyUnavailable unless FlashMLA's dense bf16/fp16 kernel serves this call."""
     if logit_cap > 0:
