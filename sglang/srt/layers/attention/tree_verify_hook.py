@@ -183,6 +183,40 @@ def _flashmla_device_reason(device: Any, forced: bool) -> Optional[str]:
     return flash_mla_reason()
 
 
+#: Attention backends whose TARGET_VERIFY goes through the hook (for MLA).
+_HOOKED_MLA_BACKENDS = ("triton", "flashinfer")
+
+
+def flashmla_staging_layers(kvc: Any) -> int:
+    """Target KV layers' worth of memory per pool token that flashmla_split's page
+    staging will take on this server: 1 when the target's verify will go through
+    FlashMLA (forced, or the default's choice as the hook makes it), else 0. The KV
+    pool is sized with it counted (``pool_configurator``, patch 0070), rather than
+    the staging being taken later from the headroom activations and graphs need.
+    ``kvc``: upstream's ``KVCacheConfigurator``."""
+    if kvc.is_draft_worker or static_verify_kind(kvc.spec_algorithm) is None:
+        return 0
+    mc = kvc.model_config
+    latent = (getattr(mc, "kv_lora_rank", None), getattr(mc, "qk_rope_head_dim", None))
+    if not kvc.use_mla_backend or latent != (512, 64):
+        return 0
+    if (kvc.page_size or 1) != 1 or kvc.kv_cache_dtype != kvc.model_dtype:
+        return 0  # the hook is off, or FlashMLA cannot read this KV cache
+    if kvc.model_dtype not in (torch.bfloat16, torch.float16):
+        return 0
+    if not set(kvc.server_args.get_attention_backends()) & set(_HOOKED_MLA_BACKENDS):
+        return 0
+    env = os.environ.get(STRATEGY_ENV)
+    if env:
+        return int(env == FLASHMLA_STRATEGY)
+    heads = mc.num_attention_heads // max(1, kvc.ps.attn_tp_size)
+    width = kvc.server_args.speculative_num_draft_tokens or 0
+    if int(width) * heads < FLASHMLA_MIN_ROWS:
+        return 0
+    device = f"cuda:{kvc.gpu_id}" if str(kvc.device) == "cuda" else kvc.device
+    return int(_flashmla_device_reason(device, forced=False) is None)
+
+
 def fill_prefix_indices(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,

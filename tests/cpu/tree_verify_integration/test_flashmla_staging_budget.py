@@ -1,0 +1,89 @@
+"""The KV pool's per-token budget counts flashmla_split's page staging exactly when
+the target's verify will use it (patch 0070 in upstream's pool configurator, the
+decision in tree_verify_hook.flashmla_staging_layers)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang.srt.layers.attention import tree_verify_hook
+from sglang.srt.layers.attention.tree_verify import flashmla_split
+from sglang.srt.model_executor import pool_configurator
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.utils import gpu_arch
+
+LAYERS, LAYER_BYTES = 27, 576 * 2  # DeepSeek-V2-Lite's MLA KV per token and layer, bf16
+
+
+def kvc(algorithm="DDTREE", width=65, heads=16, tp=1, backends=("triton", "triton"), **over):
+    """Upstream's KVCacheConfigurator, the fields the budget reads."""
+    fields = dict(
+        device="cuda", gpu_id=0, is_draft_worker=False,
+        spec_algorithm=SpeculativeAlgorithm.from_string(algorithm),
+        model_config=SimpleNamespace(kv_lora_rank=512, qk_rope_head_dim=64, num_attention_heads=heads,
+                                     context_len=32768),
+        use_mla_backend=True, page_size=1, kv_cache_dtype=torch.bfloat16, model_dtype=torch.bfloat16,
+        server_args=SimpleNamespace(get_attention_backends=lambda: backends, speculative_num_draft_tokens=width,
+                                    max_total_tokens=None, dcp_size=1),
+        ps=SimpleNamespace(attn_tp_size=tp, pp_size=1),
+        layer_info=SimpleNamespace(num_effective_layers=LAYERS),
+        spec_aux_config=SimpleNamespace(dflash_draft_num_layers=5),
+        kv_cache_dtype_str="bfloat16",
+    )  # fmt: skip
+    fields.update(over)
+    return SimpleNamespace(**fields)
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    """An sm_90 GPU whose sgl_kernel loads FlashMLA, the strategy variable unset."""
+    monkeypatch.delenv("SGLANG_DDTREE_VERIFY_STRATEGY", raising=False)
+    monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(flashmla_split, "_flash_mla", lambda: (None, None))
+
+
+@pytest.mark.parametrize(
+    "case,layers",
+    [(dict(), 1),  # DDTREE B=64 at 16 heads: 1,040 query rows
+     (dict(width=64), 1),  # B=63: 1,024
+     (dict(width=17), 0),  # the default B=16
+     (dict(tp=2), 0),  # 8 heads per rank
+     (dict(algorithm="DFLASH", width=16, heads=128), 1),  # a 128-head chain
+     (dict(algorithm="DFLASH", width=16), 0),
+     (dict(is_draft_worker=True), 0),
+     (dict(kv_cache_dtype=torch.float8_e4m3fn), 0),  # FlashMLA's dense kernel reads bf16/fp16
+     (dict(page_size=64), 0),  # the hook is off
+     (dict(use_mla_backend=False), 0),
+     (dict(backends=("fa3", "flashmla")), 0),  # no hook on these backends
+     (dict(backends=("triton", "flashmla")), 1)],
+)  # fmt: skip
+def test_staging_is_counted_when_the_default_takes_flashmla(hopper, case, layers):
+    assert tree_verify_hook.flashmla_staging_layers(kvc(**case)) == layers
+
+
+def test_staging_follows_the_gpu_and_the_strategy_variable(hopper, monkeypatch):
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "fused")
+    assert tree_verify_hook.flashmla_staging_layers(kvc()) == 0
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "flashmla_split")  # forced: any width
+    assert tree_verify_hook.flashmla_staging_layers(kvc(width=17)) == 1
+    monkeypatch.delenv("SGLANG_DDTREE_VERIFY_STRATEGY")
+    monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (12, 0))
+    assert tree_verify_hook.flashmla_staging_layers(kvc()) == 0
+    monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (9, 0))
+    assert tree_verify_hook.flashmla_staging_layers(kvc(algorithm="EAGLE")) == 0
+
+
+def test_patched_pool_configurator_adds_one_target_layer_per_token(hopper, monkeypatch):
+    """Upstream's DefaultPoolConfigurator, patched: the per-token cell grows by one target
+    layer on top of DFLASH's draft scaling when the staging is counted, by nothing otherwise."""
+    monkeypatch.setattr(pool_configurator, "mambaish_config", lambda model_config: None)
+    monkeypatch.setattr(
+        pool_configurator.DefaultPoolConfigurator, "_compute_cell_size",
+        lambda self, kvc, num_layers: num_layers * LAYER_BYTES,
+    )  # fmt: skip
+    wide = pool_configurator.DefaultPoolConfigurator(kvc())._cell_size
+    narrow = pool_configurator.DefaultPoolConfigurator(kvc(width=17))._cell_size
+    target = LAYERS * LAYER_BYTES
+    assert narrow == int(target * (1 + 5 / LAYERS))  # upstream's DFLASH scaling alone
+    assert wide - narrow == LAYER_BYTES
