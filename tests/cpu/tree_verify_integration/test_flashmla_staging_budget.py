@@ -87,3 +87,19 @@ def test_patched_pool_configurator_adds_one_target_layer_per_token(hopper, monke
     target = LAYERS * LAYER_BYTES
     assert narrow == int(target * (1 + 5 / LAYERS))  # upstream's DFLASH scaling alone
     assert wide - narrow == LAYER_BYTES
+
+
+def test_the_stand_in_reads_only_upstreams_fields():
+    """What the budget reads exists on the pinned upstream's configurator, its parallel
+    state and its server arguments, so the stand-in above cannot drift from them."""
+    import dataclasses
+
+    from sglang.srt.distributed.parallel_state_wrapper import ParallelState
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.server_args import ServerArgs
+
+    k = kvc()
+    assert set(vars(k)) <= {f.name for f in dataclasses.fields(KVCacheConfigurator)}
+    assert set(vars(k.ps)) <= {f.name for f in dataclasses.fields(ParallelState)}
+    args = set(vars(k.server_args)) - {"get_attention_backends"}
+    assert args <= set(ServerArgs.__dataclass_fields__) and callable(ServerArgs.get_attention_backends)
