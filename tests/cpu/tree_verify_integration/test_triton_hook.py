@@ -218,20 +218,11 @@ def test_fp8_kv_cache_is_served_unless_turned_off(monkeypatch, env):
 
 
 
-def test_flashmla_strategy_routes_the_targets_verify_only(monkeypatch):
-    """SGLANG_DDTREE_VERIFY_STRATEGY=flashmla_split: the target's tree verify goes to
-    flashmla_split with one page staging for every layer (room for the whole pool) and
-    one plan per forward (layout for the context-length bound, made by its first layer);
-    the drafter's block keeps the default. FlashMLA runs on the GPU host only
-    (tests/gpu/tree_verify), so here its scheduler returns placeholders and its runner
-    is observed, computing the reference."""
-    from sglang.srt.layers.attention.tree_verify import dispatch, flashmla_split
-    from sglang.srt.utils import gpu_arch
+def _observe_flashmla_runner(monkeypatch):
+    """flashmla_split's runner observed, computing the reference (FlashMLA itself runs
+    on the GPU host only, tests/gpu/tree_verify); returns each call's options."""
+    from sglang.srt.layers.attention.tree_verify import dispatch
 
-    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "flashmla_split")
-    monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (9, 0))
-    schedules = []
-    monkeypatch.setattr(flashmla_split, "_flash_mla", lambda: (None, lambda *a: schedules.append(a) or ("s", "n")))
     calls = []
 
     def observed(args, arch, kv_scales=None, **options):
@@ -239,6 +230,24 @@ def test_flashmla_strategy_routes_the_targets_verify_only(monkeypatch):
         return dispatch._run_reference(args, arch, kv_scales)
 
     monkeypatch.setitem(dispatch._RUNNERS, "flashmla_split", observed)
+    return calls
+
+
+def test_flashmla_strategy_routes_the_targets_verify_only(monkeypatch):
+    """SGLANG_DDTREE_VERIFY_STRATEGY=flashmla_split: the target's tree verify goes to
+    flashmla_split with one page staging for every layer (room for the whole pool) and
+    one plan per forward (layout for the context-length bound, made by its first layer);
+    the drafter's block keeps the default. FlashMLA runs on the GPU host only
+    (tests/gpu/tree_verify), so here its scheduler returns placeholders and its runner
+    is observed, computing the reference."""
+    from sglang.srt.layers.attention.tree_verify import flashmla_split
+    from sglang.srt.utils import gpu_arch
+
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "flashmla_split")
+    monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (9, 0))
+    schedules = []
+    monkeypatch.setattr(flashmla_split, "_flash_mla", lambda: (None, lambda *a: schedules.append(a) or ("s", "n")))
+    calls = _observe_flashmla_runner(monkeypatch)
     gen = torch.Generator().manual_seed(3)
     h, hkv, dqk, dv = SHAPES["mla"]
     verify = Verify([17, 40], 9, "DDTREE", gen)
@@ -293,7 +302,7 @@ def _default_flashmla_backend(monkeypatch, cap, n, flash_mla_loads=True, draft=F
     capability ``cap``; FlashMLA's scheduler returns placeholders and its runner is
     observed computing the reference (FlashMLA itself runs in tests/gpu)."""
     from sglang.srt.layers.attention import tree_verify_hook
-    from sglang.srt.layers.attention.tree_verify import dispatch, flashmla_split
+    from sglang.srt.layers.attention.tree_verify import flashmla_split
     from sglang.srt.layers.attention.tree_verify.upstream_extend import StrategyUnavailable
     from sglang.srt.utils import gpu_arch
 
@@ -307,13 +316,7 @@ def _default_flashmla_backend(monkeypatch, cap, n, flash_mla_loads=True, draft=F
     monkeypatch.setattr(flashmla_split, "_flash_mla", flash_mla)
     # 3 MLA heads here: a 9-node tree is "wide" (27 rows), a 4-node one is not.
     monkeypatch.setattr(tree_verify_hook, "FLASHMLA_MIN_ROWS", 9 * SHAPES["mla"][0])
-    calls = []
-
-    def observed(args, arch, kv_scales=None, **options):
-        calls.append(options)
-        return dispatch._run_reference(args, arch, kv_scales)
-
-    monkeypatch.setitem(dispatch._RUNNERS, "flashmla_split", observed)
+    calls = _observe_flashmla_runner(monkeypatch)
     gen = torch.Generator().manual_seed(5)
     h, hkv, dqk, dv = SHAPES["mla"]
     verify = Verify(list(prefix_lens), n, "DDTREE", gen)
