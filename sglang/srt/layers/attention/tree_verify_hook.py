@@ -65,8 +65,10 @@ FLASHMLA_STRATEGY = "flashmla_split"
 #: Query rows per request (tree nodes x query heads on this rank) from which the
 #: default sends the target's verify prefix to FlashMLA on sm_90. On the H200
 #: (``benchmarks/results/verify_attention_s8_merge.json``) flashmla_split beats the
-#: fused kernel 1.5-2.8x at 1,040+ rows and 16K prefixes, while below ~1,000 rows
-#: (H=16, N=17) it loses up to 0.55x at short prefixes and wins only past 16K.
+#: fused kernel 1.5-2.8x at 1,040+ rows from 16K prefixes on (and at 128 heads from
+#: 4K), costs 0.61-0.89x at 1K-4K prefixes with 1,040 rows (before the tail-only
+#: tile, which takes ~0.017 ms off), and below ~1,000 rows (H=16, N=17) loses at
+#: every prefix up to 16K.
 FLASHMLA_MIN_ROWS = 1024
 
 #: An fp8 KV cache is served through the fused kernels (converted per tile);
@@ -193,6 +195,9 @@ def flashmla_staging_layers(kvc: Any) -> int:
     FlashMLA (forced, or the default's choice as the hook makes it), else 0. The KV
     pool is sized with it counted (``pool_configurator``, patch 0070), rather than
     the staging being taken later from the headroom activations and graphs need.
+    Made from the server's arguments, it may count the staging for a server whose
+    hook turns itself off for another reason (deterministic inference, say); the
+    hook falls back to the fused kernel if the staging still does not fit.
     ``kvc``: upstream's ``KVCacheConfigurator``."""
     if kvc.is_draft_worker or static_verify_kind(kvc.spec_algorithm) is None:
         return 0
