@@ -73,8 +73,16 @@ def gpu_events(trace: dict) -> Iterable[dict]:
             yield ev
 
 
-def breakdown(trace: dict, steps: int, top: int = 12) -> dict:
-    """GPU time per step per category (Chrome trace durations are microseconds)."""
+#: Kernel names in the per-category lists are cut to this many characters (CUTLASS
+#: template names run to thousands).
+NAME_CHARS = 160
+
+
+def breakdown(trace: dict, steps: int, top: int = 12, per_category: int = 10) -> dict:
+    """GPU time per step per category (Chrome trace durations are microseconds).
+    ``kernels_by_category`` lists each category's ``per_category`` costliest kernels,
+    so that a category's growth between two configurations (the many small "other"
+    kernels of a tree step, say) can be read off the JSON without the trace."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     per_cat = {c: 0.0 for c in ORDER}
@@ -99,7 +107,13 @@ def breakdown(trace: dict, steps: int, top: int = 12) -> dict:
         for c in ORDER
         if count[c]
     }
-    kernels = sorted(per_kernel.items(), key=lambda kv: -kv[1][1])[:top]
+    ranked = sorted(per_kernel.items(), key=lambda kv: -kv[1][1])
+    kernels = ranked[:top]
+    by_category: dict[str, list] = {}
+    for n, (c, t, k) in ranked:
+        rows = by_category.setdefault(c, [])
+        if len(rows) < per_category:
+            rows.append({"name": n[:NAME_CHARS], "ms_per_step": t / 1000 / steps, "launches_per_step": k / steps})
     return {
         "steps": steps,
         "gpu_ms_per_step": total / 1000 / steps,
@@ -111,6 +125,7 @@ def breakdown(trace: dict, steps: int, top: int = 12) -> dict:
             {"name": n, "category": c, "ms_per_step": t / 1000 / steps, "launches_per_step": k / steps}
             for n, (c, t, k) in kernels
         ],
+        "kernels_by_category": {c: by_category[c] for c in ORDER if c in by_category},
     }
 
 

@@ -58,6 +58,22 @@ def test_breakdown_sums_per_category_and_step():
     top = b["top_kernels"]
     assert top[0]["name"].startswith("nvjet") and top[0]["category"] == "gemm"
     assert top[0]["launches_per_step"] == pytest.approx(1.0)
+    by_cat = b["kernels_by_category"]
+    assert [k["name"] for k in by_cat["tree_verify"]] == ["_tree_verify_split_kernel", "_tree_verify_combine_kernel"]
+    assert by_cat["other"] == [{"name": "void at::native::vectorized_elementwise_kernel<4>",
+                                "ms_per_step": pytest.approx(0.005), "launches_per_step": pytest.approx(1.0)}]
+    assert list(by_cat) == [c for c in ep.ORDER if c in cats]
+
+
+def test_kernels_by_category_keep_the_costliest_and_cut_long_names():
+    long = "void cutlass::" + "x" * 5000
+    ev = [kernel(f"elementwise_{i}", 100.0 * i, 1.0 + i, "kernel") for i in range(15)]
+    ev.append(kernel(long, 9000.0, 3.0, "kernel"))
+    b = ep.breakdown({"traceEvents": ev}, steps=1, per_category=4)
+    other = b["kernels_by_category"]["other"]
+    assert [k["name"] for k in other] == ["elementwise_14", "elementwise_13", "elementwise_12", "elementwise_11"]
+    names = [k["name"] for rows in b["kernels_by_category"].values() for k in rows]
+    assert all(len(n) <= ep.NAME_CHARS for n in names)
 
 
 def test_host_side_graph_launches_kernel_launches_and_syncs():
