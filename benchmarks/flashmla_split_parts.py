@@ -1,11 +1,12 @@
-"""Where one layer of ``flashmla_split`` spends its time, and which tail tile is fastest.
+"""Where one layer of ``flashmla_split`` spends its time.
 
 Times, per shape (CUDA-graph replay medians, as ``verify_attention.py``): the page
-copy alone, FlashMLA alone over the copied pages, the tail kernel with the
-prefix pass merged in its epilogue for several tiles, the whole strategy as the
-hook runs it (plan made ahead, once per forward), and the fused kernel. The
-tail is latency-bound (a few 64-key tiles per program), so the sweep varies the
-rows per program and the warps rather than the prefix tiling.
+copy; the chunks' query copy; FlashMLA over whole requests (its own KV splits and
+combine) and over KV chunks (``kv_chunks``: nothing to split), with copied and with
+zero-stride shared queries; the tail alone; the chunk merge; session 8's path
+(whole requests, the merge in the tail's epilogue); the strategy now, serial and
+with the tail on a side stream; and the fused kernel. Every composite is checked
+against the reference first.
 
     python benchmarks/flashmla_split_parts.py --tag s8 --out benchmarks/results
 """
@@ -13,7 +14,6 @@ rows per program and the warps rather than the prefix tiling.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
@@ -29,22 +29,19 @@ from sglang.srt.layers.attention.tree_verify import flashmla_split as fm
 from sglang.srt.layers.attention.tree_verify.configs import select_config
 from sglang.srt.layers.attention.tree_verify.prefix_split import (
     merge_external_prefix,
+    tail_partials,
     tree_verify_fused,
 )
 from sglang.srt.layers.attention.tree_verify.reference import tree_verify_attention_ref
 
-SHAPES = [(16, 17, 1024, 1), (16, 17, 16384, 1), (16, 65, 16384, 1), (16, 65, 16384, 8),
-          (16, 129, 16384, 1), (128, 65, 16384, 1)]  # fmt: skip
-TAIL_TILES = [  # (block_m, num_warps, dv_split)
-    (64, 8, 1), (64, 4, 1), (64, 8, 2), (64, 4, 2), (32, 4, 1), (32, 4, 2), (16, 4, 1), (16, 4, 2),
-]  # fmt: skip
+SHAPES = [(16, 17, 1024, 1), (16, 17, 16384, 1), (16, 65, 1024, 1), (16, 65, 16384, 1),
+          (16, 65, 16384, 2), (16, 65, 16384, 8), (16, 129, 16384, 1), (128, 65, 16384, 1)]  # fmt: skip
 
 
-def tail_config(base, block_m, warps, dv_split):
-    return dataclasses.replace(
-        base, block_m=block_m, num_warps=warps, dv_split=dv_split, scores_via_scratch=False,
-        q_as_b=False, qk_ahead=False, num_stages=1,
-    )  # fmt: skip
+def checked(name, out, ref, row, tol=2e-2):
+    err = (out.float() - ref).abs().max().item()
+    if not err < tol:
+        raise AssertionError(f"{name} at {row}: max error {err}")
 
 
 def measure(h, n, p, bs):
@@ -53,41 +50,65 @@ def measure(h, n, p, bs):
     base = select_config(torch.cuda.get_device_capability(), 576, 512, True)
     staging = fm.new_staging(fm.staging_pages(bs, pidx.numel()), k)
     plan = fm.plan_flashmla(indptr, n, h, p, staging.shape[0])
+    whole = fm.plan_flashmla(indptr, n, h, p, staging.shape[0], chunks=1)
     flash_mla_with_kvcache, _ = fm._flash_mla()
-    row = dict(H=h, N=n, P=p, bs=bs)
+    row = dict(H=h, N=n, P=p, bs=bs, chunks=plan.chunks,
+               flashmla_splits_chunked=int(plan.splits[-1]), flashmla_splits_whole=int(whole.splits[-1]))  # fmt: skip
+    ref = tree_verify_attention_ref(*args).float()
+    out = torch.empty(bs * n, h, 512, dtype=q.dtype, device=q.device)
     row["gather_ms"] = bench(
         lambda: fm.gather_prefix_pages(k, indptr, pidx, plan.page_start, plan.max_pages, staging)
     )
-    q4 = q.reshape(bs, n, h, 576)
-    row["flashmla_ms"] = bench(
-        lambda: flash_mla_with_kvcache(
-            q4, staging, plan.page_table, plan.lengths, 512, plan.schedule, plan.splits,
+    q5 = q.reshape(bs, 1, n, h, 576)
+    row["query_copy_ms"] = bench(lambda: q5.expand(bs, plan.chunks, n, h, 576).contiguous())
+
+    def flashmla(pl, qx):
+        return flash_mla_with_kvcache(
+            qx, staging, pl.page_table, pl.lengths, 512, pl.schedule, pl.splits,
             softmax_scale=scale, causal=False,
         )  # fmt: skip
+
+    q_chunks = q5.expand(bs, plan.chunks, n, h, 576).reshape(bs * plan.chunks, n, h, 576)
+    row["flashmla_whole_ms"] = bench(lambda: flashmla(whole, q.reshape(bs, n, h, 576)))
+    row["flashmla_chunked_ms"] = bench(lambda: flashmla(plan, q_chunks.contiguous()))
+    if bs == 1:
+        try:
+            o_copy = flashmla(plan, q_chunks.contiguous())[0]
+            o_shared = flashmla(plan, q_chunks)[0]
+            row["shared_queries_max_diff"] = (o_copy.float() - o_shared.float()).abs().max().item()
+            row["flashmla_chunked_shared_ms"] = bench(lambda: flashmla(plan, q_chunks))
+        except RuntimeError as e:  # FlashMLA refusing a zero batch stride is a result too
+            row["shared_queries_error"] = str(e)[:300]
+
+    tail_o = torch.empty(bs * n * h, 512, dtype=torch.float32, device=q.device)
+    tail_lse = torch.empty(bs * n * h, dtype=torch.float32, device=q.device)
+    row["tail_ms"] = bench(
+        lambda: tail_partials(q, k, v, indptr, pidx, tidx, mask, scale, base, tail_o, tail_lse)
     )
     o_pre, lse_pre = fm.flashmla_prefix_pass(q, k, indptr, pidx, scale, plan, staging)
-    ref = tree_verify_attention_ref(*args).float()
-    out = torch.empty(bs * n, h, 512, dtype=q.dtype, device=q.device)
-    row["tail_merge_ms"] = {}
-    for tile in TAIL_TILES:
-        cfg = tail_config(base, *tile)
-
-        def run(cfg=cfg):
-            return merge_external_prefix(
-                q, k, v, indptr, pidx, tidx, mask, scale, cfg, o_pre, lse_pre, out,
-                lse_scale=fm._LOG2E,
-            )  # fmt: skip
-
-        run()
-        err = (out.float() - ref).abs().max().item()
-        if err > 2e-2:
-            raise AssertionError(f"tail tile {tile} at {row}: max error {err}")
-        row["tail_merge_ms"]["m%d_w%d_dv%d" % tile] = bench(run)
-    row["flashmla_split_ms"] = bench(
-        lambda: fm.tree_verify_flashmla_split(
-            *args, out, 0.0, base, staging=staging, plan=plan
-        )  # fmt: skip
+    row["merge_ms"] = bench(
+        lambda: fm.merge_chunks(o_pre, lse_pre, tail_o, tail_lse, indptr, plan.chunks, out)
     )
+    checked("merge", out, ref, row)
+
+    def session8():  # the s8 path: FlashMLA's own splits, the merge in the tail's epilogue
+        o_w, lse_w = fm.flashmla_prefix_pass(q, k, indptr, pidx, scale, whole, staging)
+        return merge_external_prefix(
+            q, k, v, indptr, pidx, tidx, mask, scale, base, o_w, lse_w, out, lse_scale=fm._LOG2E
+        )
+
+    session8()
+    checked("s8 path", out, ref, row)
+    row["s8_path_ms"] = bench(session8)
+    for name, overlap in (("serial_ms", False), ("overlap_ms", True)):
+        run = lambda overlap=overlap: fm.tree_verify_flashmla_split(  # noqa: E731
+            *args, out, 0.0, base, staging=staging, plan=plan, overlap=overlap
+        )
+        out.fill_(float("nan"))
+        run()
+        checked(name, out, ref, row)
+        row[name] = bench(run)
+    row["flashmla_split_ms"] = row["overlap_ms"]
     row["fused_ms"] = bench(lambda: tree_verify_fused(*args, out, 0.0, base))
     return row
 
@@ -100,17 +121,19 @@ def plot(rows, path):
 
     labels = [f"H{r['H']} N{r['N']} P{r['P'] // 1024}K bs{r['bs']}" for r in rows]
     parts = {
-        "page copy": [r["gather_ms"] for r in rows],
-        "FlashMLA": [r["flashmla_ms"] for r in rows],
-        "best tail + merge": [min(r["tail_merge_ms"].values()) for r in rows],
-    }
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+        "page copy": "gather_ms", "query copy": "query_copy_ms",
+        "FlashMLA over chunks": "flashmla_chunked_ms", "tail": "tail_ms", "merge": "merge_ms",
+    }  # fmt: skip
+    fig, ax = plt.subplots(figsize=(11, 4.8))
     bottom = [0.0] * len(rows)
-    for name, vals in parts.items():
-        ax.bar(range(len(rows)), vals, bottom=bottom, label=name)
+    for name, key in parts.items():
+        vals = [r[key] for r in rows]
+        ax.bar(range(len(rows)), vals, bottom=bottom, label=f"{name} (alone)")
         bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.plot(range(len(rows)), [r["flashmla_split_ms"] for r in rows], "k^", label="flashmla_split")
-    ax.plot(range(len(rows)), [r["fused_ms"] for r in rows], "rs", label="fused")
+    marks = {"s8_path_ms": ("kx", "session 8 path"), "serial_ms": ("bv", "now, serial"),
+             "overlap_ms": ("k^", "now, tail beside FlashMLA"), "fused_ms": ("rs", "fused kernel")}  # fmt: skip
+    for key, (style, label) in marks.items():
+        ax.plot(range(len(rows)), [r[key] for r in rows], style, label=label)
     ax.set_xticks(range(len(rows)), labels, rotation=20, fontsize=8)
     ax.set_ylabel("ms per layer")
     ax.set_title(f"flashmla_split per layer, {torch.cuda.get_device_name()}")

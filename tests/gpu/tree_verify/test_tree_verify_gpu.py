@@ -225,6 +225,63 @@ def test_flashmla_split_matches_the_reference(lens, n, h):
         pytest.skip(str(e))
 
 
+@pytest.mark.parametrize("chunks", [1, 3, None])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_flashmla_split_chunks_and_overlap(chunks, overlap):
+    """Any KV-chunk count (1: FlashMLA's own splits; None: one chunk per SM part) and
+    the tail beside FlashMLA or after it give the same attention."""
+    from sglang.srt.layers.attention.tree_verify import flashmla_split as fm
+
+    case = make_case(9, [5000, 0, 130], 65, 16, 1, 576, 512, torch.bfloat16, True)
+    q, k, v, indptr, pidx, tidx, mask, scale = case
+    ref = tree_verify_attention_ref(*case)
+    staging = fm.new_staging(fm.staging_pages(3, pidx.numel()), k)
+    try:
+        plan = fm.plan_flashmla(indptr, 65, 16, 5000, staging.shape[0], chunks=chunks)
+    except StrategyUnavailable as e:
+        pytest.skip(str(e))
+    out = torch.full((q.shape[0], 16, 512), float("nan"), dtype=q.dtype, device="cuda")
+    cfg = select_config(torch.cuda.get_device_capability(), 576, 512)
+    fm.tree_verify_flashmla_split(*case, out, 0.0, cfg, staging=staging, plan=plan, overlap=overlap)
+    torch.cuda.synchronize()
+    assert rel_err(out, ref) < 1e-2
+
+
+def test_flashmla_chunks_leave_nothing_to_split():
+    """One request of 16K keys and 65 x 16 query rows as one chunk per SM part:
+    FlashMLA's scheduler gives each part one whole chunk (every request one split), so
+    its combine has nothing to do."""
+    from sglang.srt.layers.attention.tree_verify import flashmla_split as fm
+
+    case = make_case(10, [16384 + 77], 65, 16, 1, 576, 512, torch.bfloat16, True)
+    q, k, v, indptr, pidx, tidx, mask, scale = case
+    staging = fm.new_staging(fm.staging_pages(1, pidx.numel()), k)
+    try:
+        plan = fm.plan_flashmla(indptr, 65, 16, 16384 + 77, staging.shape[0])
+    except StrategyUnavailable as e:
+        pytest.skip(str(e))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert plan.chunks == fm.sm_parts(sms, 65, 16) > 1
+    assert torch.diff(plan.splits).tolist() == [1] * plan.chunks
+
+
+def test_flashmla_reads_shared_queries_through_a_zero_stride():
+    """``share_queries``: one copy of a request's queries, a zero batch stride for its
+    chunks, gives what a copy per chunk gives."""
+    from sglang.srt.layers.attention.tree_verify import flashmla_split as fm
+
+    case = make_case(10, [16384 + 77], 65, 16, 1, 576, 512, torch.bfloat16, True)
+    q, k, v, indptr, pidx, tidx, mask, scale = case
+    staging = fm.new_staging(fm.staging_pages(1, pidx.numel()), k)
+    try:
+        plan = fm.plan_flashmla(indptr, 65, 16, 16384 + 77, staging.shape[0])
+    except StrategyUnavailable as e:
+        pytest.skip(str(e))
+    o, lse = fm.flashmla_prefix_pass(q, k, indptr, pidx, scale, plan, staging)
+    o0, lse0 = fm.flashmla_prefix_pass(q, k, indptr, pidx, scale, plan, staging, share_queries=True)
+    assert rel_err(o0, o) < 1e-3 and (lse0 - lse).abs().max().item() < 1e-3
+
+
 def test_flashmla_split_replays_in_a_graph_with_new_prefix_lengths():
     """With the staging and a prefix bound set ahead, the whole call is device
     work: one captured graph serves new queries and new prefix lengths."""

@@ -620,6 +620,7 @@ class TreeVerifyHook:
         from sglang.srt.layers.attention.tree_verify.flashmla_split import (
             new_staging,
             plan_flashmla,
+            side_stream,
             staging_pages,
         )
 
@@ -634,6 +635,8 @@ class TreeVerifyHook:
             else:
                 try:
                     self._flashmla_staging = new_staging(pages, k_buffer)
+                    if k_buffer.is_cuda:
+                        side_stream(k_buffer.device)  # the tail's stream, before any capture
                 except torch.cuda.OutOfMemoryError as e:
                     problem = f"no room for its page staging ({pages} pages of 64 tokens): {e}"
             if problem is not None:

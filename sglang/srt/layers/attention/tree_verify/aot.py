@@ -150,6 +150,22 @@ def compile_page_gather_kernel(cap, dtype: str = "bf16"):
     return triton.compile(src, target=cuda_target(cap), options={"num_warps": 4})
 
 
+def compile_merge_chunks_kernel(cap, dtype: str = "bf16", chunks: int = 8):
+    """flashmla_split's merge of FlashMLA's KV chunks with the tail, for FlashMLA's archs."""
+    from sglang.srt.layers.attention.tree_verify import flashmla_split
+
+    fn = flashmla_split._tree_verify_merge_chunks_kernel
+    ints = ["total_rows", "num_nodes", "num_heads", "chunks", "stride_eob", "stride_eoq",
+            "stride_eoh", "stride_elb", "stride_elq", "stride_elh", "stride_tr", "stride_ot",
+            "stride_oh"]  # fmt: skip
+    types = {n: "i32" for n in ints}
+    types.update(Ext_o=f"*{dtype}", Ext_lse="*fp32", Tail_o="*fp32", Tail_lse="*fp32",
+                 prefix_indptr="*i32", Out=f"*{dtype}")  # fmt: skip
+    constexprs = dict(D_V=512, BLOCK_R=16, BLOCK_C=triton.next_power_of_2(chunks), BLOCK_DV=128)
+    src = _source(fn, types, constexprs, {"Ext_o", "Tail_o", "Out", "stride_eob", "stride_tr"})
+    return triton.compile(src, target=cuda_target(cap), options={"num_warps": 4})
+
+
 def compile_arch_report(cap) -> list:
     """Compile every selectable config for ``cap``; one record per kernel."""
     from sglang.srt.layers.attention.tree_verify.configs import (
@@ -177,6 +193,8 @@ def compile_arch_report(cap) -> list:
     if cap[0] in (9, 10):  # FlashMLA's archs
         k = compile_page_gather_kernel(cap)
         records.append(dict(kernel="page_gather", shared=k.metadata.shared, mma=None))
+        k = compile_merge_chunks_kernel(cap)
+        records.append(dict(kernel="merge_chunks", shared=k.metadata.shared, mma=None))
     return records
 
 

@@ -885,6 +885,30 @@ def tail_only_config(config: TreeVerifyConfig) -> TreeVerifyConfig:
     )  # fmt: skip
 
 
+def tail_partials(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    prefix_kv_indptr: torch.Tensor,
+    prefix_kv_indices: torch.Tensor,
+    tree_kv_indices: torch.Tensor,
+    tree_mask: torch.Tensor,
+    sm_scale: float,
+    config: TreeVerifyConfig,
+    o_part: torch.Tensor,
+    lse_part: torch.Tensor,
+) -> None:
+    """The tree tail alone, with the tail-only tile, into ``o_part [bs*N*H, Dv]``
+    and ``lse_part [bs*N*H]`` (fp32, base-2 LSE): for a prefix pass computed
+    elsewhere and merged afterwards (flashmla_split, which runs it beside FlashMLA)."""
+    h = q.shape[1]
+    _launch_split(
+        q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
+        tree_mask, sm_scale, 0.0, tail_only_config(config), 0, None,
+        o_part, (0, o_part.stride(0) * h, o_part.stride(0)), lse_part.view(1, -1),
+    )  # fmt: skip
+
+
 def merge_external_prefix(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
