@@ -110,7 +110,8 @@ def test_sm_parts_and_chunks():
     assert sm_parts(132, 65, 16) == 7
     assert sm_parts(132, 65, 128) == 1  # 130 row tiles: one part
     assert sm_parts(170, 17, 16) == 34
-    assert [kv_chunks(bs, 7) for bs in (1, 2, 3, 7, 8, 100)] == [7, 3, 2, 1, 1, 1]
+    assert [kv_chunks(bs, 7) for bs in (1, 2, 3, 8)] == [7, 1, 1, 1]  # a batch stays whole
+    assert kv_chunks(1, 1) == 1
 
 
 @pytest.mark.parametrize("chunks", [1, 3, 7])

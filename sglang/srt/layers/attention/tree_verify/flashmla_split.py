@@ -16,15 +16,16 @@ Two things keep the pass short of FlashMLA's own split-KV combine and of our tai
 latency (per layer at H=16 N=65 P=16K they were 0.012 and 0.020 ms next to FlashMLA's
 0.077, ``flashmla_split_parts_s8.json``):
 
-- **KV chunks as requests.** FlashMLA cuts the keys of a few wide requests into
-  splits over its SM parts and merges them in a second kernel. Handing it each
-  prefix as ``chunks`` equal requests of whole pages, one per SM part
-  (``kv_chunks``), gives its scheduler nothing to split: its combine launch returns
-  at once, and our merge weighs the chunks by their LSEs instead.
+- **KV chunks as requests.** FlashMLA cuts the keys of a lone wide request into
+  splits over its SM parts and merges them in a second kernel. Handing it the
+  prefix as equal requests of whole pages, one per SM part (``kv_chunks``), gives
+  its scheduler nothing to split: its combine launch returns at once, and our
+  merge weighs the chunks by their LSEs instead.
 - **The tail beside FlashMLA.** The tree tail does not depend on the prefix pass,
-  and FlashMLA leaves SMs idle (one CTA per 64 query rows and SM part), so the
-  tail runs on a side stream while FlashMLA runs; one small merge kernel then
-  combines the chunks and the tail. Captured graphs keep the fork and the join.
+  and FlashMLA leaves SMs idle at batch 1 (one CTA per 64 query rows and SM
+  part), so the tail runs on a side stream while FlashMLA runs; one small merge
+  kernel then combines the chunks and the tail. Captured graphs keep the fork and
+  the join. A batch keeps whole requests and the merge in the tail's epilogue.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.attention.tree_verify.configs import TreeVerifyConfig
-from sglang.srt.layers.attention.tree_verify.prefix_split import tail_partials
+from sglang.srt.layers.attention.tree_verify.prefix_split import (
+    merge_external_prefix,
+    tail_partials,
+)
 from sglang.srt.layers.attention.tree_verify.upstream_extend import (
     StrategyUnavailable,
 )
@@ -193,9 +197,11 @@ def sm_parts(num_sms: int, n: int, num_heads: int) -> int:
 
 
 def kv_chunks(bs: int, parts: int) -> int:
-    """Requests FlashMLA sees per real one: with ``bs * chunks == parts`` equal
-    chunks its scheduler gives each part one whole chunk and splits nothing."""
-    return max(1, parts // max(bs, 1))
+    """Requests FlashMLA sees per real one: a lone request in ``parts`` equal chunks,
+    so its scheduler gives each part one whole chunk and splits nothing. A batch
+    stays whole: its chunks would need a query copy each and still be split
+    (``flashmla_split_parts_s9.json``: slower at bs 2)."""
+    return max(1, parts) if bs == 1 else 1
 
 
 def chunk_layout(
@@ -247,8 +253,10 @@ def plan_flashmla(
     _, get_mla_metadata = _flash_mla()
     bs = prefix_kv_indptr.numel() - 1
     if chunks is None:
+        # Measured on sm_90 only (FlashMLA's sm_100 kernel may schedule otherwise).
         device = prefix_kv_indptr.device
-        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+        hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if hopper else 1
         chunks = kv_chunks(bs, sm_parts(sms, n, num_heads))
     max_pages = pages_for(max_prefix_len)
     page_start, _ = page_layout(prefix_kv_indptr, max_pages, staging_pages)
@@ -266,13 +274,12 @@ def flashmla_prefix_pass(
     sm_scale: float,
     plan: FlashMLAPlan,
     staging: torch.Tensor,
-    share_queries: bool = False,
 ):
     """Every tree query over each KV chunk of its prefix: FlashMLA's ``(o
     [bs * chunks, N, H, 512], lse [bs * chunks, N, H])`` as it returns them (the LSE
-    natural-log, a head-major view, undefined for an empty chunk). A chunk's queries
-    are a copy of its request's; ``share_queries`` hands FlashMLA one copy with a
-    zero batch stride instead (bs 1 only)."""
+    natural-log, a head-major view, undefined for an empty chunk). A lone request's
+    chunks read its queries through a zero batch stride (bit-identical to a copy per
+    chunk on the H200, and 0.010 ms a layer faster); a batch's chunks need copies."""
     flash_mla_with_kvcache, _ = _flash_mla()
     h, d = q.shape[1], q.shape[2]
     bs = prefix_kv_indptr.numel() - 1
@@ -282,7 +289,7 @@ def flashmla_prefix_pass(
     )
     q4 = q.reshape(bs, 1, n, h, d).expand(bs, plan.chunks, n, h, d)
     q4 = q4.reshape(bs * plan.chunks, n, h, d)
-    if not (share_queries and bs == 1):
+    if bs > 1 and plan.chunks > 1:
         q4 = q4.contiguous()
     o, lse = flash_mla_with_kvcache(
         q4, staging, plan.page_table, plan.lengths, _MLA_DIMS[1],
@@ -416,8 +423,13 @@ def tree_verify_flashmla_split(
     """Without ``max_prefix_len`` the call reads the longest prefix on the host (a
     sync); with it and a ``staging`` that holds every prefix (``new_staging`` of
     ``staging_pages``) it is graph-capturable. ``plan`` (``plan_flashmla``) lets
-    the layers of one forward share the layout and schedule. ``overlap``: the tail
-    on a side stream during FlashMLA (CUDA only)."""
+    the layers of one forward share the layout and schedule.
+
+    With KV chunks (a lone request, ``plan.chunks > 1``) the tail runs on a side
+    stream during FlashMLA (``overlap``, CUDA only) and ``merge_chunks`` merges. A
+    whole request is merged in the tail kernel's epilogue instead: there FlashMLA
+    fills the GPU and the side stream only delays it (``flashmla_split_parts_s9``:
+    0.626 against 0.604 ms at bs 8, 0.488 against 0.475 at H=128)."""
     check_supported(q, k_buffer, v_buffer, logit_cap)
     bs, n = tree_kv_indices.shape
     h, dv = q.shape[1], v_buffer.shape[2]
@@ -429,6 +441,14 @@ def tree_verify_flashmla_split(
         if max_prefix_len is None:
             max_prefix_len = int((prefix_kv_indptr[1:] - prefix_kv_indptr[:-1]).max())
         plan = plan_flashmla(prefix_kv_indptr, n, h, max_prefix_len, staging.shape[0])
+    if plan.chunks == 1:
+        o_pre, lse_pre = flashmla_prefix_pass(
+            q, k_buffer, prefix_kv_indptr, prefix_kv_indices, sm_scale, plan, staging
+        )
+        return merge_external_prefix(
+            q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
+            tree_mask, sm_scale, config, o_pre, lse_pre, out, lse_scale=_LOG2E,
+        )  # fmt: skip
     if out is None:
         out = q.new_empty(bs * n, h, dv)
     tail_o = torch.empty(bs * n * h, dv, dtype=torch.float32, device=q.device)
