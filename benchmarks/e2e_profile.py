@@ -184,7 +184,9 @@ def verify_attention_ms(prof: dict, verify: Optional[str], fused_twin: Optional[
     if category is None:
         return None
     ms = prof["categories"].get(category, {}).get("ms_per_step", 0.0)
-    if verify == "flashmla_split":
+    if category == "tree_verify":
+        # FlashMLA runs in these servers only as our strategy's prefix pass (forced, or
+        # the default's choice for a wide tree).
         ms += prof["categories"].get("flashmla", {}).get("ms_per_step", 0.0)
     if category == "extend_attention":
         if fused_twin is None:

@@ -180,7 +180,8 @@ def test_verify_attention_ms_fused_and_upstream_with_drafter_twin():
     assert ep.verify_attention_ms(fused, "-") is None
     flashmla = {"categories": {"tree_verify": {"ms_per_step": 0.5}, "flashmla": {"ms_per_step": 2.0}}}
     assert ep.verify_attention_ms(flashmla, "flashmla_split") == pytest.approx(2.5)
-    assert ep.verify_attention_ms(flashmla, "fused") == 0.5
+    assert ep.verify_attention_ms(flashmla, "auto") == pytest.approx(2.5)  # the default's choice
+    assert ep.verify_attention_ms(fused, "auto") == 2.0
 
 
 def test_trace_roundtrip_and_wait(tmp_path):

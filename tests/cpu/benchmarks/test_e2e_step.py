@@ -249,6 +249,11 @@ def test_ratios_this_run_and_reference(reference):
     other = {(q["ctx"], q["batch"], q["ratio"]): q for q in es.ratios([row("dflash", "fused", 10.0), row("ddtree63", "fused", 13.0)], reference)}
     assert other[(16384, 1, "DDTREE B=63 fused / DFLASH fused")]["value"] == pytest.approx(1.3)
     assert "target" not in other[(16384, 1, "DDTREE B=63 fused / DFLASH fused")]  # the target is B=64's
+    routes = [row("dflash", "fused", 10.0), row("ddtree64", "auto", 12.3), row("ddtree64", "flashmla_split", 12.5)]
+    got = {q["ratio"]: q for q in es.ratios(routes, reference) if q["ctx"] == 16384 and q["batch"] == 1}
+    assert got["DDTREE B=64 default / DFLASH fused"]["value"] == pytest.approx(1.23)
+    assert got["DDTREE B=64 default / DFLASH fused"]["target"] == 1.25
+    assert got["DDTREE B=64 flashmla_split / DFLASH fused"]["value"] == pytest.approx(1.25)
 
 
 def test_verify_shares_pair_upstream_with_its_fused_twin():
