@@ -64,11 +64,12 @@ UPSTREAM_STRATEGY = "upstream_extend"
 FLASHMLA_STRATEGY = "flashmla_split"
 #: Query rows per request (tree nodes x query heads on this rank) from which the
 #: default sends the target's verify prefix to FlashMLA on sm_90. On the H200
-#: (``benchmarks/results/verify_attention_s8_merge.json``) flashmla_split beats the
-#: fused kernel 1.5-2.8x at 1,040+ rows from 16K prefixes on (and at 128 heads from
-#: 4K), costs 0.61-0.89x at 1K-4K prefixes with 1,040 rows (before the tail-only
-#: tile, which takes ~0.017 ms off), and below ~1,000 rows (H=16, N=17) loses at
-#: every prefix up to 16K.
+#: (``benchmarks/results/verify_attention_s8_merge.json``, ``flashmla_split_parts_s9.json``)
+#: flashmla_split beats the fused kernel 2.2-2.8x at 1,040+ rows from 16K prefixes on
+#: and is level at 1K (0.044 against 0.047 ms; the B=64 server step 12.29 against
+#: 12.46 ms). At 272 rows (H=16, N=17) it now wins at 16K (0.063 against 0.075) but
+#: loses at 1K (0.037 against 0.036), and the server step at B=16 was not measured
+#: with it since, so narrow trees keep the fused kernel.
 FLASHMLA_MIN_ROWS = 1024
 
 #: An fp8 KV cache is served through the fused kernels (converted per tile);
