@@ -247,19 +247,26 @@ def test_flashmla_split_chunks_and_overlap(chunks, overlap):
     assert rel_err(out, ref) < 1e-2
 
 
-def test_flashmla_chunks_leave_nothing_to_split():
-    """One request of 16K keys and 65 x 16 query rows as one chunk per SM part:
-    FlashMLA's scheduler gives each part one whole chunk (every request one split), so
-    its combine has nothing to do."""
+def _lone_long_request():
+    """One request of 16K + 77 keys, 65 nodes x 16 heads, planned with the default
+    KV chunks: ``(case, staging, plan)``; skips where FlashMLA cannot load."""
     from sglang.srt.layers.attention.tree_verify import flashmla_split as fm
 
     case = make_case(10, [16384 + 77], 65, 16, 1, 576, 512, torch.bfloat16, True)
-    q, k, v, indptr, pidx, tidx, mask, scale = case
-    staging = fm.new_staging(fm.staging_pages(1, pidx.numel()), k)
+    staging = fm.new_staging(fm.staging_pages(1, case[4].numel()), case[1])
     try:
-        plan = fm.plan_flashmla(indptr, 65, 16, 16384 + 77, staging.shape[0])
+        plan = fm.plan_flashmla(case[3], 65, 16, 16384 + 77, staging.shape[0])
     except StrategyUnavailable as e:
         pytest.skip(str(e))
+    return case, staging, plan
+
+
+def test_flashmla_chunks_leave_nothing_to_split():
+    """One request as one chunk per SM part: FlashMLA's scheduler gives each part one
+    whole chunk (every request one split), so its combine has nothing to do."""
+    from sglang.srt.layers.attention.tree_verify import flashmla_split as fm
+
+    _, _, plan = _lone_long_request()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     assert plan.chunks == fm.sm_parts(sms, 65, 16) > 1
     assert torch.diff(plan.splits).tolist() == [1] * plan.chunks
@@ -270,13 +277,7 @@ def test_flashmla_reads_shared_queries_through_a_zero_stride():
     copy per chunk gives, bit for bit."""
     from sglang.srt.layers.attention.tree_verify import flashmla_split as fm
 
-    case = make_case(10, [16384 + 77], 65, 16, 1, 576, 512, torch.bfloat16, True)
-    q, k, v, indptr, pidx, tidx, mask, scale = case
-    staging = fm.new_staging(fm.staging_pages(1, pidx.numel()), k)
-    try:
-        plan = fm.plan_flashmla(indptr, 65, 16, 16384 + 77, staging.shape[0])
-    except StrategyUnavailable as e:
-        pytest.skip(str(e))
+    (q, k, v, indptr, pidx, tidx, mask, scale), staging, plan = _lone_long_request()
     o, lse = fm.flashmla_prefix_pass(q, k, indptr, pidx, scale, plan, staging)
     flash_mla_with_kvcache, _ = fm._flash_mla()
     copies = q.reshape(1, 65, 16, 576).expand(plan.chunks, 65, 16, 576).contiguous()
