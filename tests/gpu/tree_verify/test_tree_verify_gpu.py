@@ -288,7 +288,11 @@ def test_flashmla_reads_shared_queries_through_a_zero_stride():
     assert torch.equal(o, o1) and torch.equal(lse, lse1.transpose(1, 2))
 
 
-def test_flashmla_split_replays_in_a_graph_with_new_prefix_lengths():
+@pytest.mark.parametrize("lens,replays", [
+    ([3000, 500], ([3499, 1], [0, 3500], [2000, 1500])),  # a batch: whole requests
+    ([3500], ([1], [3500], [0], [1999])),  # a lone request: KV chunks, the tail on the side stream
+])  # fmt: skip
+def test_flashmla_split_replays_in_a_graph_with_new_prefix_lengths(lens, replays):
     """With the staging and a prefix bound set ahead, the whole call is device
     work: one captured graph serves new queries and new prefix lengths."""
     from sglang.srt.layers.attention.tree_verify.flashmla_split import (
@@ -297,10 +301,10 @@ def test_flashmla_split_replays_in_a_graph_with_new_prefix_lengths():
         tree_verify_flashmla_split,
     )
 
-    case = make_case(8, [3000, 500], 65, 16, 1, 576, 512, torch.bfloat16, True)
+    case = make_case(8, lens, 65, 16, 1, 576, 512, torch.bfloat16, True)
     q, k, v, indptr, pidx, tidx, mask, scale = case
     bound = 4096
-    staging = new_staging(staging_pages(2, pidx.numel()), k)
+    staging = new_staging(staging_pages(len(lens), pidx.numel()), k)
     cfg = select_config((9, 0), 576, 512)
     out = torch.full((q.shape[0], 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     run = lambda: tree_verify_flashmla_split(  # noqa: E731
@@ -315,9 +319,10 @@ def test_flashmla_split_replays_in_a_graph_with_new_prefix_lengths():
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         run()
-    for lens in ([3499, 1], [0, 3500], [2000, 1500]):  # within the bound and the 3,500 prefix slots
-        indptr.copy_(torch.tensor([0, *lens], device="cuda").cumsum(0).to(torch.int32))
+    for new_lens in replays:  # within the bound and the 3,500 prefix slots
+        indptr.copy_(torch.tensor([0, *new_lens], device="cuda").cumsum(0).to(torch.int32))
         q.copy_(torch.randn_like(q))
         out.fill_(float("nan"))
         g.replay()
-        assert rel_err(out, tree_verify_attention_ref(q, k, v, indptr, pidx, tidx, mask, scale)) < 1e-2, lens
+        ref = tree_verify_attention_ref(q, k, v, indptr, pidx, tidx, mask, scale)
+        assert rel_err(out, ref) < 1e-2, new_lens

@@ -161,7 +161,8 @@ def compile_merge_chunks_kernel(cap, dtype: str = "bf16", chunks: int = 8):
     types = {n: "i32" for n in ints}
     types.update(Ext_o=f"*{dtype}", Ext_lse="*fp32", Tail_o="*fp32", Tail_lse="*fp32",
                  prefix_indptr="*i32", Out=f"*{dtype}")  # fmt: skip
-    constexprs = dict(D_V=512, BLOCK_R=16, BLOCK_C=triton.next_power_of_2(chunks), BLOCK_DV=128)
+    constexprs = dict(D_V=512, PAGE_ROWS=flashmla_split.PAGE, BLOCK_R=16,
+                      BLOCK_C=triton.next_power_of_2(chunks), BLOCK_DV=128)
     src = _source(fn, types, constexprs, {"Ext_o", "Tail_o", "Out", "stride_eob", "stride_tr"})
     return triton.compile(src, target=cuda_target(cap), options={"num_warps": 4})
 

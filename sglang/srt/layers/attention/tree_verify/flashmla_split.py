@@ -12,9 +12,10 @@ per request, at most one KV layer's worth. Everything runs on the GPU from devic
 tensors; with a host bound on the prefix length and a preallocated staging buffer the
 whole call replays in a CUDA graph with no host work per step.
 
-Two things keep the pass short of FlashMLA's own split-KV combine and of our tail's
-latency (per layer at H=16 N=65 P=16K they were 0.012 and 0.020 ms next to FlashMLA's
-0.077, ``flashmla_split_parts_s8.json``):
+Two things take FlashMLA's split-KV combine and our tail's latency off a lone request's
+critical path (per layer at H=16 N=65 P=16K they took 0.012 ms, the server profile in
+``e2e_step_h200_s8_merge_b.json``, and 0.020 ms, ``flashmla_split_parts_s8.json``, after
+FlashMLA's 0.077):
 
 - **KV chunks as requests.** FlashMLA cuts the keys of a lone wide request into
   splits over its SM parts and merges them in a second kernel. Handing it the
@@ -304,7 +305,8 @@ def _tree_verify_merge_chunks_kernel(
     total_rows, num_nodes, num_heads, chunks,
     stride_eob, stride_eoq, stride_eoh, stride_elb, stride_elq, stride_elh,
     stride_tr, stride_ot, stride_oh,
-    D_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_DV: tl.constexpr,
+    D_V: tl.constexpr, PAGE_ROWS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
 ):  # fmt: skip
     """Rows ``BLOCK_R`` x value columns ``BLOCK_DV`` of the output: the prefix's
     chunks (natural-log LSEs; a chunk past the prefix's end has nothing to merge,
@@ -318,7 +320,7 @@ def _tree_verify_merge_chunks_kernel(
     node = tok % num_nodes
     start = tl.load(prefix_indptr + b, mask=ok, other=0)
     length = tl.load(prefix_indptr + b + 1, mask=ok, other=0) - start
-    span = tl.cdiv(tl.cdiv(length, 64), chunks) * 64  # keys per chunk
+    span = tl.cdiv(tl.cdiv(length, PAGE_ROWS), chunks) * PAGE_ROWS  # keys per chunk (chunk_layout)
     c = tl.arange(0, BLOCK_C)
     has = ok[:, None] & (c[None, :] < chunks) & (c[None, :] * span[:, None] < length[:, None])
     pb = (b[:, None] * chunks + c[None, :]).to(tl.int64)
@@ -373,8 +375,8 @@ def merge_chunks(o_ext, lse_ext, tail_o, tail_lse, prefix_kv_indptr, chunks, out
         o_ext, lse_ext, tail_o, tail_lse, prefix_kv_indptr, out,
         total_rows, n, h, chunks,
         *o_ext.stride()[:3], *lse_ext.stride(), tail_o.stride(0), out.stride(0), out.stride(1),
-        D_V=dv, BLOCK_R=block_r, BLOCK_C=triton.next_power_of_2(chunks), BLOCK_DV=block_dv,
-        num_warps=4,
+        D_V=dv, PAGE_ROWS=PAGE, BLOCK_R=block_r, BLOCK_C=triton.next_power_of_2(chunks),
+        BLOCK_DV=block_dv, num_warps=4,
     )  # fmt: skip
     return out
 
