@@ -20,7 +20,7 @@ from sglang.srt.layers.attention.tree_verify.flashmla_split import (
     gather_prefix_pages_ref,
     kv_chunks,
     merge_chunks_ref,
-    page_layout,
+    page_starts,
     pages_for,
     sm_parts,
     staging_pages,
@@ -45,7 +45,8 @@ def test_gather_copies_each_prefix_into_its_pages_exactly(lens):
     mod = interpreted_flashmla_split()
     kv, indptr, indices = ragged(lens)
     pages = staging_pages(len(lens), sum(lens)) + 2  # room to see nothing is written past the end
-    page_start, table = mod.page_layout(indptr, pages_for(max(lens)), pages)
+    page_start = mod.page_starts(indptr)
+    table, _ = chunk_layout(page_start, indptr[1:] - indptr[:-1], 1, pages_for(max(lens)), pages)
     sentinel = torch.full((pages, PAGE, 1, 576), 7.0).half()
     got = mod.gather_prefix_pages(kv, indptr, indices, page_start, pages_for(max(lens)), sentinel.clone())
     want = gather_prefix_pages_ref(kv, indptr, indices, pages)
@@ -67,7 +68,7 @@ def test_staging_pages_hold_any_split_of_the_tokens():
 def test_gather_refuses_a_staging_of_the_wrong_shape():
     mod = interpreted_flashmla_split()
     kv, indptr, indices = ragged([100, 10])
-    page_start, _ = mod.page_layout(indptr, 2, 4)
+    page_start = mod.page_starts(indptr)
     with pytest.raises(ValueError, match=r"staging must be \[pages, 64, 1, 576\]"):
         mod.gather_prefix_pages(kv, indptr, indices, page_start, 2, torch.empty(4, 32, 1, 576).half())
 
@@ -122,7 +123,7 @@ def test_chunks_cover_each_prefix_in_order(chunks):
     kv, indptr, indices = ragged(lens)
     total = staging_pages(len(lens), sum(lens))
     max_pages = pages_for(max(lens))
-    page_start, _ = page_layout(indptr, max_pages, total)
+    page_start = page_starts(indptr)
     staging = gather_prefix_pages_ref(kv, indptr, indices, total).view(-1, 576)
     table, chunk_len = chunk_layout(page_start, indptr[1:] - indptr[:-1], chunks, max_pages, total)
     assert table.shape == (len(lens) * chunks, -(-max_pages // chunks))

@@ -94,15 +94,12 @@ def new_staging(pages: int, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(pages, PAGE, 1, _MLA_DIMS[0], dtype=like.dtype, device=like.device)
 
 
-def page_layout(prefix_kv_indptr: torch.Tensor, max_pages: int, total_pages: int):
+def page_starts(prefix_kv_indptr: torch.Tensor) -> torch.Tensor:
     """Device-side: each request's first staging page (its pages follow the
-    previous request's) and FlashMLA's ``[bs, max_pages]`` block table."""
+    previous request's); FlashMLA's block table over them is ``chunk_layout``'s."""
     lengths = prefix_kv_indptr[1:] - prefix_kv_indptr[:-1]
     pages = (lengths + PAGE - 1) // PAGE
-    page_start = (torch.cumsum(pages, 0) - pages).to(torch.int32)
-    table = page_start[:, None] + torch.arange(max_pages, dtype=torch.int32, device=page_start.device)
-    # Entries past a request's last page are never read; keep them inside the staging.
-    return page_start, table.clamp_(max=total_pages - 1)
+    return (torch.cumsum(pages, 0) - pages).to(torch.int32)
 
 
 def gather_prefix_pages(
@@ -260,7 +257,7 @@ def plan_flashmla(
         sms = torch.cuda.get_device_properties(device).multi_processor_count if hopper else 1
         chunks = kv_chunks(bs, sm_parts(sms, n, num_heads))
     max_pages = pages_for(max_prefix_len)
-    page_start, _ = page_layout(prefix_kv_indptr, max_pages, staging_pages)
+    page_start = page_starts(prefix_kv_indptr)
     lengths = (prefix_kv_indptr[1:] - prefix_kv_indptr[:-1]).to(torch.int32)
     table, chunk_len = chunk_layout(page_start, lengths, chunks, max_pages, staging_pages)
     schedule, splits = get_mla_metadata(chunk_len, n * num_heads, 1)
