@@ -28,6 +28,7 @@ Outputs (``OUTDIR/<name>``):
   tiny-mla, tiny-mla-dflash        DeepSeek-V2 MLA target and its DFlash drafter
   tiny-qwen3, tiny-qwen3-dflash    Qwen3 (GQA) target and its DFlash drafter
   v2lite-shape, v2lite-shape-dflash  config-only, for ``--load-format dummy``
+  qwen3-8b-shape, qwen3-8b-shape-dflash  config-only (Qwen3-8B, GQA), likewise
   manifest.json                    the construction facts tests rely on
 """
 
@@ -695,6 +696,63 @@ def v2lite_drafter_config(target: dict) -> dict:
     }
 
 
+def qwen3_8b_config() -> dict:
+    """Qwen3-8B's published shape (GQA: 36 layers, 32 query and 8 KV heads of 128)."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": 151936,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000,
+        "rope_scaling": None,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def qwen3_8b_drafter_config(target: dict) -> dict:
+    """A 5-layer DFlash drafter in the target's own attention shape, as the public
+    Qwen3 DFlash drafters are."""
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "vocab_size": target["vocab_size"],
+        "hidden_size": target["hidden_size"],
+        "intermediate_size": target["intermediate_size"],
+        "num_hidden_layers": 5,
+        "num_attention_heads": target["num_attention_heads"],
+        "num_key_value_heads": target["num_key_value_heads"],
+        "head_dim": target["head_dim"],
+        "hidden_act": "silu",
+        "max_position_embeddings": target["max_position_embeddings"],
+        "rope_theta": target["rope_theta"],
+        "rope_scaling": None,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "block_size": BLOCK_SIZE,
+        "dflash_config": {
+            "target_layer_ids": [1, 9, 17, 25, 33],
+            "mask_token": "<|MASK|>",
+            "mask_token_id": MASK_ID,
+            "num_target_layers": target["num_hidden_layers"],
+        },
+    }
+
+
+
 # ----------------------------------------------------------------------------
 # Writing
 
@@ -749,6 +807,15 @@ def generate(outdir: Path, seed: int = 0, noise: float = 0.02, which=("mla", "qw
         manifest["models"]["v2lite-shape"] = {
             "target": "v2lite-shape",
             "drafter": "v2lite-shape-dflash",
+            "load_format": "dummy",
+        }
+        tcfg = qwen3_8b_config()
+        save_model(outdir / "qwen3-8b-shape", None, tcfg)
+        save_tokenizer(outdir / "qwen3-8b-shape", vocab_words)
+        save_model(outdir / "qwen3-8b-shape-dflash", None, qwen3_8b_drafter_config(tcfg))
+        manifest["models"]["qwen3-8b-shape"] = {
+            "target": "qwen3-8b-shape",
+            "drafter": "qwen3-8b-shape-dflash",
             "load_format": "dummy",
         }
     (outdir / "manifest.json").write_text(json.dumps(manifest) + "\n")

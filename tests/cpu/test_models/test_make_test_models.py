@@ -46,7 +46,7 @@ def test_dirs_load_with_transformers(models):
     from transformers import AutoConfig, AutoTokenizer
 
     out, manifest = models
-    for name in ("tiny-mla", "tiny-qwen3", "v2lite-shape"):
+    for name in ("tiny-mla", "tiny-qwen3", "v2lite-shape", "qwen3-8b-shape"):
         cfg = AutoConfig.from_pretrained(str(out / name))
         tok = AutoTokenizer.from_pretrained(str(out / name))
         assert tok.convert_tokens_to_ids("<|MASK|>") == manifest["mask_token_id"]
@@ -55,7 +55,7 @@ def test_dirs_load_with_transformers(models):
         assert text.startswith("<|bos|><|user|>") and text.endswith("<|assistant|>")
     assert AutoConfig.from_pretrained(str(out / "tiny-mla")).kv_lora_rank == 512
     assert AutoConfig.from_pretrained(str(out / "tiny-mla")).qk_rope_head_dim == 64
-    for name in ("tiny-mla-dflash", "tiny-qwen3-dflash", "v2lite-shape-dflash"):
+    for name in ("tiny-mla-dflash", "tiny-qwen3-dflash", "v2lite-shape-dflash", "qwen3-8b-shape-dflash"):
         cfg = json.loads((out / name / "config.json").read_text())
         target = json.loads((out / name.replace("-dflash", "") / "config.json").read_text())
         assert cfg["architectures"] == ["DFlashDraftModel"]
@@ -207,3 +207,35 @@ def test_generation_is_deterministic(models, tmp_path):
         a = hashlib.sha256((out / sub / "model.safetensors").read_bytes()).hexdigest()
         b = hashlib.sha256((tmp_path / sub / "model.safetensors").read_bytes()).hexdigest()
         assert a == b, sub
+
+
+@pytest.mark.parametrize(
+    "name,arch,layers,kv_per_token_layer",
+    [("v2lite-shape", "MLA", 27, 512 + 64),  # one latent per token and layer
+     ("qwen3-8b-shape", "MHA", 36, 2 * 8 * 128)],  # K and V of 8 KV heads
+)  # fmt: skip
+def test_shape_pairs_read_by_sglang(models, name, arch, layers, kv_per_token_layer):
+    """The config-only pairs are what sglang's own ModelConfig sees for the real models:
+    the attention kind, layers and KV width that size the KV pools, and a DFlash drafter
+    that sglang's parser accepts for that target."""
+    from sglang.srt.configs.model_config import AttentionArch, ModelConfig
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+
+    out, manifest = models
+    assert manifest["models"][name] == {"target": name, "drafter": f"{name}-dflash", "load_format": "dummy"}
+    target = ModelConfig(model_path=str(out / name))
+    drafter = ModelConfig(model_path=str(out / f"{name}-dflash"), is_draft_model=True)
+    assert target.attention_arch == getattr(AttentionArch, arch)
+    assert target.num_hidden_layers == layers
+    width = (
+        target.kv_lora_rank + target.qk_rope_head_dim
+        if arch == "MLA"
+        else target.get_total_num_kv_heads() * (target.head_dim + target.v_head_dim)
+    )
+    assert width == kv_per_token_layer
+    assert drafter.attention_arch == AttentionArch.MHA and drafter.get_total_num_kv_heads() >= 4
+    parsed = parse_dflash_draft_config(draft_hf_config=drafter.hf_config)
+    assert parsed.require_num_layers() == 5 == drafter.num_hidden_layers
+    assert parsed.resolve_block_size(default=None) == gen.BLOCK_SIZE
+    ids = parsed.resolve_target_layer_ids(target_num_layers=layers, draft_num_layers=5)
+    assert len(ids) == 5 and max(ids) < layers - 1
