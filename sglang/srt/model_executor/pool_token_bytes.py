@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Set
 
 import torch
 
@@ -184,11 +184,20 @@ def pool_token_bytes(kvc: Any, target_kv: int) -> Optional[PoolTokenBytes]:
     )
 
 
+# The model runner builds a pool configurator several times while sizing; each
+# distinct cost is logged once per process.
+_logged: Set[str] = set()
+
+
 def speculative_cell_size(kvc: Any, target_kv: int) -> Optional[int]:
     """The configurator's per-token cost with the draft pool and staging counted
-    (logged once per configurator), or None where upstream's accounting stands."""
+    (logged once), or None where upstream's accounting stands."""
     cost = pool_token_bytes(kvc, target_kv)
     if cost is None:
         return None
-    logger.info("KV pool sizing (%s): %s", kvc.spec_algorithm, cost.describe())
+    algorithm = getattr(kvc.server_args, "speculative_algorithm", None)
+    message = f"KV pool per token for {algorithm}: {cost.describe()}"
+    if message not in _logged:
+        _logged.add(message)
+        logger.info(message)
     return cost.total

@@ -1,6 +1,8 @@
-"""The KV pool's per-token budget counts flashmla_split's page staging exactly when
-the target's verify will use it (patch 0070 in upstream's pool configurator, the
-decision in tree_verify_hook.flashmla_staging_layers)."""
+# SPDX-License-Identifier: Apache-2.0
+"""When the KV pool's per-token budget counts flashmla_split's page staging: the
+decision, ``tree_verify_hook.flashmla_staging_layers``, over the server's arguments
+and the GPU. The bytes it adds to the real patched pool configurator (patch 0071,
+``model_executor/pool_token_bytes.py``) are tested in test_pool_token_bytes.py."""
 
 from types import SimpleNamespace
 
@@ -8,12 +10,10 @@ import pytest
 import torch
 
 from sglang.srt.layers.attention import tree_verify_hook
-from sglang.srt.layers.attention.tree_verify import flashmla_split
-from sglang.srt.model_executor import pool_configurator
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils import gpu_arch
 
-LAYERS, LAYER_BYTES = 27, 576 * 2  # DeepSeek-V2-Lite's MLA KV per token and layer, bf16
+LAYERS = 27  # DeepSeek-V2-Lite
 
 
 def kvc(algorithm="DDTREE", width=65, heads=16, tp=1, backends=("triton", "triton"), **over):
@@ -33,14 +33,6 @@ def kvc(algorithm="DDTREE", width=65, heads=16, tp=1, backends=("triton", "trito
     )  # fmt: skip
     fields.update(over)
     return SimpleNamespace(**fields)
-
-
-@pytest.fixture
-def hopper(monkeypatch):
-    """An sm_90 GPU whose sgl_kernel loads FlashMLA, the strategy variable unset."""
-    monkeypatch.delenv("SGLANG_DDTREE_VERIFY_STRATEGY", raising=False)
-    monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(flashmla_split, "_flash_mla", lambda: (None, None))
 
 
 @pytest.mark.parametrize(
@@ -72,21 +64,6 @@ def test_staging_follows_the_gpu_and_the_strategy_variable(hopper, monkeypatch):
     assert tree_verify_hook.flashmla_staging_layers(kvc()) == 0
     monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (9, 0))
     assert tree_verify_hook.flashmla_staging_layers(kvc(algorithm="EAGLE")) == 0
-
-
-def test_patched_pool_configurator_adds_one_target_layer_per_token(hopper, monkeypatch):
-    """Upstream's DefaultPoolConfigurator, patched: the per-token cell grows by one target
-    layer on top of DFLASH's draft scaling when the staging is counted, by nothing otherwise."""
-    monkeypatch.setattr(pool_configurator, "mambaish_config", lambda model_config: None)
-    monkeypatch.setattr(
-        pool_configurator.DefaultPoolConfigurator, "_compute_cell_size",
-        lambda self, kvc, num_layers: num_layers * LAYER_BYTES,
-    )  # fmt: skip
-    wide = pool_configurator.DefaultPoolConfigurator(kvc())._cell_size
-    narrow = pool_configurator.DefaultPoolConfigurator(kvc(width=17))._cell_size
-    target = LAYERS * LAYER_BYTES
-    assert narrow == int(target * (1 + 5 / LAYERS))  # upstream's DFLASH scaling alone
-    assert wide - narrow == LAYER_BYTES
 
 
 def test_the_stand_in_reads_only_upstreams_fields():
