@@ -115,10 +115,57 @@ def test_refused_at_startup(model_dirs, kw, message):
         _make(model_dirs, **kw)
 
 
-def test_tensor_parallel_starts(model_dirs):
-    """TP-2 ran the DDTREE GPU suite on a two-GPU H200 host (2026-11-30)."""
-    sa = _make(model_dirs, tp_size=2)
-    assert sa.tp_size == 2 and sa.speculative_algorithm == "DDTREE"
+def _resolved(sa):
+    return (
+        sa.speculative_ddtree_budget, sa.speculative_ddtree_topk, sa.speculative_num_draft_tokens,
+        sa.speculative_dflash_block_size, sa.get_attention_backends(), sa.speculative_draft_attention_backend,
+        sa.page_size,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("target", ["mla", "mha"])
+def test_tensor_parallel_resolves_as_one_gpu(model_dirs, target):
+    """Tensor parallelism changes nothing DDTREE resolves (the tree, the draft block,
+    the verify and draft backends) and keeps its refusals; TP-2 ran the DDTREE GPU
+    suite on a two-GPU H200 host (2026-11-30)."""
+    kw = dict(attention_backend="flashinfer") if target == "mha" else {}
+    one = _make(model_dirs, target, speculative_ddtree_budget=32, **kw)
+    two = _make(model_dirs, target, speculative_ddtree_budget=32, tp_size=2, **kw)
+    assert _resolved(two) == _resolved(one)
+    assert _resolved(two)[:4] == (32, 32, 33, DRAFT_BLOCK)
+    with pytest.raises(ValueError, match="requires --page-size 1"):
+        _make(model_dirs, target, tp_size=2, page_size=16, **kw)
+
+
+@pytest.mark.parametrize("algorithm", ["DFLASH", None])
+@pytest.mark.parametrize(
+    "kw,flags_named",
+    [
+        (dict(speculative_ddtree_budget=999), "--speculative-ddtree-budget only apply"),
+        (dict(speculative_ddtree_topk=-5), "--speculative-ddtree-topk only apply"),
+        (dict(speculative_ddtree_budget=999, speculative_ddtree_topk=-5),
+         "--speculative-ddtree-budget and --speculative-ddtree-topk only apply"),
+    ],
+)  # fmt: skip
+def test_ddtree_flags_without_ddtree_are_refused(model_dirs, algorithm, kw, flags_named):
+    running = "--speculative-algorithm DFLASH" if algorithm else "no speculative decoding"
+    args = dict(speculative_algorithm=algorithm, **kw)
+    if algorithm is None:
+        args["speculative_draft_model_path"] = None
+    with pytest.raises(ValueError, match=f"{flags_named} to --speculative-algorithm DDTREE, but this server runs {running}"):
+        _make(model_dirs, **args)
+
+
+def test_cli_ddtree_flags_with_dflash_are_refused(model_dirs):
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args([
+        "--model-path", model_dirs["mla"], "--speculative-algorithm", "dflash",
+        "--speculative-draft-model-path", model_dirs["draft"], "--speculative-ddtree-budget", "999",
+        "--device", "cuda", "--skip-tokenizer-init",
+    ])  # fmt: skip
+    with pytest.raises(ValueError, match="Remove it, or pass --speculative-algorithm DDTREE"):
+        ServerArgs.from_cli_args(args)
 
 
 def test_cli_flags_parse(model_dirs):

@@ -37,6 +37,9 @@ DEFAULT_BUDGET = 16
 MIN_BUDGET = 1
 MAX_BUDGET = 256
 
+DDTREE_ALGORITHM = "DDTREE"
+
+
 def _verify_backend(view) -> Optional[str]:
     """The attention backend TARGET_VERIFY runs on (see HybridAttnBackend)."""
     from sglang.srt.arg_groups.overrides import attention_backends_of
@@ -45,6 +48,64 @@ def _verify_backend(view) -> Optional[str]:
     if getattr(view, "speculative_attention_mode", "prefill") == "decode":
         return decode
     return prefill
+
+
+def _tree_capable_default(kind: str, has_attention_sinks: bool) -> str:
+    """The backend DDTREE verifies with when none was asked for: upstream's generic
+    default where it can verify trees (MLA: triton; MHA: flashinfer, or triton for
+    models with attention sinks or without FlashInfer installed)."""
+    import importlib.util
+
+    from sglang.srt.layers.attention.backend_support import MLA
+
+    if kind == MLA or has_attention_sinks or importlib.util.find_spec("flashinfer") is None:
+        return "triton"
+    return "flashinfer"
+
+
+def _choose_tree_verify_backend(server_args: ServerArgs) -> None:
+    """When no flag chose the verify backend and the GPU's default cannot verify a
+    token tree (FA3, upstream's default on sm_90; trtllm_mha on sm_100 MHA), declare
+    the tree-capable default instead and say so, as upstream declares its own
+    defaults. A backend the user asked for is left to ``_check_verify_backend``,
+    which refuses it when it cannot verify trees."""
+    from sglang.srt.arg_groups.overrides import resolved_view, run_post_process_pass
+    from sglang.srt.layers.attention.backend_support import (
+        MHA,
+        MLA,
+        _nvidia_capability,
+        supports_tree_verify,
+        tree_verify_backends,
+    )
+
+    view = resolved_view(server_args)
+    decode_mode = getattr(view, "speculative_attention_mode", "prefill") == "decode"
+    split_field = "decode_attention_backend" if decode_mode else "prefill_attention_backend"
+    if server_args.attention_backend is not None or getattr(server_args, split_field) is not None:
+        return  # the user's choice
+    backend = _verify_backend(view)
+    kind = MLA if server_args.use_mla_backend() else MHA
+    cap = _nvidia_capability()
+    if backend is None or (
+        supports_tree_verify(backend, cap, kind) if cap is not None else backend in tree_verify_backends(kind)
+    ):
+        return
+    sinks = bool(getattr(server_args.get_model_config(), "has_attention_sinks", False))
+    choice = _tree_capable_default(kind, sinks)
+    declared = {"attention_backend": choice}
+    if getattr(view, split_field) is not None:  # a model override split the roles
+        declared[split_field] = choice
+
+    def ddtree_tree_verify_backend(_view) -> dict:
+        return declared
+
+    run_post_process_pass(server_args, ddtree_tree_verify_backend)
+    where = "" if cap is None else f" on compute capability {cap[0]}.{cap[1]}"
+    logger.info(
+        "DDTREE: the default attention backend %r%s cannot verify a token tree; "
+        "using %r for %s models instead (--attention-backend chooses another).",
+        backend, where, choice, kind.upper(),
+    )  # fmt: skip
 
 
 def _check_verify_backend(server_args: ServerArgs, backend: Optional[str]) -> None:
@@ -120,6 +181,7 @@ def resolve_draft_block_size(checkpoint_block_size: int, budget: int) -> int:
 def _check_supported_combination(server_args: ServerArgs) -> None:
     from sglang.srt.arg_groups.overrides import resolved_view
 
+    _choose_tree_verify_backend(server_args)
     view = resolved_view(server_args)
 
     if view.page_size not in (None, 1):
@@ -136,6 +198,30 @@ def _check_supported_combination(server_args: ServerArgs) -> None:
         )
 
     _check_verify_backend(server_args, _verify_backend(view))
+
+
+#: ServerArgs fields that only DDTREE reads, with their flags.
+DDTREE_ONLY_FLAGS = (
+    ("speculative_ddtree_budget", "--speculative-ddtree-budget"),
+    ("speculative_ddtree_topk", "--speculative-ddtree-topk"),
+)
+
+
+def check_ddtree_flags_used(server_args: ServerArgs) -> None:
+    """Refuse DDTREE's flags on a server that does not run DDTREE: they would be
+    ignored, and a user who passed them believes a tree is being verified."""
+    algorithm = server_args.speculative_algorithm
+    if algorithm is not None and str(algorithm).upper() == DDTREE_ALGORITHM:
+        return
+    given = [flag for field, flag in DDTREE_ONLY_FLAGS if getattr(server_args, field, None) is not None]
+    if not given:
+        return
+    running = f"--speculative-algorithm {algorithm}" if algorithm else "no speculative decoding"
+    raise ValueError(
+        f"{' and '.join(given)} only apply to --speculative-algorithm {DDTREE_ALGORITHM}, "
+        f"but this server runs {running}. Remove {'them' if len(given) > 1 else 'it'}, "
+        f"or pass --speculative-algorithm {DDTREE_ALGORITHM}."
+    )
 
 
 def handle_ddtree_server_args(server_args: ServerArgs) -> None:
