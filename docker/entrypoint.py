@@ -6,6 +6,9 @@ Every upstream flag passes through unchanged; the common ones can also come from
 environment variables (handy in compose files), and a flag on the command line always
 wins over its variable. The first argument may instead name a command: ``doctor``,
 ``help``, ``healthcheck``, or any program in the image (``bash``, ``python``).
+Before the server starts, what would fail later with a long traceback is said in one
+line: no GPU visible, an absolute model path that is not mounted in the container;
+and a /dev/shm too small for SGLang is warned about.
 
 Kept free of heavy imports: it runs on every container start and every health check.
 """
@@ -237,6 +240,64 @@ def gpu_problem(args: Sequence[str], environ: Mapping[str, str], gpus, info: dic
     return None
 
 
+# --------------------------------------------------------------------------- paths, /dev/shm
+
+MODEL_FLAGS = (
+    (ENV_FLAGS[0].flags, None),
+    (("--tokenizer-path",), "the tokenizer"),
+    (ENV_FLAGS[1].flags, "drafter"),
+)
+
+
+def _drafter_role(args: Sequence[str]) -> str:
+    algorithm = (_given(args, ("--speculative-algorithm",)) or "").upper()
+    if algorithm == "DDTREE":
+        return "the DFlash drafter DDTREE drafts with"
+    if algorithm in ("DFLASH", "DSPARK"):
+        return f"the {algorithm} drafter"
+    return "the draft model"
+
+
+def path_problem(args: Sequence[str], exists: Callable[[str], bool] = os.path.exists) -> Optional[str]:
+    """Why a model path on the command line cannot be served from this container: an
+    absolute path that is not there, which means the host directory was not mounted
+    (a Hugging Face id is looked up, or downloaded, by the server itself)."""
+    for flags, role in MODEL_FLAGS:
+        path = _given(args, flags)
+        if not path or not os.path.isabs(path) or exists(path):
+            continue
+        if role == "drafter":
+            role = _drafter_role(args)
+        what = f" ({role})" if role else ""
+        return (
+            f"{flags[0]} {path}{what} does not exist inside the container: mount the host "
+            f"directory that holds it, e.g. docker run -v /path/on/host:{path}:ro ... "
+            f"(or pass a Hugging Face id and mount -v ~/.cache/huggingface:/root/.cache/huggingface)"
+        )
+    return None
+
+
+SHM_PATH = "/dev/shm"
+SHM_MIN_BYTES = 1 << 30
+
+
+def shm_warning(statvfs: Optional[Callable[[str], os.statvfs_result]] = None) -> Optional[str]:
+    """A warning when /dev/shm is too small for SGLang's processes (Docker gives 64 MB
+    unless told otherwise); None when it is large enough or cannot be read."""
+    try:
+        st = (statvfs or os.statvfs)(SHM_PATH)
+    except OSError:
+        return None
+    size = st.f_frsize * st.f_blocks
+    if size >= SHM_MIN_BYTES:
+        return None
+    return (
+        f"{SHM_PATH} is {size / 2**20:.0f} MB: SGLang's processes exchange tensors through "
+        "shared memory and can fail or hang with this little; start the container with "
+        "--ipc=host (or --shm-size 16g)"
+    )
+
+
 # --------------------------------------------------------------------------- commands
 
 HELP = f"""\
@@ -316,9 +377,15 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         if problem:
             print(f"ddtree-sglang: error: {problem}", file=sys.stderr)
             return EXIT_NO_GPU
+        problem = path_problem(command)
+        if problem:
+            raise UsageError(problem)
     except UsageError as e:
         print(f"ddtree-sglang: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    warning = shm_warning()
+    if warning:
+        print(f"ddtree-sglang: warning: {warning}", file=sys.stderr)
     try:
         with open(PORT_FILE, "w") as f:
             f.write(f"{_served_port(command)}\n")

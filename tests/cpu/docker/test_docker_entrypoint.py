@@ -147,9 +147,9 @@ def test_gpu_gate():
     assert "sm90" in msg and "GPU_ARCH=" in msg
 
 
-def test_main_refuses_without_gpu_on_this_machine(capsys):
+def test_main_refuses_without_gpu_on_this_machine(capsys, tmp_path):
     """This CPU machine really has no GPU: the server must not start, and say why."""
-    rc = ep.main(["--model-path", "/models/m", "--speculative-draft-model-path", "/models/d"], {})
+    rc = ep.main(["--model-path", str(tmp_path), "--speculative-draft-model-path", str(tmp_path)], {})
     err = capsys.readouterr().err
     assert rc == ep.EXIT_NO_GPU
     assert "no NVIDIA GPU is visible" in err and "--gpus all" in err and "Traceback" not in err
@@ -197,3 +197,80 @@ def test_healthcheck(health_server, tmp_path, monkeypatch):
     port_file.unlink()
     statuses["/health"] = 200
     assert ep.healthcheck({"PORT": str(port)}) == 0
+
+
+# --------------------------------------------------------------------------- model paths, /dev/shm
+
+
+@pytest.mark.parametrize("argv,env,flag,role", [
+    (["--model-path", "/models/Qwen3-8B"], {}, "--model-path", ""),
+    (["--model=/models/Qwen3-8B"], {}, "--model-path", ""),
+    ([], {"MODEL_PATH": "/models/Qwen3-8B"}, "--model-path", ""),
+    (["--model-path", "Qwen/Qwen3-8B", "--speculative-draft-model-path", "/models/Qwen3-8B"], {},
+     "--speculative-draft-model-path", " (the DFlash drafter DDTREE drafts with)"),
+    (["--model-path", "Qwen/Qwen3-8B", "--speculative-draft-model-path", "/models/Qwen3-8B",
+      "--speculative-algorithm", "DFLASH"], {}, "--speculative-draft-model-path", " (the DFLASH drafter)"),
+    (["--model-path", "Qwen/Qwen3-8B", "--tokenizer-path", "/models/Qwen3-8B"], {}, "--tokenizer-path",
+     " (the tokenizer)"),
+])  # fmt: skip
+def test_unmounted_model_path_is_one_line(argv, env, flag, role):
+    msg = ep.path_problem(ep.server_args(argv, env), exists=lambda p: False)
+    assert msg.startswith(f"{flag} /models/Qwen3-8B{role} does not exist inside the container")
+    assert "-v /path/on/host:/models/Qwen3-8B:ro" in msg and "\n" not in msg
+
+
+def test_mounted_paths_and_hub_ids_pass(tmp_path):
+    mounted = str(tmp_path)
+    assert ep.path_problem(ep.server_args(["--model-path", mounted, "--speculative-draft-model-path", mounted], {})) is None
+    assert ep.path_problem(ep.server_args(["--model-path", "Qwen/Qwen3-8B",
+                                           "--speculative-draft-model-path", "z-lab/Qwen3-8B-DFlash-b16"], {})) is None
+
+
+def test_path_flags_are_upstream_option_strings(upstream_parser):
+    actions = upstream_parser._option_string_actions
+    for flags, _ in ep.MODEL_FLAGS:
+        assert set(actions[flags[0]].option_strings) == set(flags), flags
+
+
+def test_main_refuses_an_unmounted_model_in_one_line(capsys, monkeypatch, tmp_path):
+    """With a GPU (faked: this machine has none), an unmounted path is a usage error
+    that names the path and the mount, and the server is not started."""
+    monkeypatch.setattr(ep, "visible_gpus", lambda: [("NVIDIA RTX PRO 6000 Blackwell", (12, 0))])
+    monkeypatch.setattr(ep, "PORT_FILE", str(tmp_path / "port"))
+    monkeypatch.setattr(ep.os, "execv", lambda *a: pytest.fail(f"the server was started: {a}"))
+    rc = ep.main(["--model-path", str(tmp_path), "--speculative-draft-model-path", "/models/no-such-drafter"], {})
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == ep.EXIT_USAGE
+    assert err == ["ddtree-sglang: error: --speculative-draft-model-path /models/no-such-drafter (the DFlash "
+                   "drafter DDTREE drafts with) does not exist inside the container: mount the host directory "
+                   "that holds it, e.g. docker run -v /path/on/host:/models/no-such-drafter:ro ... (or pass a "
+                   "Hugging Face id and mount -v ~/.cache/huggingface:/root/.cache/huggingface)"]
+
+
+def _statvfs(size_bytes):
+    import os
+
+    def statvfs(path):
+        assert path == "/dev/shm"
+        return os.statvfs_result((4096, 4096, size_bytes // 4096, 0, 0, 0, 0, 0, 0, 255))
+
+    return statvfs
+
+
+def test_small_dev_shm_is_warned_about():
+    msg = ep.shm_warning(_statvfs(64 << 20))  # Docker's default
+    assert msg.startswith("/dev/shm is 64 MB") and "--ipc=host" in msg and "--shm-size" in msg
+    assert ep.shm_warning(_statvfs(16 << 30)) is None
+    assert ep.shm_warning(lambda path: (_ for _ in ()).throw(OSError("no /dev/shm"))) is None
+
+
+def test_main_warns_about_dev_shm_and_still_serves(capsys, monkeypatch, tmp_path):
+    started = []
+    monkeypatch.setattr(ep, "visible_gpus", lambda: [("NVIDIA RTX PRO 6000 Blackwell", (12, 0))])
+    monkeypatch.setattr(ep, "PORT_FILE", str(tmp_path / "port"))
+    monkeypatch.setattr(ep.os, "statvfs", _statvfs(64 << 20))
+    monkeypatch.setattr(ep.os, "execv", lambda prog, argv: started.append(argv))
+    ep.main(["--model-path", str(tmp_path)], {})
+    err = capsys.readouterr().err
+    assert "ddtree-sglang: warning: /dev/shm is 64 MB" in err
+    assert started and started[0][started[0].index("-m") + 1] == "sglang.launch_server"
