@@ -5,7 +5,8 @@
 #
 # The tier is a list of pieces, one pytest session each: a tests/gpu/<dir>, or a share of the
 # e2e configurations. Pieces run --jobs at a time (default: all at once), spread round-robin over
-# the visible GPUs; a piece that needs every GPU (tensor parallel) runs alone after the others.
+# the visible GPUs; a piece that needs every GPU (tensor parallel) or a whole GPU's memory (servers
+# at the default memory flags) runs alone after the others, one such piece at a time.
 # --jobs 1 runs them one after another. Logs go to $OUT (or /tmp/ddtree-out): <piece>-pytest.log,
 # <piece>-server-logs.tgz for pieces that start servers, gpu-tier-summary.txt (one line per
 # piece). Exits nonzero if any piece failed, timed out (--dir-timeout, per piece) or collected
@@ -15,10 +16,11 @@
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
-ALL_DIRS=(tree_verify tree_verify_integration ddtree_logic arch_gating e2e ddtree)
-SERVER_DIRS=" e2e ddtree "  # start sglang servers: need the tiny models, leave server logs
+ALL_DIRS=(tree_verify tree_verify_integration ddtree_logic arch_gating e2e ddtree serving_defaults)
+SERVER_DIRS=" e2e ddtree serving_defaults "  # start sglang servers: need the test models, leave server logs
 
-# name|dir|environment (space-separated VAR=value)|all-gpus when it must run alone on every GPU.
+# name|dir|environment (space-separated VAR=value)|all-gpus when it must run alone on every GPU
+# (serving_defaults: each server sizes its KV pools from the whole GPU's memory).
 # Longest first: a free slot takes the next piece in this order. The e2e shares together hold
 # every configuration of tests/gpu/e2e (a CPU test checks it); each holds two or more, so its
 # cross-configuration check runs.
@@ -32,9 +34,10 @@ PIECES=(
     "ddtree_logic|ddtree_logic||"
     "arch_gating|arch_gating||"
     "e2e-tp2|e2e|DDTREE_E2E_CONFIGS=triton-nospec-tp2,triton-dflash-tp2|all-gpus"
+    "serving_defaults|serving_defaults||all-gpus"
 )
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; echo "dirs: ${ALL_DIRS[*]}"; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; echo "dirs: ${ALL_DIRS[*]}"; }
 only="" dir_timeout=0 jobs="" list=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -110,7 +113,7 @@ t_all=$(date +%s)
 models_ready() {  # all pairs, not just a manifest: `make_test_models.py --only shapes` writes one too
     local m
     for m in manifest.json tiny-mla/config.json tiny-mla-dflash/config.json tiny-qwen3/config.json \
-             tiny-qwen3-dflash/config.json; do
+             tiny-qwen3-dflash/config.json qwen3-8b-shape/config.json qwen3-8b-shape-dflash/config.json; do
         [ -f "$DDTREE_TEST_MODELS/$m" ] || return 1
     done
 }

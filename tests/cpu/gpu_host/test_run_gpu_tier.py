@@ -49,6 +49,8 @@ def test_pieces_cover_every_dir_and_e2e_configuration_once():
             assert (mode == "all-gpus") == any("tp2" in c for c in configs), name
         else:
             assert env == "", name
+            # servers at the default memory flags size their pools from the whole GPU
+            assert (mode == "all-gpus") == (d == "serving_defaults"), name
 
 
 def test_caller_selection_makes_one_piece():
@@ -73,7 +75,8 @@ def test_bad_arguments_are_refused(args, error):
 
 def test_a_run_where_nothing_ran_fails(tmp_path):
     """Without a GPU every piece collects nothing or skips everything, and the tier fails. Three at a
-    time at most, and the tensor-parallel piece only after every other piece has finished."""
+    time at most, and the pieces that need the GPUs alone (tensor parallel, servers at the default
+    memory flags) only after every other piece has finished, one at a time."""
     out = tmp_path / "out"
     r = tier("--jobs", "3", PYTHON=sys.executable, OUT=str(out), DDTREE_GPU_LOG_ROOT=str(tmp_path / "logs"),
              DDTREE_TEST_MODELS=str(tmp_path / "models"))
@@ -87,13 +90,16 @@ def test_a_run_where_nothing_ran_fails(tmp_path):
         assert (out / f"{name}-pytest.log").read_text().startswith("env ")
     assert (tmp_path / "models" / "manifest.json").is_file()  # server pieces need the test models
 
+    alone = [p[0] for p in pieces() if p[3] == "all-gpus"]
+    assert alone == ["e2e-tp2", "serving_defaults"]
     running, most, finished = 0, 0, []
     events = r.stdout.split("--- summary")[0].splitlines()
     for line in events:
         if line.startswith("--- start "):
             name = line.split()[2]
-            if name == "e2e-tp2":
-                assert sorted(finished) == sorted(n for n in names if n != "e2e-tp2")
+            if name in alone:
+                assert running == 0, name
+                assert set(n for n in names if n not in alone) <= set(finished), name
             running += 1
             most = max(most, running)
         elif line.startswith("gpu-tier "):
