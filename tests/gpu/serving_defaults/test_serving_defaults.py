@@ -140,6 +140,6 @@ def test_serves_at_default_memory_flags(entrypoint_pool, tiny_models, shape_mode
     assert r["usage"]["completion_tokens"] == 48
     assert r["meta_info"]["spec_verify_ct"] > 0  # top level, where the DFlash client reads it
     with ThreadPoolExecutor(8) as ex:  # eight at once, with longer prompts
-        outs = list(ex.map(lambda p: chat(server, p * 40, max_tokens=32), prompts(tiny_models, 8)))
+        outs = list(ex.map(lambda p: chat(server, " ".join([p] * 40), max_tokens=32), prompts(tiny_models, 8)))
     assert all(o["usage"]["completion_tokens"] == 32 for o in outs)
     assert server.alive() and not server.leak_lines()
