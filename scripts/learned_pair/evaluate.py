@@ -40,21 +40,24 @@ class Node:
 def build_tree(logp: Sequence[Sequence[float]], budget: int) -> list[Node]:
     """Best-first tree of at most ``budget`` nodes over per-depth sorted log-probs
     (``logp[d][r]``: depth d + 1, rank r, descending in r). A popped candidate becomes a node
-    and pushes its next sibling and its first child; pop order numbers the nodes."""
-    depths, k = len(logp), len(logp[0]) if logp else 0
+    and pushes its next sibling and its first child; pop order numbers the nodes. Scores add
+    in float32 and ties go to the smaller depth, then parent, then rank: the server's rule
+    (``sglang/srt/speculative/ddtree/tree_build.py``), so the trees are the server's."""
+    depths, k = len(logp), min(len(logp[0]), budget) if logp else 0
     nodes: list[Node] = []
     if budget <= 0 or depths == 0 or k == 0:
         return nodes
-    heap = [(-float(logp[0][0]), 1, 0, -1, 0.0)]
+    lp = [[np.float32(logp[d][r]) for r in range(k)] for d in range(depths)]
+    # (-score, depth, parent + 1, rank, parent's score): parent + 1 numbers the root 0
+    heap = [(-lp[0][0], 1, 0, 0, np.float32(0.0))]
     while heap and len(nodes) < budget:
-        neg, d, r, parent, parent_score = heapq.heappop(heap)
-        score = -neg
-        idx = len(nodes)
-        nodes.append(Node(parent, d, r, score))
+        neg, d, parent1, r, base = heapq.heappop(heap)
+        score = np.float32(-neg)
+        nodes.append(Node(parent1 - 1, d, r, float(score)))
         if r + 1 < k:
-            heapq.heappush(heap, (-(parent_score + float(logp[d - 1][r + 1])), d, r + 1, parent, parent_score))
+            heapq.heappush(heap, (-np.float32(base + lp[d - 1][r + 1]), d, parent1, r + 1, base))
         if d < depths:
-            heapq.heappush(heap, (-(score + float(logp[d][0])), d + 1, 0, idx, score))
+            heapq.heappush(heap, (-np.float32(score + lp[d][0]), d + 1, len(nodes), 0, score))
     return nodes
 
 
