@@ -54,7 +54,8 @@ def shape_of(result: dict) -> str:
     return "v2lite-shape" if "V2-Lite" in what else (what or "unknown")
 
 
-def load_step_rows(paths: list[Path], verify: tuple = SERVED_VERIFY, routing: Optional[str] = None) -> dict:
+def load_step_rows(paths: list[Path], verify: tuple = SERVED_VERIFY, routing: Optional[str] = None,
+                   backend: str = "triton") -> dict:
     """(shape, ctx, batch, config) -> {ms_per_step, source}; a later file's row replaces an earlier one."""
     table: dict = {}
     for p in paths:
@@ -64,6 +65,8 @@ def load_step_rows(paths: list[Path], verify: tuple = SERVED_VERIFY, routing: Op
         shape = shape_of(r)
         for row in r.get("rows", []):
             if row.get("verify", "-") not in verify or "ms_per_step" not in row:
+                continue
+            if row.get("backend", backend) != backend:
                 continue
             key = (row.get("model") or shape, int(row["ctx"]), int(row["batch"]), row["config"])
             table[key] = {"ms_per_step": float(row["ms_per_step"]), "source": Path(p).name,
@@ -158,18 +161,23 @@ def own_shape(sweep: dict) -> list[dict]:
 
 
 def markdown(pred: list[dict], temperature: float = 0.0) -> str:
+    """The README table: per point, DFLASH's predicted tokens/s, the best budget and every
+    budget's ratio to DFLASH (* = step time interpolated between measured budgets)."""
     lines = ["| shape | ctx | batch | DFLASH tok/s | best DDTREE | its tok/s | x DFLASH | DDTREE(B) x DFLASH |",
              "|---|---|---|---|---|---|---|---|"]
     for p in pred:
         if p["temperature"] != temperature or "dflash" not in p["configs"]:
             continue
-        trees = sorted((budget_of(c), e) for c, e in p["configs"].items() if budget_of(c))
+        chain = p["configs"]["dflash"]["tok_s"]
         best = p["best_ddtree"]
+        trees = sorted((budget_of(c), e) for c, e in p["configs"].items() if budget_of(c))
         per_b = ", ".join(f"{b}: {e['speedup_vs_dflash']:.2f}{'*' if e['interpolated'] else ''}" for b, e in trees)
-        lines.append(f"| {p['shape']} | {p['ctx']} | {p['batch']} | {p['configs']['dflash']['tok_s']:.0f} | "
-                     f"{best or '-'} | {p['configs'][best]['tok_s']:.0f} | "
-                     f"{p['configs'][best]['speedup_vs_dflash']:.2f} | {per_b} |" if best else
-                     f"| {p['shape']} | {p['ctx']} | {p['batch']} | {p['configs']['dflash']['tok_s']:.0f} | - | - | - | |")
+        if best:
+            e = p["configs"][best]
+            cells = [best, f"{e['tok_s']:.0f}", f"{e['speedup_vs_dflash']:.2f}", per_b]
+        else:
+            cells = ["-", "-", "-", ""]
+        lines.append(f"| {p['shape']} | {p['ctx']} | {p['batch']} | {chain:.0f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -232,6 +240,7 @@ def main(argv=None) -> int:
     ap.add_argument("--e2e", type=Path, nargs="+", required=True, help="e2e_step JSON files (later ones win)")
     ap.add_argument("--verify", default=",".join(SERVED_VERIFY), help="e2e_step verify strategies to use")
     ap.add_argument("--routing", help="only e2e_step runs with this expert routing (model / uniform)")
+    ap.add_argument("--backend", default="triton", help="e2e_step attention backend to use")
     ap.add_argument("--tag", default="run")
     ap.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -241,7 +250,7 @@ def main(argv=None) -> int:
     sweep = json.loads(args.sweep.read_text())
     if "rows" not in sweep or not sweep["rows"]:
         raise SystemExit(f"{args.sweep}: no sweep rows")
-    table = load_step_rows(args.e2e, tuple(args.verify.split(",")), args.routing)
+    table = load_step_rows(args.e2e, tuple(args.verify.split(",")), args.routing, args.backend)
     if not table:
         raise SystemExit("no usable e2e_step rows (check --verify / --routing)")
     result = {
@@ -249,7 +258,7 @@ def main(argv=None) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "sweep": {"file": str(args.sweep), "date": sweep.get("date"), "device": sweep.get("device")},
         "e2e_step_files": [str(p) for p in args.e2e],
-        "filters": {"verify": args.verify, "routing": args.routing},
+        "filters": {"verify": args.verify, "routing": args.routing, "backend": args.backend},
         "predictions": predict(sweep, table),
         "own_shape": own_shape(sweep),
     }
