@@ -4,7 +4,7 @@
   build  --out DIR [--pack-to DIR] [--deadline-s 480] [--profile h200|toy] [--seed 0]
          [--root LABEL=PATH ...] [--exclude PATH ...] [--log FILE]
          [--target-steps N --target-decay-start M --drafter-steps N --drafter-decay-start M]
-  pack   PAIR --to DIR [--part-mib 15]
+  pack   PAIR --to DIR [--part-mib 15.5]
   unpack DIR [DIR ...] --to PAIR
   show   PAIR
 """
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("pack", help="split a pair directory into transportable parts")
     p.add_argument("pair", type=Path)
     p.add_argument("--to", type=Path, required=True)
-    p.add_argument("--part-mib", type=int, default=15)
+    p.add_argument("--part-mib", type=float, default=15.5)
     u = sub.add_parser("unpack", help="reassemble parts (from one or more directories) into a pair directory")
     u.add_argument("dirs", type=Path, nargs="+")
     u.add_argument("--to", type=Path, required=True)

@@ -10,8 +10,8 @@ Layout of a pair directory::
     corpus_files.jsonl.gz    every corpus file: name, sha256, split
     manifest.json            shapes, training record, held-out and offline accept-length numbers
 
-``pack`` writes it as one tar split into ``pair.tar.NN`` parts of at most ``part_mib`` MiB
-plus ``pair.sha256``; ``unpack`` checks the sha256 before extracting.
+``pack`` writes it (the corpus file list aside) as one tar split into ``pair.tar.NN`` parts of
+at most ``part_mib`` MiB plus ``pair.sha256``; ``unpack`` checks the sha256 before extracting.
 """
 
 from __future__ import annotations
@@ -71,18 +71,28 @@ def load_pair(pair: Path, device="cpu", dtype=torch.float32) -> tuple[Target, Dr
     return target.to(device, dtype).eval(), drafter.to(device, dtype).eval()
 
 
-def pack(pair: Path, out: Path, part_mib: int = 15) -> list[Path]:
+#: Files of a pair that travel beside the parts, not in them (records, not needed to serve).
+RECORDS = ("corpus_files.jsonl.gz", "manifest.json")
+
+
+def pack(pair: Path, out: Path, part_mib: float = 15.5) -> list[Path]:
+    """The pair as ``pair.tar.NN`` parts (a device call returns files of at most 16 MiB; two parts
+    fit beside one install carry folder) plus ``pair.sha256``; the records are also copied as
+    they are. The manifest is in the tar too; the corpus file list only beside it."""
     buf = io.BytesIO()
+    out.mkdir(parents=True, exist_ok=True)
+    for name in RECORDS:
+        if (Path(pair) / name).is_file():
+            shutil.copyfile(Path(pair) / name, out / name)
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for p in sorted(Path(pair).rglob("*")):
-            if p.is_file():
+            if p.is_file() and p.name != "corpus_files.jsonl.gz":
                 info = tar.gettarinfo(str(p), arcname=str(p.relative_to(pair)))
                 info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
                 with open(p, "rb") as f:
                     tar.addfile(info, f)
     data = buf.getvalue()
-    out.mkdir(parents=True, exist_ok=True)
-    size = part_mib * 2**20
+    size = int(part_mib * 2**20)
     parts = []
     for i in range(0, max(1, len(data)), size):
         part = out / f"pair.tar.{i // size:02d}"

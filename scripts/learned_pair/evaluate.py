@@ -113,11 +113,14 @@ def heldout_stats(target: Target, tokens: torch.Tensor, windows: int, length: in
 
 
 def pick_prompts(tok, docs: Sequence, n: int, prompt_len: int, min_tail: int) -> list[dict]:
-    """One prompt per held-out document (in name order): ``prompt_len`` tokens ending at a line
-    break, with at least ``min_tail`` tokens of the document after it."""
+    """One prompt per held-out document (documents in an order hashed from their names, so the
+    prompts span packages): ``prompt_len`` tokens ending at a line break, with at least
+    ``min_tail`` tokens of the document after it."""
+    from .corpus import unit_hash
+
     out = []
     line_end = {i for i in range(tok.get_vocab_size()) if tok.decode([i]).endswith("\n")}
-    for d in sorted(docs, key=lambda d: d.name):
+    for d in sorted(docs, key=lambda d: (unit_hash("prompt", d.name), d.name)):
         ids = tok.encode(d.text, add_special_tokens=False).ids
         if len(ids) < prompt_len + min_tail:
             continue
@@ -131,6 +134,21 @@ def pick_prompts(tok, docs: Sequence, n: int, prompt_len: int, min_tail: int) ->
         if len(out) == n:
             break
     return out
+
+
+def _greedy(target: Target, prompts: list[list[int]], new_tokens: int, seed: int) -> list[torch.Tensor]:
+    """Greedy continuations, prompts of one length in one batch."""
+    dev = next(target.parameters()).device
+    out: dict[int, torch.Tensor] = {}
+    by_len: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        by_len.setdefault(len(p), []).append(i)
+    for idx in by_len.values():
+        p = torch.tensor([prompts[i] for i in idx], device=dev)
+        seqs = generate(target, p, new_tokens, torch.zeros(len(idx), device=dev),
+                        torch.Generator(device=dev).manual_seed(seed))
+        out.update(zip(idx, seqs))
+    return [out[i] for i in range(len(prompts))]
 
 
 @torch.no_grad()
@@ -162,9 +180,8 @@ def offline_accept(drafter: Drafter, target: Target, prompts: list[list[int]], n
     steps = {"dflash": [], **{f"ddtree{b}": [] for b in budgets}}
     depth_hits = np.zeros(bs - 1)
     chain_steps = 0
-    for prompt in prompts:
-        p = torch.tensor([prompt], device=dev)
-        seq = generate(target, p, new_tokens, torch.zeros(1, device=dev), torch.Generator(device=dev).manual_seed(seed))
+    for prompt, seq in zip(prompts, _greedy(target, prompts, new_tokens, seed)):
+        seq = seq.unsqueeze(0)
         s, plen = seq.shape[1], len(prompt)
         last = s - bs  # an anchor whose whole block lies inside the sequence
         anchors = torch.arange(plen, last + 1, device=dev).unsqueeze(0)
@@ -198,12 +215,9 @@ def offline_accept(drafter: Drafter, target: Target, prompts: list[list[int]], n
 def sampling_prompts(target: Target, prompts: list[dict], n: int, positions: int) -> list[dict]:
     """The ``n`` prompts whose greedy continuation has the highest mean next-token entropy over
     its first ``positions`` tokens (a two-sample test needs spread-out distributions)."""
-    dev = next(target.parameters()).device
     scored = []
-    for pr in prompts:
-        p = torch.tensor([pr["prompt_ids"]], device=dev)
-        seq = generate(target, p, positions, torch.zeros(1, device=dev), torch.Generator(device=dev).manual_seed(0))
-        logits, _ = target(seq[:, :-1])
+    for pr, seq in zip(prompts, _greedy(target, [p["prompt_ids"] for p in prompts], positions, 0)):
+        logits, _ = target(seq[None, :-1])
         logp = torch.log_softmax(logits[0, -positions:].float(), dim=-1)
         ent = (-(logp.exp() * logp).sum(-1)).tolist()
         scored.append((float(np.mean(ent)), ent, pr))

@@ -49,7 +49,7 @@ class TargetShape:
 @dataclass(frozen=True)
 class DrafterShape:
     num_hidden_layers: int = 2
-    intermediate_size: int = 1024
+    intermediate_size: int = 768
     target_layer_ids: tuple = (1, 3)
     block_size: int = 16
     # DFlash's position weight exp(-(k - 1) / gamma) for block offset k >= 1 (block 16: 7).
@@ -139,6 +139,8 @@ class Attention(nn.Module):
             # SDPA's enable_gqa has no memory-efficient kernel, which a masked call needs.
             k = k.repeat_interleave(self.nh // self.nkv, dim=2)
             v = v.repeat_interleave(self.nh // self.nkv, dim=2)
+        # Under autocast the projections are bf16 but the norms' outputs fp32: one dtype for SDPA.
+        q, k = q.to(v.dtype), k.to(v.dtype)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
             attn_mask=mask, is_causal=causal, scale=self.hd ** -0.5,

@@ -99,8 +99,11 @@ def test_pack_unpack_across_two_folders(toy_pair, tmp_path):
     (a / "pair.sha256").write_text((tmp_path / "parts" / "pair.sha256").read_text())
     assert cli(["unpack", str(a), str(b), "--to", str(tmp_path / "back")]) == 0
     for f in sorted(pair.rglob("*")):
-        if f.is_file():
+        if f.is_file() and f.name != "corpus_files.jsonl.gz":  # a record: beside the parts, not in them
             assert (tmp_path / "back" / f.relative_to(pair)).read_bytes() == f.read_bytes(), f
+    assert not (tmp_path / "back" / "corpus_files.jsonl.gz").exists()
+    assert (tmp_path / "parts" / "corpus_files.jsonl.gz").read_bytes() == (pair / "corpus_files.jsonl.gz").read_bytes()
+    assert (tmp_path / "parts" / "manifest.json").is_file()
     # a damaged part is refused, not extracted
     damaged = tmp_path / "parts" / parts[0].name
     data = bytearray(damaged.read_bytes())
@@ -119,3 +122,31 @@ def test_cli_refuses_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli(["build", "--out", str(tmp_path), "--target-decay-start", "5"])
     assert "--target-decay-start needs --target-steps" in capsys.readouterr().err
+
+
+def test_the_h200_pair_shapes_train_and_fit_two_parts():
+    """The benchmark pair's shapes (profile h200): one training step of each network on the CPU,
+    and bf16 weights small enough that the pair travels as two parts of 15.5 MiB (one beside
+    each install carry folder of the GPU host)."""
+    from scripts.learned_pair import train
+    from scripts.learned_pair.build import PROFILES
+    from scripts.learned_pair.model import Drafter, DrafterShape, Target, TargetShape
+
+    prof = PROFILES["h200"]
+    tshape, dshape = TargetShape(**prof.target), DrafterShape(**prof.drafter)
+    target, drafter = Target(tshape), Drafter(tshape, dshape)
+    nt, nd = (sum(p.numel() for p in m.parameters()) for m in (target, drafter))
+    assert nt == tshape.n_params()
+    assert 10e6 < nt < 20e6  # big enough for non-trivial predictions, small enough to train in minutes
+    assert 2 * (nt + nd) + 2**20 < 2 * 15.5 * 2**20  # + tokenizer, prompts, configs
+    target.init_weights(torch.Generator().manual_seed(0))
+    drafter.init_weights(torch.Generator().manual_seed(1))
+    tokens = torch.randint(3, tshape.vocab_size, (4000,), dtype=torch.int32)
+    rec = train.train_target(target, tokens, train.TargetTrainConfig(seq_len=32, batch=2, steps=1, warmup=1),
+                             seconds=1e9, seed=0, log=lambda m: None)
+    assert rec["steps"] == 1 and rec["final_loss"] > 0
+    seqs = torch.randint(3, tshape.vocab_size, (2, 48))
+    rec = train.train_drafter(drafter, target.eval(), seqs, 8, MASK_ID,
+                              train.DrafterTrainConfig(batch=2, anchors=3, steps=1, warmup=1), seconds=1e9, seed=0,
+                              log=lambda m: None)
+    assert rec["steps"] == 1 and len(rec["accuracy_by_offset"]) == dshape.block_size
