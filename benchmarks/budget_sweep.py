@@ -468,19 +468,22 @@ def measure_steps(e2e_step, server: Server, proc, ctx: int, batches: list[int], 
     return rows
 
 
-def run_sweep(servers: list[Server], prompts: list[dict], args, result: dict, out: Path,
-              deadline: Deadline) -> dict:
+def sweep_points(args) -> list[tuple[int, float]]:
+    """(batch, temperature) points, batch 1 at T=0 (the headline) first, then in the order given."""
+    points = [(b, t) for b in args.batch for t in args.temperature]
+    return sorted(points, key=lambda p: p != (1, 0.0))
+
+
+def run_points(servers: list[Server], prompts: list[dict], args, result: dict, out: Path, deadline: Deadline,
+               points: list[tuple[int, float]]) -> None:
     n = args.num_prompts
-    measured, warm = prompts[:n], (prompts[n:] + prompts)[: max(args.batch)]
     if len(prompts) < n:
         raise SystemExit(f"--num-prompts {n}: the prompt file has only {len(prompts)}")
-    token_ids = args.token_ids
-    points = [(b, t) for b in args.batch for t in args.temperature]
-    # T=0 batch 1 first (the headline), then the rest in the order given
-    points.sort(key=lambda p: (p != (1, 0.0),))
+    measured, warm = prompts[:n], (prompts[n:] + prompts)[: max(args.batch)]
+    seen = result.setdefault("_point_s", {})
     for b, t in points:
         for s in servers:
-            est = (result.get("_last_point_s", {}).get((b, t)) or 10.0) * 1.2
+            est = (seen.get((b, t)) or 10.0) * 1.2
             if deadline.left() < est:
                 result["skipped"].append({"config": s.label, "batch": b, "temperature": t,
                                           "reason": f"{deadline.left():.0f} s left < {est:.0f} s estimated"})
@@ -488,18 +491,21 @@ def run_sweep(servers: list[Server], prompts: list[dict], args, result: dict, ou
             t0 = time.monotonic()
             try:
                 row = measure_point(s, measured, warm, b, args.max_new_tokens, t, args.top_p, args.top_k,
-                                    args.repeats, token_ids and t == 0)
+                                    args.repeats, args.token_ids and t == 0)
             except Exception as e:
                 result["skipped"].append({"config": s.label, "batch": b, "temperature": t,
                                           "reason": f"failed: {e}"[:2000]})
                 print(f"[{s.label}] bs {b} T={t} failed: {e}", flush=True)
                 continue
-            result.setdefault("_last_point_s", {})[(b, t)] = max(
-                result.get("_last_point_s", {}).get((b, t), 0.0), time.monotonic() - t0)
+            seen[(b, t)] = max(seen.get((b, t), 0.0), time.monotonic() - t0)
             result["rows"].append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "records"}), flush=True)
             write(_public(finish(result)), out)
-    # while the servers are up: where a T=0 output differs, the no-speculation margin there
+
+
+def check_lossless(servers: list[Server], result: dict, out: Path) -> None:
+    """While the servers are up: T=0 outputs against no speculation's, and where one differs,
+    the no-speculation server's margin there."""
     result["lossless"] = lossless(result["rows"])
     nospec = next((s for s in servers if s.label == "nospec"), None)
     if nospec is not None and any(e["differ"] for e in result["lossless"]):
@@ -508,6 +514,12 @@ def run_sweep(servers: list[Server], prompts: list[dict], args, result: dict, ou
         for d in e["differ"]:
             d.pop("prompt_token_ids", None), d.pop("common_prefix", None)
     write(_public(finish(result)), out)
+
+
+def run_sweep(servers: list[Server], prompts: list[dict], args, result: dict, out: Path,
+              deadline: Deadline) -> dict:
+    run_points(servers, prompts, args, result, out, deadline, sweep_points(args))
+    check_lossless(servers, result, out)
     return result
 
 
@@ -551,6 +563,7 @@ def main(argv=None) -> int:
     lg.add_argument("--sampling-prompts", type=Path, help="JSON list of {prompt_ids} for the sampling check")
     lg.add_argument("--sampling-samples", type=int, default=3000)
     lg.add_argument("--sampling-ddtree", default="ddtree16", help="the DDTREE server the sampling check uses")
+    lg.add_argument("--sampling-max-s", type=float, default=120.0, help="time the sampling check may take")
     args = ap.parse_args(argv)
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -638,34 +651,33 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
         for c in labels:  # all at once: starts overlap (the harness relaunches one whose port was taken)
             procs[c] = harness.ServerProcess(f"sweep-{c}", args.model_path,
                                              launch_args(c, args.draft_model_path, args.batch, extra), args.log_dir)
-        for c in labels:
-            procs[c].wait_healthy(args.start_timeout_s)
+        for c in list(labels):
+            try:
+                procs[c].wait_healthy(min(args.start_timeout_s, max(30.0, deadline.left() - 60)))
+            except Exception as e:  # one server that does not start must not cost the others
+                result["skipped"].append({"config": c, "what": "server", "reason": f"failed: {e}"[-3000:]})
+                print(f"[{c}] did not start: {str(e)[-500:]}", flush=True)
+                procs.pop(c).stop()
+                labels.remove(c)
+                continue
             result["servers"].append({"config": c, "url": procs[c].base_url, "ready_s": procs[c].ready_s,
                                       "args": procs[c].args, "log": str(procs[c].log_path)})
             print(f"[{c}] healthy after {procs[c].ready_s:.0f} s ({time.monotonic() - deadline.t0:.0f} s in)",
                   flush=True)
         servers = [Server(c, procs[c].base_url, None, args.timeout_s) for c in labels]
-        run_sweep(servers, prompts, args, result, out, deadline)
-        if args.sampling_check:
-            sc = _sibling("sampling_check", REPO / "benchmarks" / "sampling_check.py")
-            chosen = [c for c in ("nospec", "dflash", args.sampling_ddtree) if c in procs]
-            src = args.sampling_prompts
-            sprompts = json.loads(src.read_text()) if src else [p for p in prompts if p["prompt_ids"]][:2]
-            if deadline.left() < 60:
-                result["skipped"].append({"what": "sampling check", "reason": f"{deadline.left():.0f} s left"})
-            else:
-                result["sampling_check"] = sc.run_check(
-                    {c: Server(c, procs[c].base_url, None, args.timeout_s) for c in chosen},
-                    [p["prompt_ids"] for p in sprompts], samples=args.sampling_samples,
-                    deadline_s=deadline.left() - 30)
-                write(_public(finish(result)), out)
+        # Order of importance, so a short deadline drops the tail: batch 1 (T=0, then the other
+        # temperatures), the step times, the sampling check, then the larger batches.
+        points = sweep_points(args)
+        first = [p for p in points if p[0] == min(args.batch)]
+        run_points(servers, prompts, args, result, out, deadline, first)
         if args.step_ctx:
             e2e_step = _sibling("e2e_step", REPO / "benchmarks" / "e2e_step.py")
             vocab = json.loads((Path(args.model_path) / "config.json").read_text())["vocab_size"]
             result["steps"] = []
             for c in labels:
-                if deadline.left() < 20 * len(args.batch):
-                    result["skipped"].append({"config": c, "what": "step time", "reason": f"{deadline.left():.0f} s left"})
+                if deadline.left() < 10 * len(args.batch):
+                    result["skipped"].append({"config": c, "what": "step time",
+                                              "reason": f"{deadline.left():.0f} s left"})
                     continue
                 try:
                     result["steps"] += measure_steps(e2e_step, Server(c, procs[c].base_url), procs[c],
@@ -673,6 +685,22 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
                 except Exception as e:
                     result["skipped"].append({"config": c, "what": "step time", "reason": f"failed: {e}"[:2000]})
                 write(_public(finish(result)), out)
+        if args.sampling_check:
+            sc = _sibling("sampling_check", REPO / "benchmarks" / "sampling_check.py")
+            chosen = [c for c in ("nospec", "dflash", args.sampling_ddtree) if c in procs]
+            src = args.sampling_prompts
+            sprompts = json.loads(src.read_text()) if src else [p for p in prompts if p["prompt_ids"]][:2]
+            budget = min(args.sampling_max_s, deadline.left() - 30)
+            if "nospec" not in chosen or budget < 30:
+                result["skipped"].append({"what": "sampling check",
+                                          "reason": f"{deadline.left():.0f} s left" if budget < 30 else "no nospec"})
+            else:
+                result["sampling_check"] = sc.run_check(
+                    {c: Server(c, procs[c].base_url, None, args.timeout_s) for c in chosen},
+                    [p["prompt_ids"] for p in sprompts], samples=args.sampling_samples, deadline_s=budget)
+                write(_public(finish(result)), out)
+        run_points(servers, prompts, args, result, out, deadline, [p for p in points if p not in first])
+        check_lossless(servers, result, out)
     finally:
         for p in procs.values():
             p.stop()

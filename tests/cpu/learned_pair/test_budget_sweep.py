@@ -235,3 +235,135 @@ def test_launch_args():
     assert bs.launch_args("dflash", "/d", [1], [])[-3:] == ["DFLASH", "--speculative-draft-model-path", "/d"]
     with pytest.raises(SystemExit, match="draft-model-path"):
         bs.launch_args("dflash", None, [1], [])
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch mode: the real harness (tests/gpu/conftest.py ServerProcess) with a stand-in server
+# program in place of sglang.launch_server, so the whole --launch run (starts, sweep, step times
+# through benchmarks/e2e_step.py, sampling check, lossless check) runs here.
+
+STAND_IN = '''
+import argparse, json, math, random, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--port", type=int)
+ap.add_argument("--model-path")
+ap.add_argument("--speculative-algorithm", default="NONE")
+ap.add_argument("--speculative-ddtree-budget", type=int, default=16)
+args, _ = ap.parse_known_args()
+TAU = {"NONE": 1.0, "DFLASH": 3.0, "DDTREE": 3.0 + math.log2(args.speculative_ddtree_budget) / 2}[args.speculative_algorithm]
+STEP = 0.001
+rng, lock = random.Random(), threading.Lock()
+
+def tokens(seed, n):
+    return [(seed * 31 + 7 * i) % 500 + 3 for i in range(n)]
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a):
+        pass
+    def send(self, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        if self.path == "/health":
+            self.send({})
+        elif self.path == "/v1/models":
+            self.send({"data": [{"id": args.model_path}]})
+        else:
+            self.send_response(404); self.send_header("Content-Length", "0"); self.end_headers()
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/v1/chat/completions":
+            n = body["max_tokens"]
+            steps = math.ceil(n / TAU)
+            time.sleep(steps * STEP)
+            toks = tokens(len(body["messages"][0]["content"]), n)
+            choice = {"message": {"content": str(toks)}, "finish_reason": "length"}
+            if body.get("return_token_ids"):
+                choice["token_ids"], choice["prompt_token_ids"] = toks, [1, 2]
+            resp = {"choices": [choice], "usage": {"completion_tokens": n}}
+            if args.speculative_algorithm != "NONE":
+                resp["meta_info"] = {"spec_verify_ct": steps, "spec_accept_length": n / steps}
+            self.send(resp)
+        elif body.get("stream"):  # e2e_step.measure: one chunk per step
+            n = body["sampling_params"]["max_new_tokens"]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            done = 0
+            try:
+                for step in range(1, n + 1):
+                    time.sleep(STEP)
+                    done = min(n, round(step * TAU))
+                    meta = {"completion_tokens": done, "spec_verify_ct": step}
+                    self.wfile.write(f"data: {json.dumps({'meta_info': meta})}\\n\\n".encode())
+                    self.wfile.flush()
+                    if done >= n:
+                        break
+                self.wfile.write(b"data: [DONE]\\n\\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self.close_connection = True
+        else:  # sampling: the same distribution on every server
+            k = body["sampling_params"]["max_new_tokens"]
+            with lock:
+                out = [{"output_ids": [rng.choices(range(5), weights=[5, 3, 2, 1, 1])[0] for _ in range(k)]}
+                       for _ in body["input_ids"]]
+            self.send(out)
+
+ThreadingHTTPServer(("127.0.0.1", args.port), H).serve_forever()
+'''
+
+
+def test_launch_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, prompts):
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("ddtree_gpu_harness_l", bs.REPO / "tests" / "gpu" / "conftest.py")
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    monkeypatch.setattr(harness.ServerProcess, "launcher", (sys.executable, str(script)))
+    real = bs._sibling
+    monkeypatch.setattr(bs, "_sibling", lambda name, path: harness if name == "ddtree_gpu_harness" else real(name, path))
+    model = tmp_path / "target"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 512}))
+    sp = tmp_path / "sampling.json"
+    sp.write_text(json.dumps([{"prompt_ids": [1, 2, 3]}]))
+    argv = ["--launch", "--model-path", str(model), "--draft-model-path", str(tmp_path / "drafter"),
+            "--configs", "nospec,dflash,ddtree4,ddtree16", "--prompts", str(prompts), "--batch", "1,2",
+            "--temperature", "0,1", "--num-prompts", "3", "--max-new-tokens", "24", "--step-ctx", "64",
+            "--sampling-check", "--sampling-prompts", str(sp), "--sampling-samples", "300",
+            "--deadline-s", "300", "--start-timeout-s", "60", "--log-dir", str(tmp_path / "logs"),
+            "--tag", "launch", "--out-dir", str(tmp_path)]
+    assert bs.main(argv) == 0
+    r = json.loads((tmp_path / "budget_sweep_launch.json").read_text())
+    assert [s["config"] for s in r["servers"]] == ["nospec", "dflash", "ddtree4", "ddtree16"]
+    assert "--speculative-ddtree-budget" in r["servers"][3]["args"]
+    assert len(r["rows"]) == 4 * 4 and not r["skipped"], r["skipped"]
+    # the step times of every server at both batch sizes, as e2e_step measures them
+    steps = {(s["config"], s["batch"]): s for s in r["steps"]}
+    assert set(steps) == {(c, b) for c in ("nospec", "dflash", "ddtree4", "ddtree16") for b in (1, 2)}
+    assert all(0.5 < s["ms_per_step"] < 50 for s in steps.values())
+    assert steps[("ddtree16", 1)]["accept_length"] == pytest.approx(5.0, rel=0.1)
+    sc = r["sampling_check"]
+    assert not sc["verdict"]["reject"] and {c["server"] for c in sc["comparisons"]} == {
+        "nospec (second sample)", "dflash", "ddtree16"}
+    assert all(e["identical"] == 3 for e in r["lossless"])
+    # batch 1 came first, then the step times and the sampling check, then batch 2
+    order = [(x["batch"], x["temperature"]) for x in r["rows"]]
+    assert order == sorted(order, key=lambda p: (p[0] != 1, p != (1, 0.0)))
+    # and the cost model reads this sweep, its own-shape check from these step times
+    from benchmarks import cost_model as cm
+
+    own = cm.own_shape(r)
+    assert {(o["config"], o["batch"], o["temperature"]) for o in own} == {
+        (c, b, t) for c in ("nospec", "dflash", "ddtree4", "ddtree16") for b in (1, 2) for t in (0.0, 1.0)}
