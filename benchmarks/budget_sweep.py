@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import re
 import statistics
@@ -293,6 +294,27 @@ def ratios(rows: list[dict]) -> list[dict]:
     return out
 
 
+def budget_choice(rows: list[dict]) -> dict:
+    """Each DDTREE budget's tokens/s over DFLASH's, as a geometric mean over the measured
+    (batch, sampling) points, and the budget that is best over the points it was measured at
+    (only budgets measured at every point that has a DFLASH row compete)."""
+    by_point: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        by_point.setdefault(_key(r), {})[r["config"]] = r["throughput_tok_s"]
+    ratios_by_budget: dict[str, list[float]] = {}
+    points = [p for p in by_point.values() if "dflash" in p]
+    for p in points:
+        for c, tps in p.items():
+            if c.startswith("ddtree"):
+                ratios_by_budget.setdefault(c, []).append(tps / p["dflash"])
+    table = {c: {"geomean_vs_dflash": math.exp(sum(map(math.log, v)) / len(v)), "min": min(v), "max": max(v),
+                 "points": len(v)} for c, v in ratios_by_budget.items()}
+    full = {c: e for c, e in table.items() if e["points"] == len(points)}
+    best = max(full, key=lambda c: full[c]["geomean_vs_dflash"], default=None)
+    return {"by_budget": dict(sorted(table.items(), key=lambda kv: config_order(kv[0]))), "best": best,
+            "points": len(points)}
+
+
 def lossless(rows: list[dict]) -> list[dict]:
     """T=0: every speculative server's output against no speculation's, prompt by prompt."""
     out = []
@@ -401,6 +423,7 @@ def plot(result: dict, path: Path) -> None:
 
 def finish(result: dict) -> dict:
     result["ratios"] = ratios(result["rows"])
+    result["budget_choice"] = budget_choice(result["rows"])
     return result
 
 
@@ -412,6 +435,11 @@ def write(result: dict, out: Path) -> None:
 
 def summary_lines(result: dict) -> list[str]:
     lines = []
+    choice = result.get("budget_choice") or {}
+    if choice.get("by_budget"):
+        lines.append("DDTREE tokens/s over DFLASH, geometric mean over the points: " + ", ".join(
+            f"{c} {e['geomean_vs_dflash']:.2f} ({e['points']})" for c, e in choice["by_budget"].items())
+            + f"; best at every point's mean: {choice['best']}")
     for p in result.get("ratios", []):
         lines.append(f"bs {p['batch']} T={p['temperature']:g} top_p={p['top_p']:g} top_k={p['top_k']}"
                      + (f"  best {p['best_ddtree']}" if "best_ddtree" in p else ""))

@@ -168,6 +168,12 @@ def test_sweep_metrics_are_the_dflash_clients(fakes, prompts, tmp_path):
     assert e["accept_vs_dflash"] == pytest.approx(rows[("ddtree64", 1, 0)]["accept_length"]
                                                   / rows[("dflash", 1, 0)]["accept_length"])
     assert e["speedup_vs_dflash"] > 1.2 and point["best_ddtree"] == "ddtree64"
+    # the budget choice: tokens/s over DFLASH, geometric mean over the four points
+    choice = r["budget_choice"]
+    assert choice["points"] == 4 and choice["best"] == "ddtree64"
+    ratios64 = [rows[("ddtree64", b, t)]["throughput_tok_s"] / rows[("dflash", b, t)]["throughput_tok_s"]
+                for b in (1, 2) for t in (0.0, 1.0)]
+    assert choice["by_budget"]["ddtree64"]["geomean_vs_dflash"] == pytest.approx(math.prod(ratios64) ** 0.25)
     # lossless: ddtree64 differs on prompt 0 at token 5, a near tie of the target (margin 0.02)
     loss = {(x["batch"], x["config"]): x for x in r["lossless"]}
     assert loss[(1, "dflash")]["identical"] == 4 and not loss[(1, "dflash")]["differ"]
