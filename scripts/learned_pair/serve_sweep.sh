@@ -11,12 +11,12 @@
 # left it on this machine); if it is missing there it is reassembled from --parts (carried
 # pair.tar.NN folders). Everything lands in $OUT (default /tmp/learned-out): the sweep JSON and
 # PNG, sweep.log, the server logs as sweep-logs.tgz. --seconds is the time this script may use
-# (default 560); the sweep's deadline is what is left after setup, less the packing.
+# (default 520); the sweep's deadline is what is left after setup, less the packing.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
 t0=$(date +%s)
-PAIR=/tmp/learned-pair PARTS="" SECONDS_TOTAL=560
+PAIR=/tmp/learned-pair PARTS="" SECONDS_TOTAL=520
 while [ $# -gt 0 ]; do
     case "$1" in
         --pair) PAIR=$2; shift 2 ;;
