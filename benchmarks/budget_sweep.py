@@ -1,0 +1,755 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""DDTREE budget sweep through the OpenAI API, with the metrics of ``dflash benchmark openai``.
+
+Point it at servers of one target + drafter pair (no speculation, DFLASH, DDTREE at several
+budgets), each already running, and a local JSONL prompt file; for every (batch,
+temperature) it sends the prompts ``batch`` at a time to ``/v1/chat/completions`` with
+``return_meta_info`` and reports, per server, exactly what the dflash client prints:
+
+- throughput = completion tokens of all requests / wall time of the run (tok/s);
+- accept length = mean over requests of ``meta_info.spec_accept_length``
+  (the server's completion_tokens / spec_verify_ct per request); ``spec_verify_ct`` summed;
+- output tokens (``usage.completion_tokens``).
+
+``meta_info`` is read at the top level of the response (where the dflash client reads it)
+or, as upstream SGLang returns it, inside the choice. Before each run ``batch`` warm-up
+requests of at most 64 tokens go out (as dflash does). With ``--repeats N`` each run is
+repeated and the median throughput kept. Ratios per (batch, temperature): speed-up over no
+speculation and over DFLASH, accept length over DFLASH, and the budget with the highest
+throughput. At T=0 the outputs of every speculative server are compared with no
+speculation's, prompt by prompt (``--token-ids`` asks SGLang for the token ids, so a
+difference is located to the token; the no-speculation server then gives the logit margin
+there, which tells a bf16 near-tie from a real divergence).
+
+Prompt file, one JSON object per line: ``{"prompt": "..."}``, ``{"messages": [...]}`` or
+``{"turns": ["..."]}`` (first turn); ``prompt_ids`` (token ids) is used by the step-time
+and sampling checks when present.
+
+  # servers you started (a label says what each is; without one /server_info is asked)
+  python3 benchmarks/budget_sweep.py --prompts my_prompts.jsonl \\
+      --server nospec=http://127.0.0.1:30000 --server dflash=http://127.0.0.1:30001 \\
+      --server http://127.0.0.1:30002 --server http://127.0.0.1:30003 \\
+      --batch 1,8 --temperature 0,1 --num-prompts 16 --max-new-tokens 256 --tag mine --out-dir results
+  # or let it start them (needs this repository: tests/gpu/conftest.py's server harness)
+  python3 benchmarks/budget_sweep.py --launch --model-path T --draft-model-path D \\
+      --configs nospec,dflash,ddtree4,ddtree8,ddtree16,ddtree32,ddtree64,ddtree128 --prompts P.jsonl ...
+  # merge runs:  python3 benchmarks/budget_sweep.py --report a.json b.json --tag all --out-dir results
+
+In ``--launch`` mode, ``--step-ctx C`` also measures each server's decode step time the way
+``benchmarks/e2e_step.py`` does (random prompts of C tokens, median gap between streamed
+chunks), the input of ``benchmarks/cost_model.py``; ``--sampling-check`` runs
+``benchmarks/sampling_check.py`` on the same servers. Output: ``budget_sweep_<tag>.json``
+and ``.png`` (accept length and tokens/s against the budget). The JSON is rewritten after
+every point; ``--deadline-s`` skips what would not fit and lists it under ``skipped``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = re.compile(r"^(nospec|dflash|ddtree([1-9][0-9]*))$")
+WARMUP_TOKENS = 64  # dflash's warm-up length
+
+
+def _sibling(name: str, path: Path):
+    """A repository module by path: works however this file was started (script or -m)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ---------------------------------------------------------------------------------------------
+# Input
+
+
+def load_prompts(path: Path) -> list[dict]:
+    """Each line's messages (and prompt_ids if given); a bad line is named, not skipped."""
+    out = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"{path}:{n}: not JSON ({e.msg})")
+        if not isinstance(item, dict):
+            raise SystemExit(f"{path}:{n}: expected an object with 'prompt', 'messages' or 'turns'")
+        if isinstance(item.get("messages"), list) and item["messages"]:
+            messages = item["messages"]
+        elif isinstance(item.get("turns"), list) and item["turns"] and isinstance(item["turns"][0], str):
+            messages = [{"role": "user", "content": item["turns"][0]}]
+        elif isinstance(item.get("prompt"), str):
+            messages = [{"role": "user", "content": item["prompt"]}]
+        else:
+            raise SystemExit(f"{path}:{n}: expected 'prompt' (string), 'messages' (list) or 'turns' (list)")
+        ids = item.get("prompt_ids")
+        if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
+            raise SystemExit(f"{path}:{n}: 'prompt_ids' must be a list of token ids")
+        out.append({"messages": messages, "prompt_ids": ids})
+    if not out:
+        raise SystemExit(f"{path}: no prompts")
+    return out
+
+
+def parse_config(label: str) -> tuple[str, Optional[int]]:
+    m = CONFIG.match(label)
+    if not m:
+        raise SystemExit(f"server label {label!r}: expected nospec, dflash or ddtree<budget> (e.g. ddtree32)")
+    return ("ddtree", int(m.group(2))) if m.group(2) else (m.group(1), None)
+
+
+def config_order(label: str) -> tuple:
+    kind, budget = parse_config(label)
+    return ({"nospec": 0, "dflash": 1, "ddtree": 2}[kind], budget or 0)
+
+
+def label_from_server_info(info: dict) -> str:
+    algo = str(info.get("speculative_algorithm") or "").upper()
+    if algo in ("", "NONE"):
+        return "nospec"
+    if algo == "DFLASH":
+        return "dflash"
+    if algo == "DDTREE":
+        return f"ddtree{int(info['speculative_ddtree_budget'])}"
+    raise SystemExit(f"server runs speculative algorithm {algo}: not one this sweep compares")
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP
+
+
+class Server:
+    """One OpenAI-compatible endpoint (an already running server, or one this tool started)."""
+
+    def __init__(self, label: str, base_url: str, model: Optional[str] = None, timeout_s: float = 600.0):
+        self.label, self.base_url, self.timeout_s = label, base_url.rstrip("/"), timeout_s
+        self.model = model
+
+    def post(self, path: str, body: dict, timeout: Optional[float] = None) -> dict:
+        req = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout_s) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:500]
+            raise RuntimeError(f"{self.label}: POST {path} -> HTTP {e.code}: {detail}") from None
+
+    def get(self, path: str, timeout: float = 30.0) -> dict:
+        with urllib.request.urlopen(self.base_url + path, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def resolve_model(self) -> str:
+        if self.model is None:
+            try:
+                data = self.get("/v1/models").get("data") or []
+                self.model = data[0]["id"] if data else "default"
+            except (urllib.error.URLError, OSError, KeyError, ValueError):
+                self.model = "default"
+        return self.model
+
+    def chat(self, messages, max_tokens, temperature, top_p, top_k, token_ids=False) -> dict:
+        body = {"model": self.resolve_model(), "messages": messages, "max_tokens": max_tokens,
+                "temperature": temperature, "top_p": top_p, "chat_template_kwargs": {},
+                "return_meta_info": True}
+        if top_k > 0:
+            body["top_k"] = top_k
+        if token_ids:
+            body["return_token_ids"] = True
+        return self.post("/v1/chat/completions", body)
+
+
+def meta_of(resp: dict) -> dict:
+    """``meta_info`` at the top level (the dflash client's place), else the first choice's."""
+    meta = resp.get("meta_info")
+    if not meta and resp.get("choices"):
+        meta = resp["choices"][0].get("meta_info")
+    return meta or {}
+
+
+def record_of(resp: dict, latency_s: float) -> dict:
+    meta = meta_of(resp)
+    usage = resp.get("usage") or {}
+    choice = (resp.get("choices") or [{}])[0]
+    rec = {
+        "completion_tokens": int(usage.get("completion_tokens", 0) or 0),
+        "spec_verify_ct": int(meta.get("spec_verify_ct", 0) or 0),
+        "latency_s": latency_s,
+        "finish_reason": choice.get("finish_reason"),
+        "text": (choice.get("message") or {}).get("content"),
+    }
+    if "spec_accept_length" in meta:
+        try:
+            rec["spec_accept_length"] = float(meta["spec_accept_length"])
+        except (TypeError, ValueError):
+            pass
+    if choice.get("token_ids") is not None:
+        rec["token_ids"] = list(choice["token_ids"])
+    if choice.get("prompt_token_ids") is not None:
+        rec["prompt_token_ids"] = list(choice["prompt_token_ids"])
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------
+# One run, as dflash benchmark openai runs it
+
+
+def run_once(server: Server, prompts: list[dict], warmup: list[dict], batch: int, max_new_tokens: int,
+             temperature: float, top_p: float, top_k: int, token_ids: bool = False) -> dict:
+    def one(item, n):
+        t = time.perf_counter()
+        resp = server.chat(item["messages"], n, temperature, top_p, top_k, token_ids)
+        return record_of(resp, time.perf_counter() - t)
+
+    with ThreadPoolExecutor(max_workers=batch) as pool:
+        list(pool.map(lambda p: one(p, min(WARMUP_TOKENS, max_new_tokens)), warmup[:batch]))
+        start = time.perf_counter()
+        records = list(pool.map(lambda p: one(p, max_new_tokens), prompts))
+    wall = time.perf_counter() - start
+    tokens = sum(r["completion_tokens"] for r in records)
+    accepts = [r["spec_accept_length"] for r in records if "spec_accept_length" in r]
+    verify = sum(r["spec_verify_ct"] for r in records)
+    return {
+        "wall_s": wall,
+        "output_tokens": tokens,
+        "throughput_tok_s": tokens / max(wall, 1e-6),
+        "accept_length": statistics.mean(accepts) if accepts else None,
+        "accept_length_pooled": tokens / verify if verify else None,
+        "spec_verify_ct": verify,
+        "records": records,
+    }
+
+
+def measure_point(server: Server, prompts, warmup, batch, max_new_tokens, temperature, top_p, top_k,
+                  repeats: int, token_ids: bool) -> dict:
+    runs = [run_once(server, prompts, warmup, batch, max_new_tokens, temperature, top_p, top_k, token_ids)
+            for _ in range(repeats)]
+    tps = [r["throughput_tok_s"] for r in runs]
+    first = runs[0]
+    kind, budget = parse_config(server.label)
+    return {
+        "config": server.label, "kind": kind, "budget": budget,
+        "batch": batch, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+        "num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "repeats": repeats,
+        "throughput_tok_s": statistics.median(tps),
+        "throughput_runs": tps,
+        "accept_length": first["accept_length"],
+        "accept_length_pooled": first["accept_length_pooled"],
+        "spec_verify_ct": first["spec_verify_ct"],
+        "output_tokens": first["output_tokens"],
+        "wall_s": statistics.median(r["wall_s"] for r in runs),
+        "records": first["records"],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Analysis
+
+
+def _key(row) -> tuple:
+    return (row["batch"], row["temperature"], row.get("top_p", 1.0), row.get("top_k", 0))
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """Per (batch, sampling) point: each config against no speculation and DFLASH of the same run."""
+    out = []
+    groups: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        groups.setdefault(_key(r), {})[r["config"]] = r
+    for key, by in sorted(groups.items()):
+        base, chain = by.get("nospec"), by.get("dflash")
+        trees = {c: r for c, r in by.items() if c.startswith("ddtree")}
+        best = max(trees.values(), key=lambda r: r["throughput_tok_s"], default=None)
+        point = {"batch": key[0], "temperature": key[1], "top_p": key[2], "top_k": key[3], "configs": {}}
+        for c, r in sorted(by.items(), key=lambda kv: config_order(kv[0])):
+            e = {"throughput_tok_s": r["throughput_tok_s"], "accept_length": r["accept_length"]}
+            if base:
+                e["speedup_vs_nospec"] = r["throughput_tok_s"] / base["throughput_tok_s"]
+            if chain and c != "dflash":
+                e["speedup_vs_dflash"] = r["throughput_tok_s"] / chain["throughput_tok_s"]
+                if r["accept_length"] and chain["accept_length"]:
+                    e["accept_vs_dflash"] = r["accept_length"] / chain["accept_length"]
+            point["configs"][c] = e
+        if best is not None:
+            point["best_ddtree"] = best["config"]
+        out.append(point)
+    return out
+
+
+def budget_choice(rows: list[dict]) -> dict:
+    """Each DDTREE budget's tokens/s over DFLASH's, as a geometric mean over the measured
+    (batch, sampling) points, and the budget that is best over the points it was measured at
+    (only budgets measured at every point that has a DFLASH row compete)."""
+    by_point: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        by_point.setdefault(_key(r), {})[r["config"]] = r["throughput_tok_s"]
+    ratios_by_budget: dict[str, list[float]] = {}
+    points = [p for p in by_point.values() if "dflash" in p]
+    for p in points:
+        for c, tps in p.items():
+            if c.startswith("ddtree"):
+                ratios_by_budget.setdefault(c, []).append(tps / p["dflash"])
+    table = {c: {"geomean_vs_dflash": math.exp(sum(map(math.log, v)) / len(v)), "min": min(v), "max": max(v),
+                 "points": len(v)} for c, v in ratios_by_budget.items()}
+    full = {c: e for c, e in table.items() if e["points"] == len(points)}
+    best = max(full, key=lambda c: full[c]["geomean_vs_dflash"], default=None)
+    return {"by_budget": dict(sorted(table.items(), key=lambda kv: config_order(kv[0]))), "best": best,
+            "points": len(points)}
+
+
+def lossless(rows: list[dict]) -> list[dict]:
+    """T=0: every speculative server's output against no speculation's, prompt by prompt."""
+    out = []
+    by = {(_key(r), r["config"]): r for r in rows}
+    for (key, config), r in sorted(by.items(), key=lambda kv: (kv[0][0], config_order(kv[0][1]))):
+        if key[1] != 0 or config == "nospec" or (key, "nospec") not in by:
+            continue
+        base = by[(key, "nospec")]["records"]
+        same, diffs = 0, []
+        for i, (a, b) in enumerate(zip(base, r["records"])):
+            if "token_ids" in a and "token_ids" in b:
+                x, y = a["token_ids"], b["token_ids"]
+            else:
+                x, y = a.get("text") or "", b.get("text") or ""
+            if x == y:
+                same += 1
+                continue
+            j = next((k for k, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+            d = {"prompt": i, "first_difference": j, "unit": "token" if isinstance(x, list) else "char"}
+            if isinstance(x, list):
+                d.update(nospec_token=x[j] if j < len(x) else None, spec_token=y[j] if j < len(y) else None)
+                d["prompt_token_ids"] = a.get("prompt_token_ids")
+                d["common_prefix"] = x[:j]
+            diffs.append(d)
+        out.append({"batch": key[0], "config": config, "prompts": len(base), "identical": same, "differ": diffs})
+    return out
+
+
+def explain_differences(nospec: Server, report: list[dict], near_tie_nats: float = 0.05) -> None:
+    """Ask the no-speculation server for its top-2 log-probs where an output first differs."""
+    for entry in report:
+        for d in entry["differ"]:
+            ids = d.pop("prompt_token_ids", None)
+            prefix = d.pop("common_prefix", None)
+            if ids is None or prefix is None:
+                continue
+            try:
+                out = nospec.post("/generate", {
+                    "input_ids": ids + prefix,
+                    "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
+                    "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": -1})
+                top = (out.get("meta_info") or {}).get("output_top_logprobs") or []
+                (lp1, t1, *_), (lp2, t2, *_) = top[0][0], top[0][1]
+            except Exception as e:  # a diagnosis, not a measurement: say why it is missing
+                d["margin_error"] = str(e)[:300]
+                continue
+            d["margin_nats"] = lp1 - lp2
+            d["top2"] = [t1, t2]
+            d["near_tie"] = bool(lp1 - lp2 < near_tie_nats and d.get("spec_token") in (t1, t2))
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+def strip_records(rows: list[dict]) -> list[dict]:
+    """Rows for the JSON: per-request numbers kept, texts and ids dropped."""
+    keep = ("completion_tokens", "spec_verify_ct", "spec_accept_length", "latency_s", "finish_reason")
+    return [{**r, "records": [{k: x[k] for k in keep if k in x} for x in r["records"]]} for r in rows]
+
+
+def plot(result: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no PNG", flush=True)
+        return
+    rows = result["rows"]
+    keys = sorted({_key(r) for r in rows})
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    for key in keys:
+        pts = sorted((r["budget"], r) for r in rows if _key(r) == key and r["kind"] == "ddtree")
+        name = f"bs {key[0]}, T={key[1]:g}" + (f", top-p {key[2]:g}" if key[2] < 1 else "") + \
+               (f", top-k {key[3]}" if key[3] > 0 else "")
+        line = None
+        if pts:
+            line, = axes[0].plot([b for b, _ in pts], [r["accept_length"] or 1.0 for _, r in pts], "o-",
+                                 label=f"DDTREE {name}")
+            axes[1].plot([b for b, _ in pts], [r["throughput_tok_s"] for _, r in pts], "o-", color=line.get_color(),
+                         label=f"DDTREE {name}")
+        color = line.get_color() if line is not None else None
+        for r in rows:
+            if _key(r) != key:
+                continue
+            if r["kind"] == "dflash":
+                axes[0].axhline(r["accept_length"] or 1.0, ls="--", color=color, lw=1, label=f"DFLASH {name}")
+                axes[1].axhline(r["throughput_tok_s"], ls="--", color=color, lw=1, label=f"DFLASH {name}")
+            elif r["kind"] == "nospec":
+                axes[1].axhline(r["throughput_tok_s"], ls=":", color=color, lw=1, label=f"no spec {name}")
+    for ax, ylabel in zip(axes, ["accept length (tokens per verify step)", "tokens/s (all requests)"]):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("DDTREE budget B (draft nodes per tree)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    if axes[1].get_legend_handles_labels()[0]:
+        axes[1].legend(fontsize=6, ncol=2)
+    fig.suptitle(f"{result.get('what', 'budget sweep')} ({result.get('device', '?')}, {result.get('date', '')})",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def finish(result: dict) -> dict:
+    result["ratios"] = ratios(result["rows"])
+    result["budget_choice"] = budget_choice(result["rows"])
+    return result
+
+
+def write(result: dict, out: Path) -> None:
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(out)
+
+
+def summary_lines(result: dict) -> list[str]:
+    lines = []
+    choice = result.get("budget_choice") or {}
+    if choice.get("by_budget"):
+        lines.append("DDTREE tokens/s over DFLASH, geometric mean over the points: " + ", ".join(
+            f"{c} {e['geomean_vs_dflash']:.2f} ({e['points']})" for c, e in choice["by_budget"].items())
+            + f"; best at every point's mean: {choice['best']}")
+    for p in result.get("ratios", []):
+        lines.append(f"bs {p['batch']} T={p['temperature']:g} top_p={p['top_p']:g} top_k={p['top_k']}"
+                     + (f"  best {p['best_ddtree']}" if "best_ddtree" in p else ""))
+        for c, e in p["configs"].items():
+            parts = [f"{e['throughput_tok_s']:8.1f} tok/s"]
+            if e.get("accept_length"):
+                parts.append(f"accept {e['accept_length']:5.2f}")
+            for k, name in (("speedup_vs_nospec", "x nospec"), ("speedup_vs_dflash", "x dflash"),
+                            ("accept_vs_dflash", "x dflash accept")):
+                if k in e:
+                    parts.append(f"{e[k]:.2f} {name}")
+            lines.append(f"  {c:10s} " + ", ".join(parts))
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Servers started here (launch mode)
+
+
+def launch_args(label: str, drafter: Optional[str], batches: list[int], extra: list[str]) -> list[str]:
+    """The served configuration: triton attention, CUDA graphs for exactly the measured batch
+    sizes, the overlap scheduler on (the default); KV pools capped so servers can share a GPU."""
+    kind, budget = parse_config(label)
+    args = ["--attention-backend", "triton", "--mem-fraction-static", "0.85", "--max-total-tokens", "65536",
+            "--max-running-requests", "128", "--cuda-graph-bs-decode", *[str(b) for b in sorted(set(batches))],
+            *extra]
+    if kind != "nospec":
+        if not drafter:
+            raise SystemExit(f"{label} needs --draft-model-path")
+        args += ["--speculative-algorithm", "DFLASH" if kind == "dflash" else "DDTREE",
+                 "--speculative-draft-model-path", drafter]
+        if budget is not None:
+            args += ["--speculative-ddtree-budget", str(budget)]
+    return args
+
+
+class Deadline:
+    def __init__(self, seconds: Optional[float]):
+        self.t0, self.seconds = time.monotonic(), seconds
+
+    def left(self) -> float:
+        return float("inf") if self.seconds is None else self.seconds - (time.monotonic() - self.t0)
+
+
+def measure_steps(e2e_step, server: Server, proc, ctx: int, batches: list[int], vocab: int) -> list[dict]:
+    """Decode step time as benchmarks/e2e_step.py measures it (its own measure())."""
+    rows = []
+    for b in batches:
+        r = e2e_step.measure(proc, ctx, b, 64, vocab, seed=ctx + b, point_max_s=6.0)
+        kind, budget = parse_config(server.label)
+        r.update(config=server.label, kind=kind, budget=budget)
+        rows.append(r)
+        print(json.dumps({"step": r}), flush=True)
+    return rows
+
+
+def sweep_points(args) -> list[tuple[int, float]]:
+    """(batch, temperature) points, batch 1 at T=0 (the headline) first, then in the order given."""
+    points = [(b, t) for b in args.batch for t in args.temperature]
+    return sorted(points, key=lambda p: p != (1, 0.0))
+
+
+def run_points(servers: list[Server], prompts: list[dict], args, result: dict, out: Path, deadline: Deadline,
+               points: list[tuple[int, float]]) -> None:
+    n = args.num_prompts
+    if len(prompts) < n:
+        raise SystemExit(f"--num-prompts {n}: the prompt file has only {len(prompts)}")
+    measured, warm = prompts[:n], (prompts[n:] + prompts)[: max(args.batch)]
+    seen = result.setdefault("_point_s", {})
+    for b, t in points:
+        for s in servers:
+            est = (seen.get((b, t)) or 10.0) * 1.2
+            if deadline.left() < est:
+                result["skipped"].append({"config": s.label, "batch": b, "temperature": t,
+                                          "reason": f"{deadline.left():.0f} s left < {est:.0f} s estimated"})
+                continue
+            t0 = time.monotonic()
+            try:
+                row = measure_point(s, measured, warm, b, args.max_new_tokens, t, args.top_p, args.top_k,
+                                    args.repeats, args.token_ids and t == 0)
+            except Exception as e:
+                result["skipped"].append({"config": s.label, "batch": b, "temperature": t,
+                                          "reason": f"failed: {e}"[:2000]})
+                print(f"[{s.label}] bs {b} T={t} failed: {e}", flush=True)
+                continue
+            seen[(b, t)] = max(seen.get((b, t), 0.0), time.monotonic() - t0)
+            result["rows"].append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "records"}), flush=True)
+            write(_public(finish(result)), out)
+
+
+def check_lossless(servers: list[Server], result: dict, out: Path) -> None:
+    """While the servers are up: T=0 outputs against no speculation's, and where one differs,
+    the no-speculation server's margin there."""
+    result["lossless"] = lossless(result["rows"])
+    nospec = next((s for s in servers if s.label == "nospec"), None)
+    if nospec is not None and any(e["differ"] for e in result["lossless"]):
+        explain_differences(nospec, result["lossless"])
+    for e in result["lossless"]:
+        for d in e["differ"]:
+            d.pop("prompt_token_ids", None), d.pop("common_prefix", None)
+    write(_public(finish(result)), out)
+
+
+def run_sweep(servers: list[Server], prompts: list[dict], args, result: dict, out: Path,
+              deadline: Deadline) -> dict:
+    run_points(servers, prompts, args, result, out, deadline, sweep_points(args))
+    check_lossless(servers, result, out)
+    return result
+
+
+def _public(result: dict) -> dict:
+    r = {k: v for k, v in result.items() if not k.startswith("_")}
+    r["rows"] = strip_records(result["rows"])
+    return r
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=Path, help="JSONL prompt file")
+    ap.add_argument("--server", action="append", default=[], help="[LABEL=]URL of a running server; LABEL is "
+                    "nospec, dflash or ddtree<B> (asked from /server_info when omitted)")
+    ap.add_argument("--model", help="model name for the OpenAI requests (default: the server's first)")
+    ap.add_argument("--batch", default="1,8", help="concurrencies, e.g. 1,8")
+    ap.add_argument("--temperature", default="0,1", help="temperatures, e.g. 0,1")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=0, help="0 disables top-k (as dflash)")
+    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=1, help="runs per point; the median throughput is kept")
+    ap.add_argument("--token-ids", action=argparse.BooleanOptionalAction, default=True,
+                    help="ask for output token ids at T=0 (SGLang's return_token_ids) for the lossless check")
+    ap.add_argument("--deadline-s", type=float)
+    ap.add_argument("--timeout-s", type=float, default=600.0, help="per request")
+    ap.add_argument("--tag", default="run")
+    ap.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
+    ap.add_argument("--device-name", help="recorded in the JSON (launch mode reads it from torch)")
+    ap.add_argument("--report", type=Path, nargs="+", help="merge earlier JSON results instead of measuring")
+    lg = ap.add_argument_group("launch mode (starts the servers through tests/gpu/conftest.py)")
+    lg.add_argument("--launch", action="store_true")
+    lg.add_argument("--model-path")
+    lg.add_argument("--draft-model-path")
+    lg.add_argument("--configs", default="nospec,dflash,ddtree4,ddtree8,ddtree16,ddtree32,ddtree64,ddtree128")
+    lg.add_argument("--server-args", default="", help="extra arguments for every server")
+    lg.add_argument("--log-dir", type=Path, default=Path(os.environ.get("DDTREE_GPU_LOG_DIR", "/tmp/budget-sweep-logs")))
+    lg.add_argument("--start-timeout-s", type=float, default=420.0)
+    lg.add_argument("--step-ctx", type=int, default=0, help="also measure decode step time at this context")
+    lg.add_argument("--sampling-check", action="store_true", help="run benchmarks/sampling_check.py too")
+    lg.add_argument("--sampling-prompts", type=Path, help="JSON list of {prompt_ids} for the sampling check")
+    lg.add_argument("--sampling-samples", type=int, default=3000)
+    lg.add_argument("--sampling-ddtree", default="ddtree16", help="the DDTREE server the sampling check uses")
+    lg.add_argument("--sampling-max-s", type=float, default=120.0, help="time the sampling check may take")
+    args = ap.parse_args(argv)
+
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"budget_sweep_{args.tag}.json"
+    if args.report:
+        return report(args.report, out)
+    if not args.prompts:
+        ap.error("--prompts is required")
+    try:
+        args.batch = [int(x) for x in args.batch.split(",") if x]
+        args.temperature = [float(x) for x in args.temperature.split(",") if x]
+    except ValueError:
+        ap.error("--batch and --temperature take comma-separated numbers")
+    if not args.batch or min(args.batch) < 1 or not args.temperature or min(args.temperature) < 0:
+        ap.error("--batch needs positive integers, --temperature non-negative numbers")
+    if not 0 < args.top_p <= 1 or args.top_k < 0 or args.repeats < 1 or args.num_prompts < 1:
+        ap.error("top-p in (0, 1], top-k >= 0, repeats >= 1, num-prompts >= 1")
+    prompts = load_prompts(args.prompts)
+    if args.launch == bool(args.server):
+        ap.error("give running servers (--server) or --launch, not both or neither")
+    result = {
+        "what": "DDTREE budget sweep through the OpenAI API (benchmarks/budget_sweep.py)",
+        "date": time.strftime("%Y-%m-%d"),
+        "device": args.device_name or "unknown",
+        "argv": sys.argv[1:] if argv is None else list(argv),
+        "prompts_file": str(args.prompts),
+        "metrics": "dflash benchmark openai: throughput = completion tokens / wall; accept length = mean of "
+                   "per-request meta_info.spec_accept_length",
+        "servers": [],
+        "rows": [],
+        "skipped": [],
+    }
+    deadline = Deadline(args.deadline_s)
+    if args.server:
+        servers = []
+        for item in args.server:
+            label, sep, url = item.partition("=")
+            if not sep:
+                url, label = item, None
+            s = Server(label or "?", url, args.model, args.timeout_s)
+            if label is None:
+                try:
+                    s.label = label_from_server_info(s.get("/server_info"))
+                except (urllib.error.URLError, OSError, KeyError, ValueError) as e:
+                    raise SystemExit(f"{url}: no label given and /server_info did not say ({e}); "
+                                     "give LABEL=URL") from None
+            parse_config(s.label)
+            servers.append(s)
+        if len({s.label for s in servers}) != len(servers):
+            raise SystemExit(f"two servers with one label: {[s.label for s in servers]}")
+        servers.sort(key=lambda s: config_order(s.label))
+        result["servers"] = [{"config": s.label, "url": s.base_url} for s in servers]
+        run_sweep(servers, prompts, args, result, out, deadline)
+    else:
+        run_launched(args, prompts, result, out, deadline)
+    write(_public(finish(result)), out)
+    plot(result, out.with_suffix(".png"))
+    print("\n".join(summary_lines(result)))
+    for e in result.get("lossless", []):
+        print(f"lossless bs {e['batch']} {e['config']}: {e['identical']}/{e['prompts']} identical"
+              + "".join(f"; prompt {d['prompt']} differs at {d['unit']} {d['first_difference']}"
+                        + (f" (margin {d['margin_nats']:.3f} nats{', near tie' if d.get('near_tie') else ''})"
+                           if "margin_nats" in d else "") for d in e["differ"]))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: Deadline) -> None:
+    if not args.model_path:
+        raise SystemExit("--launch needs --model-path (and --draft-model-path for speculative configs)")
+    labels = sorted({c for c in args.configs.split(",") if c}, key=config_order)
+    for c in labels:
+        parse_config(c)
+    harness = _sibling("ddtree_gpu_harness", REPO / "tests" / "gpu" / "conftest.py")
+    import shlex
+
+    import torch
+
+    result["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else result["device"]
+    result["model_path"], result["draft_model_path"] = args.model_path, args.draft_model_path
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    extra = shlex.split(args.server_args)
+    procs = {}
+    try:
+        for c in labels:  # all at once: starts overlap (the harness relaunches one whose port was taken)
+            procs[c] = harness.ServerProcess(f"sweep-{c}", args.model_path,
+                                             launch_args(c, args.draft_model_path, args.batch, extra), args.log_dir)
+        for c in list(labels):
+            try:
+                procs[c].wait_healthy(min(args.start_timeout_s, max(30.0, deadline.left() - 60)))
+            except Exception as e:  # one server that does not start must not cost the others
+                result["skipped"].append({"config": c, "what": "server", "reason": f"failed: {e}"[-3000:]})
+                print(f"[{c}] did not start: {str(e)[-500:]}", flush=True)
+                procs.pop(c).stop()
+                labels.remove(c)
+                continue
+            result["servers"].append({"config": c, "url": procs[c].base_url, "ready_s": procs[c].ready_s,
+                                      "args": procs[c].args, "log": str(procs[c].log_path)})
+            print(f"[{c}] healthy after {procs[c].ready_s:.0f} s ({time.monotonic() - deadline.t0:.0f} s in)",
+                  flush=True)
+        servers = [Server(c, procs[c].base_url, None, args.timeout_s) for c in labels]
+        # Order of importance, so a short deadline drops the tail: batch 1 (T=0, then the other
+        # temperatures), the step times, the sampling check, then the larger batches.
+        points = sweep_points(args)
+        first = [p for p in points if p[0] == min(args.batch)]
+        run_points(servers, prompts, args, result, out, deadline, first)
+        if args.step_ctx:
+            e2e_step = _sibling("e2e_step", REPO / "benchmarks" / "e2e_step.py")
+            vocab = json.loads((Path(args.model_path) / "config.json").read_text())["vocab_size"]
+            result["steps"] = []
+            for c in labels:
+                if deadline.left() < 10 * len(args.batch):
+                    result["skipped"].append({"config": c, "what": "step time",
+                                              "reason": f"{deadline.left():.0f} s left"})
+                    continue
+                try:
+                    result["steps"] += measure_steps(e2e_step, Server(c, procs[c].base_url), procs[c],
+                                                     args.step_ctx, args.batch, vocab)
+                except Exception as e:
+                    result["skipped"].append({"config": c, "what": "step time", "reason": f"failed: {e}"[:2000]})
+                write(_public(finish(result)), out)
+        if args.sampling_check:
+            sc = _sibling("sampling_check", REPO / "benchmarks" / "sampling_check.py")
+            chosen = [c for c in ("nospec", "dflash", args.sampling_ddtree) if c in procs]
+            src = args.sampling_prompts
+            sprompts = json.loads(src.read_text()) if src else [p for p in prompts if p["prompt_ids"]][:2]
+            budget = min(args.sampling_max_s, deadline.left() - 30)
+            if "nospec" not in chosen or budget < 30:
+                result["skipped"].append({"what": "sampling check",
+                                          "reason": f"{deadline.left():.0f} s left" if budget < 30 else "no nospec"})
+            else:
+                result["sampling_check"] = sc.run_check(
+                    {c: Server(c, procs[c].base_url, None, args.timeout_s) for c in chosen},
+                    [p["prompt_ids"] for p in sprompts], samples=args.sampling_samples, deadline_s=budget)
+                write(_public(finish(result)), out)
+        run_points(servers, prompts, args, result, out, deadline, [p for p in points if p not in first])
+        check_lossless(servers, result, out)
+    finally:
+        for p in procs.values():
+            p.stop()
+
+
+def report(paths: list[Path], out: Path) -> int:
+    """Merge runs: a later file's row for the same (config, batch, sampling) replaces an earlier one."""
+    merged: dict = {}
+    base = None
+    for p in paths:
+        r = json.loads(Path(p).read_text())
+        base = base or r
+        for row in r["rows"]:
+            merged[(row["config"],) + _key(row)] = row
+    result = {**base, "rows": sorted(merged.values(), key=lambda r: (_key(r), config_order(r["config"]))),
+              "merged_from": [str(p) for p in paths]}
+    write(finish(result), out)
+    plot(result, out.with_suffix(".png"))
+    print("\n".join(summary_lines(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

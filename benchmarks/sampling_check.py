@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Two-sample test of the served sampler: speculative decoding must sample what the target
+samples alone. Thousands of continuations of one prompt from a server without speculation
+and from DFLASH / DDTREE servers of the same target; for each generated position the token
+counts of the two samples are compared (chi-square test of homogeneity), and so are the
+joint first tokens (pairs, triples). One family of tests per run, Bonferroni-corrected, so
+the run rejects with probability at most ``alpha`` when every server samples the target's
+distribution. A second sample from the no-speculation server is compared with the first as
+a control.
+
+Categories seen fewer than ``MIN_TOTAL`` times in both samples together are pooled into one
+bin (merged into the smallest bin when the pool itself is too small); the pooling looks only
+at the combined counts, not at which sample a token came from, so it does not bias the test.
+With equal sample sizes every remaining cell expects at least ``MIN_TOTAL / 2`` counts.
+
+Against running servers (native ``/generate`` with token ids):
+  python3 benchmarks/sampling_check.py --server nospec=http://127.0.0.1:30000 \\
+      --server ddtree16=http://127.0.0.1:30002 --prompt-ids prompts.json --samples 3000 --out results/x.json
+``prompts.json``: a JSON list of token-id lists, or of objects with ``prompt_ids``.
+``benchmarks/budget_sweep.py --launch --sampling-check`` runs it on the servers it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Optional, Sequence
+
+MIN_TOTAL = 10
+#: The sampling settings checked: plain T=1 and T=1 with top-p and top-k together.
+SETTINGS = [
+    {"name": "T1", "temperature": 1.0, "top_p": 1.0, "top_k": -1},
+    {"name": "T1-top_p0.9-top_k20", "temperature": 1.0, "top_p": 0.9, "top_k": 20},
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+
+
+def homogeneity(a: Counter, b: Counter, min_total: int = MIN_TOTAL) -> dict:
+    """Pearson chi-square test that two samples of categories come from one distribution."""
+    from scipy.stats import chi2
+
+    totals = Counter(a) + Counter(b)
+    big = sorted((c for c in totals if totals[c] >= min_total), key=lambda c: (-totals[c], str(c)))
+    small = [c for c in totals if totals[c] < min_total]
+    rows_a = [a.get(c, 0) for c in big]
+    rows_b = [b.get(c, 0) for c in big]
+    pooled_a, pooled_b = sum(a.get(c, 0) for c in small), sum(b.get(c, 0) for c in small)
+    if pooled_a + pooled_b >= min_total or not big:
+        rows_a.append(pooled_a)
+        rows_b.append(pooled_b)
+    elif pooled_a + pooled_b:
+        rows_a[-1] += pooled_a
+        rows_b[-1] += pooled_b
+    cells = [(x, y) for x, y in zip(rows_a, rows_b) if x + y > 0]
+    na, nb = sum(x for x, _ in cells), sum(y for _, y in cells)
+    if len(cells) < 2 or na == 0 or nb == 0:
+        return {"stat": 0.0, "df": 0, "p": 1.0, "bins": len(cells)}
+    n = na + nb
+    stat = 0.0
+    for x, y in cells:
+        t = x + y
+        ea, eb = na * t / n, nb * t / n
+        stat += (x - ea) ** 2 / ea + (y - eb) ** 2 / eb
+    df = len(cells) - 1
+    return {"stat": stat, "df": df, "p": float(chi2.sf(stat, df)), "bins": len(cells)}
+
+
+def compare(sa: Sequence[Sequence[int]], sb: Sequence[Sequence[int]], positions: int,
+            joint: Sequence[int] = (2, 3)) -> list[dict]:
+    """The tests between two samples of continuations: one per position, one per joint prefix."""
+    tests = []
+    for k in range(positions):
+        ca = Counter(s[k] for s in sa if len(s) > k)
+        cb = Counter(s[k] for s in sb if len(s) > k)
+        tests.append({"what": f"position {k + 1}", **homogeneity(ca, cb)})
+    for j in joint:
+        ca = Counter(tuple(s[:j]) for s in sa if len(s) >= j)
+        cb = Counter(tuple(s[:j]) for s in sb if len(s) >= j)
+        tests.append({"what": f"first {j} tokens", **homogeneity(ca, cb)})
+    return tests
+
+
+def family_verdict(tests: list[dict], alpha: float) -> dict:
+    m = max(1, len(tests))
+    p_min = min((t["p"] for t in tests), default=1.0)
+    return {"tests": m, "alpha": alpha, "per_test_alpha": alpha / m, "min_p": p_min,
+            "min_p_bonferroni": min(1.0, p_min * m), "reject": p_min < alpha / m}
+
+
+# ---------------------------------------------------------------------------------------------
+# Drawing samples from a server
+
+
+def draw(server, prompt_ids: list[int], n: int, new_tokens: int, setting: dict, chunk: int = 250,
+         threads: int = 4) -> list[list[int]]:
+    """``n`` continuations of ``new_tokens`` tokens, as batched native /generate requests."""
+    params = {"temperature": setting["temperature"], "top_p": setting["top_p"], "top_k": setting["top_k"],
+              "max_new_tokens": new_tokens, "ignore_eos": True}
+
+    def one(k):
+        out = server.post("/generate", {"input_ids": [prompt_ids] * k, "sampling_params": params})
+        out = out if isinstance(out, list) else [out]
+        return [list(o["output_ids"])[:new_tokens] for o in out]
+
+    sizes = [min(chunk, n - i) for i in range(0, n, chunk)]
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return [s for part in pool.map(one, sizes) for s in part]
+
+
+def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, positions: int = 8,
+              alpha: float = 0.01, settings: Optional[list[dict]] = None, deadline_s: Optional[float] = None,
+              log=print) -> dict:
+    """``servers``: label -> object with ``post(path, body)``; must include ``nospec``."""
+    if "nospec" not in servers:
+        raise ValueError("the sampling check needs a no-speculation server (label nospec)")
+    t0 = time.monotonic()
+    settings = settings or SETTINGS
+    others = [label for label in servers if label != "nospec"]
+    out = {"samples": samples, "positions": positions, "alpha": alpha, "prompts": len(prompts),
+           "settings": settings, "comparisons": [], "skipped": []}
+    per_draw = None
+    for setting in settings:
+        for pi, prompt in enumerate(prompts):
+            need = (2 + len(others)) * (per_draw or 0)
+            if deadline_s is not None and time.monotonic() - t0 + need > deadline_s:
+                out["skipped"].append({"setting": setting["name"], "prompt": pi, "reason": "deadline"})
+                continue
+            t = time.monotonic()
+            base = draw(servers["nospec"], prompt, samples, positions, setting)
+            control = draw(servers["nospec"], prompt, samples, positions, setting)
+            per_draw = (time.monotonic() - t) / 2
+            pairs = [("nospec (second sample)", control)]
+            for label in others:
+                pairs.append((label, draw(servers[label], prompt, samples, positions, setting)))
+            for label, other in pairs:
+                tests = compare(base, other, positions)
+                out["comparisons"].append({"setting": setting["name"], "prompt": pi, "server": label,
+                                           "tests": tests, "distinct_first_tokens": len({s[0] for s in other})})
+                worst = min(tests, key=lambda x: x["p"])
+                log(f"[sampling] {setting['name']} prompt {pi} {label}: min p {worst['p']:.3g} ({worst['what']})")
+    all_tests = [t for c in out["comparisons"] for t in c["tests"]]
+    out["verdict"] = family_verdict(all_tests, alpha)
+    out["wall_s"] = time.monotonic() - t0
+    rejected = [(c["setting"], c["prompt"], c["server"], t["what"], t["p"]) for c in out["comparisons"]
+                for t in c["tests"] if t["p"] < out["verdict"]["per_test_alpha"]]
+    out["rejected"] = [dict(zip(("setting", "prompt", "server", "test", "p"), r)) for r in rejected]
+    log(f"[sampling] {len(all_tests)} tests, min p {out['verdict']['min_p']:.3g}, "
+        f"{'REJECT' if out['verdict']['reject'] else 'no difference'} at family alpha {alpha}")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--server", action="append", required=True, help="LABEL=URL; one must be nospec")
+    ap.add_argument("--prompt-ids", type=Path, required=True)
+    ap.add_argument("--samples", type=int, default=3000)
+    ap.add_argument("--positions", type=int, default=8)
+    ap.add_argument("--alpha", type=float, default=0.01)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    budget_sweep = sys.modules.get("budget_sweep")
+    if budget_sweep is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("budget_sweep", Path(__file__).with_name("budget_sweep.py"))
+        budget_sweep = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(budget_sweep)
+    servers = {}
+    for item in args.server:
+        label, sep, url = item.partition("=")
+        if not sep:
+            ap.error(f"--server {item!r}: expected LABEL=URL")
+        servers[label] = budget_sweep.Server(label, url)
+    raw = json.loads(args.prompt_ids.read_text())
+    prompts = [p["prompt_ids"] if isinstance(p, dict) else p for p in raw]
+    if not prompts or not all(isinstance(p, list) and p and all(isinstance(i, int) for i in p) for p in prompts):
+        ap.error(f"{args.prompt_ids}: expected a list of token-id lists (or objects with prompt_ids)")
+    result = run_check(servers, prompts, args.samples, args.positions, args.alpha)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 1 if result["verdict"]["reject"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

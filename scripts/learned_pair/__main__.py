@@ -1,0 +1,102 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``python3 -m scripts.learned_pair build|pack|unpack|show`` (run from the repository root).
+
+  build  --out DIR [--pack-to DIR] [--deadline-s 480] [--profile h200|toy] [--seed 0]
+         [--root LABEL=PATH ...] [--exclude PATH ...] [--log FILE]
+         [--target-steps N --target-decay-start M --drafter-steps N --drafter-decay-start M]
+  pack   PAIR --to DIR [--part-mib 15.5]
+  unpack DIR [DIR ...] --to PAIR
+  show   PAIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _roots(items):
+    if not items:
+        return None
+    roots = {}
+    for item in items:
+        label, sep, path = item.partition("=")
+        if not sep or not label or not Path(path).is_dir():
+            raise SystemExit(f"--root {item!r}: expected LABEL=DIRECTORY (an existing directory)")
+        roots[label] = Path(path)
+    return roots
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m scripts.learned_pair", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="corpus, tokenizer, target, drafter, evaluation, files")
+    b.add_argument("--out", type=Path, required=True)
+    b.add_argument("--pack-to", type=Path, help="also write the pair as parts (pair.tar.NN) here, e.g. $OUT")
+    b.add_argument("--deadline-s", type=float, default=480.0)
+    b.add_argument("--profile", default="h200", choices=["h200", "toy"])
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--root", action="append", help="LABEL=DIR corpus root (default: this Python's stdlib "
+                                                   "and site-packages)")
+    b.add_argument("--exclude", action="append", default=[], type=Path)
+    b.add_argument("--device")
+    b.add_argument("--log", type=Path, help="also append the build log here")
+    for who in ("target", "drafter"):
+        b.add_argument(f"--{who}-steps", type=int)
+        b.add_argument(f"--{who}-decay-start", type=int)
+    p = sub.add_parser("pack", help="split a pair directory into transportable parts")
+    p.add_argument("pair", type=Path)
+    p.add_argument("--to", type=Path, required=True)
+    p.add_argument("--part-mib", type=float, default=15.5)
+    u = sub.add_parser("unpack", help="reassemble parts (from one or more directories) into a pair directory")
+    u.add_argument("dirs", type=Path, nargs="+")
+    u.add_argument("--to", type=Path, required=True)
+    s = sub.add_parser("show", help="print a pair's manifest summary")
+    s.add_argument("pair", type=Path)
+    args = ap.parse_args(argv)
+
+    from . import checkpoint
+
+    if args.cmd == "build":
+        from .build import BuildArgs, build
+
+        for who in ("target", "drafter"):
+            if getattr(args, f"{who}_decay_start") is not None and getattr(args, f"{who}_steps") is None:
+                ap.error(f"--{who}-decay-start needs --{who}-steps")
+        logf = open(args.log, "a") if args.log else None
+
+        def log(msg):
+            print(msg, flush=True)
+            if logf:
+                logf.write(msg + "\n")
+                logf.flush()
+
+        build(BuildArgs(out=args.out, profile=args.profile, seed=args.seed, deadline_s=args.deadline_s,
+                        roots=_roots(args.root), exclude=args.exclude, device=args.device,
+                        target_steps=args.target_steps, target_decay_start=args.target_decay_start,
+                        drafter_steps=args.drafter_steps, drafter_decay_start=args.drafter_decay_start), log)
+        if args.pack_to:
+            parts = checkpoint.pack(args.out, args.pack_to)
+            log(f"packed into {len(parts)} parts in {args.pack_to}")
+    elif args.cmd == "pack":
+        parts = checkpoint.pack(args.pair, args.to, args.part_mib)
+        print(f"{len(parts)} parts in {args.to}")
+    elif args.cmd == "unpack":
+        print(checkpoint.unpack(args.dirs, args.to))
+    elif args.cmd == "show":
+        m = json.loads((args.pair / "manifest.json").read_text())
+        keys = ["date", "device", "profile", "params", "corpus", "tokens", "heldout", "offline_accept_t0",
+                "timings_s"]
+        print(json.dumps({k: m.get(k) for k in keys}, indent=1))
+        for k in ("target_train", "drafter_train"):
+            r = m.get(k, {})
+            print(k, {x: r.get(x) for x in ("steps", "decay_start", "wall_s", "final_loss", "tokens_per_s",
+                                             "accuracy_by_offset") if x in r})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

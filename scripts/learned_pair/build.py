@@ -1,0 +1,255 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Build the learned pair end to end: corpus, tokenizer, target, drafter, evaluation, files.
+
+Every phase after the data preparation gets a share of what is left of ``--deadline-s``
+(the target 60 %, the drafter 40 %, after a reserve for generation, evaluation and
+writing), so one call on the GPU host ends in time whatever the machine's speed; the steps
+each phase ran and where its learning-rate decay began are recorded in the manifest, and
+``--target-steps/--target-decay-start/--drafter-steps/--drafter-decay-start`` replay them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+
+@dataclass
+class Profile:
+    """Sizes of one build. ``h200`` is the pair the benchmarks use; ``toy`` runs on a CPU in
+    seconds and exercises every phase (the CPU tests build it)."""
+
+    target: dict
+    drafter: dict
+    corpus_max_bytes: int
+    heldout_fraction: float
+    tokenizer_sample_bytes: int
+    target_train: dict
+    drafter_train: dict
+    gen_sequences: int
+    gen_prompt_len: int
+    gen_new_tokens: int
+    gen_chunk: int
+    prompts: int
+    prompt_len: int
+    eval_prompts: int
+    eval_new_tokens: int
+    heldout_windows: int
+    heldout_window_len: int
+    sampling_prompts: int = 2
+    sampling_positions: int = 8
+    budgets: tuple = (4, 8, 16, 32, 64, 128)
+    reserve_s: float = 75.0  # generation, evaluation and writing, kept out of the training budget
+    final_reserve_s: float = 45.0  # of which the offline evaluation and writing after the drafter
+    target_share: float = 0.6
+
+
+PROFILES = {
+    "h200": Profile(
+        target={},  # TargetShape defaults
+        drafter={},  # DrafterShape defaults
+        corpus_max_bytes=224 * 2**20,
+        heldout_fraction=0.02,
+        tokenizer_sample_bytes=32 * 2**20,
+        target_train={"seq_len": 1024, "batch": 96},
+        drafter_train={"batch": 48, "anchors": 64},
+        gen_sequences=16384,
+        gen_prompt_len=128,
+        gen_new_tokens=512,
+        gen_chunk=8192,
+        prompts=64,
+        prompt_len=256,
+        eval_prompts=24,
+        eval_new_tokens=192,
+        heldout_windows=64,
+        heldout_window_len=1024,
+    ),
+    "toy": Profile(
+        target={"vocab_size": 384, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+                "max_position_embeddings": 512},
+        drafter={"num_hidden_layers": 1, "intermediate_size": 128, "target_layer_ids": (0, 2)},
+        corpus_max_bytes=600_000,
+        heldout_fraction=0.1,
+        tokenizer_sample_bytes=300_000,
+        target_train={"seq_len": 64, "batch": 8, "steps": 30, "warmup": 5, "log_every": 10},
+        drafter_train={"batch": 4, "anchors": 4, "steps": 12, "warmup": 3, "log_every": 4},
+        gen_sequences=8,
+        gen_prompt_len=24,
+        gen_new_tokens=40,
+        gen_chunk=8,
+        prompts=4,
+        prompt_len=32,
+        eval_prompts=2,
+        eval_new_tokens=32,
+        heldout_windows=2,
+        heldout_window_len=64,
+        budgets=(4, 16),
+        reserve_s=0.0,
+        final_reserve_s=0.0,
+    ),
+}
+
+
+@dataclass
+class BuildArgs:
+    out: Path
+    profile: str = "h200"
+    seed: int = 0
+    deadline_s: float = 480.0
+    roots: Optional[dict] = None
+    exclude: list = field(default_factory=list)
+    target_steps: Optional[int] = None
+    target_decay_start: Optional[int] = None
+    drafter_steps: Optional[int] = None
+    drafter_decay_start: Optional[int] = None
+    device: Optional[str] = None
+
+
+def build(args: BuildArgs, log=print) -> dict:
+    # The GPU host's env.sh turns tokenizer threads off for the servers; training wants them.
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    import torch
+
+    from . import checkpoint, corpus as corpus_mod, evaluate, tokenizer as tokmod, train
+    from .model import Drafter, DrafterShape, Target, TargetShape, shapes_dict
+
+    t0 = time.monotonic()
+    prof = PROFILES[args.profile]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.manual_seed(args.seed)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    timings = {}
+
+    def mark(name, since):
+        timings[name] = round(time.monotonic() - since, 2)
+        log(f"[{time.monotonic() - t0:6.1f} s] {name}: {timings[name]} s")
+        return time.monotonic()
+
+    # -- data ------------------------------------------------------------------------------
+    t = time.monotonic()
+    corp = corpus_mod.build_corpus(args.roots, prof.corpus_max_bytes, prof.heldout_fraction,
+                                   exclude=[out, *args.exclude])
+    if len(corp.train) < 2 or len(corp.heldout) < 1:
+        raise SystemExit(f"corpus too small: {corp.manifest()}")
+    log(f"corpus: {json.dumps(corp.manifest())}")
+    t = mark("corpus", t)
+    keep = min(1.0, prof.tokenizer_sample_bytes / max(1, corp.bytes("train")))
+    sample = [d.text for d in corp.train if corpus_mod.unit_hash("tokenizer", d.name) < keep] or [corp.train[0].text]
+    tshape = TargetShape(**prof.target)
+    tok = tokmod.train_bpe(sample, tshape.vocab_size)
+    t = mark("tokenizer", t)
+    train_ids = tokmod.encode_docs(tok, [d.text for d in corp.train])
+    heldout_ids = tokmod.encode_docs(tok, [d.text for d in corp.heldout])
+    log(f"tokens: train {train_ids.size:,} heldout {heldout_ids.size:,} "
+        f"({corp.bytes('train') / max(1, train_ids.size):.2f} bytes/token)")
+    t = mark("encode", t)
+    train_tokens = torch.from_numpy(train_ids.astype(np.int32)).to(dev)
+    heldout_tokens = torch.from_numpy(heldout_ids.astype(np.int32)).to(dev)
+
+    def left():
+        return args.deadline_s - (time.monotonic() - t0)
+
+    budget = max(0.0, left() - prof.reserve_s)
+
+    # -- target ----------------------------------------------------------------------------
+    target = Target(tshape)
+    target.init_weights(torch.Generator().manual_seed(args.seed))
+    target.to(dev)
+    tcfg = train.TargetTrainConfig(**prof.target_train)
+    if args.target_steps is not None:
+        tcfg = replace(tcfg, steps=args.target_steps, decay_start=args.target_decay_start)
+    target_record = train.train_target(target, train_tokens, tcfg, prof.target_share * budget, args.seed + 1, log)
+    t = mark("target_train", t)
+    target.to(torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    held = evaluate.heldout_stats(target, heldout_tokens, prof.heldout_windows,
+                                  min(prof.heldout_window_len, heldout_tokens.numel() - 2), args.seed + 2)
+    log(f"held-out: {json.dumps(held)}")
+    prompts = evaluate.pick_prompts(tok, corp.heldout, prof.prompts, prof.prompt_len, min_tail=32)
+    if not prompts:
+        raise SystemExit("no held-out document is long enough for a prompt")
+    t = mark("target_eval", t)
+
+    # -- drafter data: the target's own continuations, half greedy and half sampled at T=1 --
+    gen = torch.Generator(device=dev).manual_seed(args.seed + 3)
+    seqs = []
+    for i in range(0, prof.gen_sequences, prof.gen_chunk):
+        n = min(prof.gen_chunk, prof.gen_sequences - i)
+        p = train.random_windows(train_tokens, n, prof.gen_prompt_len, gen)
+        temps = (torch.arange(n, device=dev) % 2).float()  # 0 = greedy, 1 = T=1
+        seqs.append(train.generate(target, p, prof.gen_new_tokens, temps, gen))
+    seqs = torch.cat(seqs)
+    t = mark("drafter_data", t)
+
+    # -- drafter ---------------------------------------------------------------------------
+    dshape = DrafterShape(**prof.drafter)
+    drafter = Drafter(tshape, dshape)
+    drafter.init_weights(torch.Generator().manual_seed(args.seed + 4))
+    drafter.to(dev)
+    dcfg = train.DrafterTrainConfig(**prof.drafter_train)
+    if args.drafter_steps is not None:
+        dcfg = replace(dcfg, steps=args.drafter_steps, decay_start=args.drafter_decay_start)
+    drafter_seconds = max(1.0, left() - prof.final_reserve_s)
+    drafter_record = train.train_drafter(drafter, target, seqs, prof.gen_prompt_len, tokmod.MASK_ID, dcfg,
+                                         drafter_seconds, args.seed + 5, log)
+    t = mark("drafter_train", t)
+    drafter.to(target.lm_head_weight.dtype)
+
+    # -- offline evaluation ----------------------------------------------------------------
+    offline = evaluate.offline_accept(drafter, target, [p["prompt_ids"] for p in prompts[: prof.eval_prompts]],
+                                      prof.eval_new_tokens, prof.budgets, tokmod.MASK_ID, args.seed + 6)
+    log(f"offline accept length at T=0: {json.dumps(offline)}")
+    sampling = evaluate.sampling_prompts(target, prompts, prof.sampling_prompts, prof.sampling_positions)
+    t = mark("offline_eval", t)
+
+    # -- files -----------------------------------------------------------------------------
+    tcfg_json = checkpoint.save_target(target, tok, out / "target")
+    checkpoint.save_drafter(drafter, tcfg_json, out / "drafter")
+    with open(out / "prompts.jsonl", "w") as f:
+        for p in prompts:
+            f.write(json.dumps(p) + "\n")
+    (out / "sampling_prompts.json").write_text(json.dumps(sampling, indent=1) + "\n")
+    with gzip.open(out / "corpus_files.jsonl.gz", "wt") as f:
+        for row in corp.file_list():
+            f.write(json.dumps(row) + "\n")
+    manifest = {
+        "what": "learned Qwen3 target + DFlash drafter (scripts/learned_pair)",
+        "date": time.strftime("%Y-%m-%d"),
+        "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else platform.processor() or "cpu",
+        "argv": sys.argv[1:],
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "tokenizers": __import__("tokenizers").__version__},
+        "profile": args.profile,
+        "seed": args.seed,
+        "shapes": shapes_dict(tshape, dshape),
+        "params": {"target": sum(p.numel() for p in target.parameters()),
+                   "drafter": sum(p.numel() for p in drafter.parameters())},
+        "corpus": corp.manifest(),
+        "tokens": {"train": int(train_ids.size), "heldout": int(heldout_ids.size)},
+        "target_train": {**asdict(tcfg), **target_record},
+        "drafter_data": {"sequences": int(seqs.shape[0]), "prompt_len": prof.gen_prompt_len,
+                         "new_tokens": prof.gen_new_tokens, "temperatures": "half 0 (greedy), half 1"},
+        "drafter_train": {**asdict(dcfg), **drafter_record},
+        "heldout": held,
+        "offline_accept_t0": offline,
+        "prompts": len(prompts),
+        "timings_s": timings,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    mark("write", t)
+    log(f"pair written to {out} in {time.monotonic() - t0:.0f} s")
+    return manifest

@@ -1,0 +1,375 @@
+# SPDX-License-Identifier: Apache-2.0
+"""benchmarks/budget_sweep.py's client against local fake OpenAI servers: the dflash client's
+metric definitions, meta_info at either place, ratios, the lossless check with its margin
+diagnosis, the deadline, the JSON and PNG, and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from benchmarks import budget_sweep as bs
+
+STEP_S = 0.002
+
+
+def _tokens(prompt: str, n: int) -> list[int]:
+    seed = sum(map(ord, prompt))
+    return [(seed * 31 + 7 * i) % 500 + 3 for i in range(n)]
+
+
+class FakeOpenAI(BaseHTTPRequestHandler):
+    """One server: ``cfg`` says its algorithm, accept length, where meta_info goes, and whether
+    its output differs from the target's somewhere."""
+
+    cfg: dict = {}
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, obj, code=200):
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        c = self.cfg
+        if self.path == "/v1/models":
+            self._send({"data": [{"id": "learned-target"}]})
+        elif self.path == "/server_info":
+            self._send({"speculative_algorithm": c["algo"], "speculative_ddtree_budget": c.get("budget")})
+        else:
+            self._send({"error": "no"}, 404)
+
+    def do_POST(self):
+        c = self.cfg
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        c.setdefault("requests", []).append(body)
+        if self.path == "/generate":  # the margin question of the lossless check
+            self._send({"meta_info": {"output_top_logprobs": [[[-0.60, 111, None], [-0.62, 222, None]]]}})
+            return
+        assert self.path == "/v1/chat/completions"
+        assert body["return_meta_info"] is True and body["model"] == "learned-target"
+        n = body["max_tokens"]
+        prompt = body["messages"][0]["content"]
+        toks = _tokens(prompt, n)
+        if c.get("diverge") and prompt == "p0" and body["temperature"] == 0 and n > 10:
+            toks[5] = 222
+        tau = c.get("tau", 1.0)
+        steps = math.ceil(n / tau)
+        time.sleep(steps * STEP_S)
+        choice = {"index": 0, "message": {"role": "assistant", "content": " ".join(map(str, toks))},
+                  "finish_reason": "length"}
+        if body.get("return_token_ids"):
+            choice["token_ids"], choice["prompt_token_ids"] = toks, [1, 2, 3]
+        resp = {"choices": [choice], "usage": {"completion_tokens": n, "prompt_tokens": 3}}
+        if c["algo"] != "NONE":
+            meta = {"spec_verify_ct": steps, "spec_accept_length": n / steps, "completion_tokens": n}
+            if c.get("meta_in_choice"):
+                choice["meta_info"] = meta
+            else:
+                resp["meta_info"] = meta
+        self._send(resp)
+
+
+@pytest.fixture
+def fakes():
+    servers, threads = {}, []
+
+    def start(name, **cfg):
+        handler = type(f"Fake_{name}", (FakeOpenAI,), {"cfg": cfg})
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        t = threading.Thread(target=httpd.serve_forever, daemon=True)
+        t.start()
+        servers[name] = (httpd, handler)
+        return f"http://127.0.0.1:{httpd.server_address[1]}"
+
+    yield start, servers
+    for httpd, _ in servers.values():
+        httpd.shutdown()
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    p = tmp_path / "prompts.jsonl"
+    p.write_text("\n".join(json.dumps({"prompt": f"p{i}"}) for i in range(6)) + "\n")
+    return p
+
+
+def test_load_prompts_formats_and_errors(tmp_path):
+    p = tmp_path / "a.jsonl"
+    p.write_text('{"prompt": "x", "prompt_ids": [1, 2]}\n\n{"messages": [{"role": "user", "content": "y"}]}\n'
+                 '{"turns": ["z", "second turn ignored"]}\n')
+    got = bs.load_prompts(p)
+    assert [g["messages"][0]["content"] for g in got] == ["x", "y", "z"]
+    assert got[0]["prompt_ids"] == [1, 2] and got[1]["prompt_ids"] is None
+    for bad, msg in [('{"prompt": 3}', "expected 'prompt'"), ("not json", "not JSON"), ("[1]", "expected an object"),
+                     ('{"prompt": "x", "prompt_ids": ["a"]}', "prompt_ids")]:
+        p.write_text(bad + "\n")
+        with pytest.raises(SystemExit, match=msg):
+            bs.load_prompts(p)
+    p.write_text("\n")
+    with pytest.raises(SystemExit, match="no prompts"):
+        bs.load_prompts(p)
+
+
+def test_sweep_metrics_are_the_dflash_clients(fakes, prompts, tmp_path):
+    start, servers = fakes
+    urls = {
+        "nospec": start("nospec", algo="NONE"),
+        "dflash": start("dflash", algo="DFLASH", tau=4.0),
+        "ddtree16": start("ddtree16", algo="DDTREE", budget=16, tau=6.0, meta_in_choice=True),  # upstream's place
+        "ddtree64": start("ddtree64", algo="DDTREE", budget=64, tau=8.0, diverge=True),
+    }
+    argv = ["--prompts", str(prompts), "--server", f"nospec={urls['nospec']}", "--server", f"dflash={urls['dflash']}",
+            "--server", urls["ddtree16"], "--server", urls["ddtree64"],  # labels from /server_info
+            "--batch", "1,2", "--temperature", "0,1", "--num-prompts", "4", "--max-new-tokens", "48",
+            "--tag", "t", "--out-dir", str(tmp_path)]
+    assert bs.main(argv) == 0
+    r = json.loads((tmp_path / "budget_sweep_t.json").read_text())
+    assert (tmp_path / "budget_sweep_t.png").stat().st_size > 1000
+    assert [s["config"] for s in r["servers"]] == ["nospec", "dflash", "ddtree16", "ddtree64"]
+    rows = {(x["config"], x["batch"], x["temperature"]): x for x in r["rows"]}
+    assert len(rows) == 16 and not r["skipped"]
+    for (config, batch, t), row in rows.items():
+        recs = row["records"]
+        assert len(recs) == 4 and row["output_tokens"] == 4 * 48
+        # dflash benchmark openai: throughput = completion tokens / wall; accept length = mean of
+        # the per-request spec_accept_length; spec_verify_ct summed
+        assert row["throughput_tok_s"] == pytest.approx(row["output_tokens"] / row["wall_s"])
+        if config == "nospec":
+            assert row["accept_length"] is None and row["spec_verify_ct"] == 0
+        else:
+            assert row["accept_length"] == pytest.approx(statistics.mean(x["spec_accept_length"] for x in recs))
+            tau = {"dflash": 4.0, "ddtree16": 6.0, "ddtree64": 8.0}[config]
+            assert row["accept_length"] == pytest.approx(48 / math.ceil(48 / tau))
+            assert row["spec_verify_ct"] == 4 * math.ceil(48 / tau)
+    # warm-up: `batch` requests of at most 64 tokens before each run, as dflash
+    sent = servers["dflash"][1].cfg["requests"]
+    # 4 points x 4 prompts, and the warm-ups (1 per bs-1 point, 2 per bs-2 point) capped at 48
+    assert sum(1 for b in sent if b["max_tokens"] == 48) == 4 * 4 + 2 * (1 + 2)
+    # token ids only asked at T=0, for the lossless check
+    assert all(bool(b.get("return_token_ids")) == (b["temperature"] == 0) for b in sent)
+    # ratios against no speculation and DFLASH of the same point
+    point = next(p for p in r["ratios"] if p["batch"] == 1 and p["temperature"] == 0)
+    e = point["configs"]["ddtree64"]
+    assert e["speedup_vs_nospec"] == pytest.approx(rows[("ddtree64", 1, 0)]["throughput_tok_s"]
+                                                   / rows[("nospec", 1, 0)]["throughput_tok_s"])
+    assert e["accept_vs_dflash"] == pytest.approx(rows[("ddtree64", 1, 0)]["accept_length"]
+                                                  / rows[("dflash", 1, 0)]["accept_length"])
+    assert e["speedup_vs_dflash"] > 1.2 and point["best_ddtree"] == "ddtree64"
+    # the budget choice: tokens/s over DFLASH, geometric mean over the four points
+    choice = r["budget_choice"]
+    assert choice["points"] == 4 and choice["best"] == "ddtree64"
+    ratios64 = [rows[("ddtree64", b, t)]["throughput_tok_s"] / rows[("dflash", b, t)]["throughput_tok_s"]
+                for b in (1, 2) for t in (0.0, 1.0)]
+    assert choice["by_budget"]["ddtree64"]["geomean_vs_dflash"] == pytest.approx(math.prod(ratios64) ** 0.25)
+    # lossless: ddtree64 differs on prompt 0 at token 5, a near tie of the target (margin 0.02)
+    loss = {(x["batch"], x["config"]): x for x in r["lossless"]}
+    assert loss[(1, "dflash")]["identical"] == 4 and not loss[(1, "dflash")]["differ"]
+    d = loss[(1, "ddtree64")]["differ"]
+    assert len(d) == 1 and d[0]["prompt"] == 0 and d[0]["first_difference"] == 5 and d[0]["spec_token"] == 222
+    assert d[0]["margin_nats"] == pytest.approx(0.02) and d[0]["near_tie"] is True
+    gen = [b for b in servers["nospec"][1].cfg["requests"] if "input_ids" in b]
+    assert gen and gen[0]["input_ids"][:3] == [1, 2, 3] and len(gen[0]["input_ids"]) == 3 + 5
+    # the texts and ids stay out of the JSON
+    assert all("text" not in x and "token_ids" not in x for row in r["rows"] for x in row["records"])
+
+
+def test_repeats_keep_the_median_and_deadline_skips(fakes, prompts, tmp_path):
+    start, _ = fakes
+    u = start("a", algo="NONE")
+    argv = ["--prompts", str(prompts), "--server", f"nospec={u}", "--batch", "1", "--temperature", "0",
+            "--num-prompts", "2", "--max-new-tokens", "20", "--repeats", "3", "--tag", "r", "--out-dir", str(tmp_path)]
+    assert bs.main(argv) == 0
+    row = json.loads((tmp_path / "budget_sweep_r.json").read_text())["rows"][0]
+    assert len(row["throughput_runs"]) == 3 and row["throughput_tok_s"] == statistics.median(row["throughput_runs"])
+    assert bs.main(argv[:-4] + ["--deadline-s", "1", "--tag", "d", "--out-dir", str(tmp_path)]) == 0
+    d = json.loads((tmp_path / "budget_sweep_d.json").read_text())
+    assert not d["rows"] and d["skipped"] and "estimated" in d["skipped"][0]["reason"]
+
+
+def test_report_merges_runs(fakes, prompts, tmp_path):
+    start, _ = fakes
+    a = start("a", algo="NONE")
+    b = start("b", algo="DDTREE", budget=8, tau=3.0)
+    common = ["--prompts", str(prompts), "--batch", "1", "--temperature", "0", "--num-prompts", "2",
+              "--max-new-tokens", "12", "--out-dir", str(tmp_path)]
+    bs.main(common + ["--server", f"nospec={a}", "--tag", "x"])
+    bs.main(common + ["--server", f"ddtree8={b}", "--tag", "y"])
+    assert bs.main(["--report", str(tmp_path / "budget_sweep_x.json"), str(tmp_path / "budget_sweep_y.json"),
+                    "--tag", "xy", "--out-dir", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "budget_sweep_xy.json").read_text())
+    assert [x["config"] for x in r["rows"]] == ["nospec", "ddtree8"]
+    assert r["ratios"][0]["configs"]["ddtree8"]["speedup_vs_nospec"] > 1.5
+
+
+def test_bad_servers_and_flags(fakes, prompts, tmp_path):
+    start, _ = fakes
+    u = start("a", algo="EAGLE")
+    base = ["--prompts", str(prompts), "--out-dir", str(tmp_path)]
+    with pytest.raises(SystemExit, match="EAGLE"):
+        bs.main(base + ["--server", u])
+    with pytest.raises(SystemExit, match="server label"):
+        bs.main(base + ["--server", f"tree={u}"])
+    with pytest.raises(SystemExit, match="two servers with one label"):
+        bs.main(base + ["--server", f"nospec={u}", "--server", f"nospec={u}"])
+    with pytest.raises(SystemExit, match="no label given"):
+        bs.main(base + ["--server", "http://127.0.0.1:9"])
+    with pytest.raises(SystemExit):
+        bs.main(base + ["--server", f"nospec={u}", "--batch", "0"])
+    with pytest.raises(SystemExit, match="has only"):
+        bs.main(base + ["--server", f"nospec={u}", "--num-prompts", "99"])
+
+
+def test_launch_args():
+    a = bs.launch_args("ddtree32", "/d", [1, 8], ["--foo"])
+    assert a[a.index("--speculative-algorithm") + 1] == "DDTREE" and a[a.index("--speculative-ddtree-budget") + 1] == "32"
+    assert a[a.index("--cuda-graph-bs-decode") + 1: a.index("--cuda-graph-bs-decode") + 3] == ["1", "8"]
+    assert "--disable-overlap-schedule" not in a and "--disable-cuda-graph" not in a and "--foo" in a
+    assert "--speculative-algorithm" not in bs.launch_args("nospec", None, [1], [])
+    assert bs.launch_args("dflash", "/d", [1], [])[-3:] == ["DFLASH", "--speculative-draft-model-path", "/d"]
+    with pytest.raises(SystemExit, match="draft-model-path"):
+        bs.launch_args("dflash", None, [1], [])
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch mode: the real harness (tests/gpu/conftest.py ServerProcess) with a stand-in server
+# program in place of sglang.launch_server, so the whole --launch run (starts, sweep, step times
+# through benchmarks/e2e_step.py, sampling check, lossless check) runs here.
+
+STAND_IN = '''
+import argparse, json, math, random, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--port", type=int)
+ap.add_argument("--model-path")
+ap.add_argument("--speculative-algorithm", default="NONE")
+ap.add_argument("--speculative-ddtree-budget", type=int, default=16)
+args, _ = ap.parse_known_args()
+TAU = {"NONE": 1.0, "DFLASH": 3.0, "DDTREE": 3.0 + math.log2(args.speculative_ddtree_budget) / 2}[args.speculative_algorithm]
+STEP = 0.001
+rng, lock = random.Random(), threading.Lock()
+
+def tokens(seed, n):
+    return [(seed * 31 + 7 * i) % 500 + 3 for i in range(n)]
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a):
+        pass
+    def send(self, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        if self.path == "/health":
+            self.send({})
+        elif self.path == "/v1/models":
+            self.send({"data": [{"id": args.model_path}]})
+        else:
+            self.send_response(404); self.send_header("Content-Length", "0"); self.end_headers()
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/v1/chat/completions":
+            n = body["max_tokens"]
+            steps = math.ceil(n / TAU)
+            time.sleep(steps * STEP)
+            toks = tokens(len(body["messages"][0]["content"]), n)
+            choice = {"message": {"content": str(toks)}, "finish_reason": "length"}
+            if body.get("return_token_ids"):
+                choice["token_ids"], choice["prompt_token_ids"] = toks, [1, 2]
+            resp = {"choices": [choice], "usage": {"completion_tokens": n}}
+            if args.speculative_algorithm != "NONE":
+                resp["meta_info"] = {"spec_verify_ct": steps, "spec_accept_length": n / steps}
+            self.send(resp)
+        elif body.get("stream"):  # e2e_step.measure: one chunk per step
+            n = body["sampling_params"]["max_new_tokens"]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            done = 0
+            try:
+                for step in range(1, n + 1):
+                    time.sleep(STEP)
+                    done = min(n, round(step * TAU))
+                    meta = {"completion_tokens": done, "spec_verify_ct": step}
+                    self.wfile.write(f"data: {json.dumps({'meta_info': meta})}\\n\\n".encode())
+                    self.wfile.flush()
+                    if done >= n:
+                        break
+                self.wfile.write(b"data: [DONE]\\n\\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            self.close_connection = True
+        else:  # sampling: the same distribution on every server
+            k = body["sampling_params"]["max_new_tokens"]
+            with lock:
+                out = [{"output_ids": [rng.choices(range(5), weights=[5, 3, 2, 1, 1])[0] for _ in range(k)]}
+                       for _ in body["input_ids"]]
+            self.send(out)
+
+ThreadingHTTPServer(("127.0.0.1", args.port), H).serve_forever()
+'''
+
+
+def test_launch_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, prompts):
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("ddtree_gpu_harness_l", bs.REPO / "tests" / "gpu" / "conftest.py")
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    monkeypatch.setattr(harness.ServerProcess, "launcher", (sys.executable, str(script)))
+    real = bs._sibling
+    monkeypatch.setattr(bs, "_sibling", lambda name, path: harness if name == "ddtree_gpu_harness" else real(name, path))
+    model = tmp_path / "target"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 512}))
+    sp = tmp_path / "sampling.json"
+    sp.write_text(json.dumps([{"prompt_ids": [1, 2, 3]}]))
+    argv = ["--launch", "--model-path", str(model), "--draft-model-path", str(tmp_path / "drafter"),
+            "--configs", "nospec,dflash,ddtree4,ddtree16", "--prompts", str(prompts), "--batch", "1,2",
+            "--temperature", "0,1", "--num-prompts", "3", "--max-new-tokens", "24", "--step-ctx", "64",
+            "--sampling-check", "--sampling-prompts", str(sp), "--sampling-samples", "300",
+            "--deadline-s", "300", "--start-timeout-s", "60", "--log-dir", str(tmp_path / "logs"),
+            "--tag", "launch", "--out-dir", str(tmp_path)]
+    assert bs.main(argv) == 0
+    r = json.loads((tmp_path / "budget_sweep_launch.json").read_text())
+    assert [s["config"] for s in r["servers"]] == ["nospec", "dflash", "ddtree4", "ddtree16"]
+    assert "--speculative-ddtree-budget" in r["servers"][3]["args"]
+    assert len(r["rows"]) == 4 * 4 and not r["skipped"], r["skipped"]
+    # the step times of every server at both batch sizes, as e2e_step measures them
+    steps = {(s["config"], s["batch"]): s for s in r["steps"]}
+    assert set(steps) == {(c, b) for c in ("nospec", "dflash", "ddtree4", "ddtree16") for b in (1, 2)}
+    assert all(0.5 < s["ms_per_step"] < 50 for s in steps.values())
+    assert steps[("ddtree16", 1)]["accept_length"] == pytest.approx(5.0, rel=0.1)
+    sc = r["sampling_check"]
+    assert not sc["verdict"]["reject"] and {c["server"] for c in sc["comparisons"]} == {
+        "nospec (second sample)", "dflash", "ddtree16"}
+    assert all(e["identical"] == 3 for e in r["lossless"])
+    # batch 1 came first, then the step times and the sampling check, then batch 2
+    order = [(x["batch"], x["temperature"]) for x in r["rows"]]
+    assert order == sorted(order, key=lambda p: (p[0] != 1, p != (1, 0.0)))
+    # and the cost model reads this sweep, its own-shape check from these step times
+    from benchmarks import cost_model as cm
+
+    own = cm.own_shape(r)
+    assert {(o["config"], o["batch"], o["temperature"]) for o in own} == {
+        (c, b, t) for c in ("nospec", "dflash", "ddtree4", "ddtree16") for b in (1, 2) for t in (0.0, 1.0)}

@@ -1,0 +1,103 @@
+# SPDX-License-Identifier: Apache-2.0
+"""benchmarks/cost_model.py: tokens/s = batch x tau / step time, the budget interpolation,
+the own-shape check, and the real e2e_step result files it reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import cost_model as cm
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _sweep(rows, steps=()):
+    return {"date": "2026-12-02", "device": "NVIDIA H200", "rows": rows, "steps": list(steps)}
+
+
+def _row(config, batch, t, tau, tps):
+    return {"config": config, "batch": batch, "temperature": t, "top_p": 1.0, "top_k": 0,
+            "accept_length": tau, "accept_length_pooled": tau, "throughput_tok_s": tps}
+
+
+def _e2e(tmp_path, name, rows, **top):
+    p = tmp_path / name
+    p.write_text(json.dumps({"what": "decode step time, DeepSeek-V2-Lite-shaped target (dummy weights)",
+                             "date": "2026-11-30", "device": "NVIDIA H200", "rows": rows, **top}))
+    return p
+
+
+def _step(config, ctx, batch, ms, verify="fused"):
+    return {"config": config, "verify": "-" if config == "nospec" else verify, "backend": "triton", "ctx": ctx,
+            "batch": batch, "ms_per_step": ms}
+
+
+def test_prediction_is_batch_times_tau_over_step(tmp_path):
+    sweep = _sweep([_row("nospec", 1, 0.0, None, 100.0), _row("dflash", 1, 0.0, 4.0, 300.0),
+                    _row("ddtree16", 1, 0.0, 5.0, 350.0), _row("ddtree64", 1, 0.0, 6.0, 330.0),
+                    _row("ddtree32", 1, 0.0, 5.6, 340.0), _row("dflash", 8, 0.0, 3.8, 2000.0)])
+    e2e = _e2e(tmp_path, "a.json", [_step("nospec", 16384, 1, 5.0), _step("dflash", 16384, 1, 10.0),
+                                    _step("ddtree16", 16384, 1, 11.0), _step("ddtree64", 16384, 1, 17.0),
+                                    _step("dflash", 16384, 1, 99.0, verify="upstream_extend"),
+                                    _step("dflash", 16384, 8, 20.0)])
+    table = cm.load_step_rows([e2e])
+    pred = {(p["ctx"], p["batch"], p["temperature"]): p for p in cm.predict(sweep, table)}
+    p = pred[(16384, 1, 0.0)]
+    c = p["configs"]
+    assert c["nospec"]["tok_s"] == pytest.approx(1000 / 5.0)
+    assert c["dflash"]["tok_s"] == pytest.approx(4.0 * 1000 / 10.0)  # the fused row, not upstream_extend's
+    assert c["ddtree16"]["tok_s"] == pytest.approx(5.0 * 1000 / 11.0)
+    assert c["ddtree16"]["speedup_vs_dflash"] == pytest.approx((5.0 / 11.0) / (4.0 / 10.0))
+    assert c["dflash"]["speedup_vs_nospec"] == pytest.approx(400 / 200)
+    # ddtree32 has no step row: interpolated in log2(B) between 16 and 64 (halfway)
+    assert c["ddtree32"]["interpolated"] and c["ddtree32"]["ms_per_step"] == pytest.approx(14.0)
+    assert not c["ddtree16"]["interpolated"]
+    assert p["best_ddtree"] == "ddtree16"
+    assert pred[(16384, 8, 0.0)]["configs"]["dflash"]["tok_s"] == pytest.approx(8 * 3.8 * 1000 / 20.0)
+    md = cm.markdown(cm.predict(sweep, table))
+    assert "| v2lite-shape | 16384 | 1 | 400 | ddtree16 |" in md and "32: " in md and "*" in md
+
+
+def test_no_extrapolation_and_later_files_win(tmp_path):
+    a = _e2e(tmp_path, "a.json", [_step("ddtree16", 1024, 1, 9.0), _step("ddtree64", 1024, 1, 14.0)])
+    b = _e2e(tmp_path, "b.json", [_step("ddtree64", 1024, 1, 15.0)], expert_routing="uniform")
+    table = cm.load_step_rows([a, b])
+    assert table[("v2lite-shape", 1024, 1, "ddtree64")]["ms_per_step"] == 15.0
+    assert cm.step_ms(table, "v2lite-shape", 1024, 1, "ddtree128") is None  # beyond the measured budgets
+    assert cm.step_ms(table, "v2lite-shape", 1024, 1, "ddtree8") is None
+    assert cm.load_step_rows([a, b], routing="uniform").keys() == {("v2lite-shape", 1024, 1, "ddtree64")}
+    # a file that names its shape keeps its rows apart
+    c = _e2e(tmp_path, "c.json", [_step("ddtree16", 1024, 1, 3.0)], model="qwen3-8b-shape")
+    assert ("qwen3-8b-shape", 1024, 1, "ddtree16") in cm.load_step_rows([a, c])
+
+
+def test_own_shape_check():
+    sweep = _sweep([_row("dflash", 1, 0.0, 4.0, 380.0), _row("ddtree16", 1, 0.0, 5.0, 400.0),
+                    _row("ddtree16", 1, 1.0, 3.0, 260.0)],
+                   steps=[{"config": "dflash", "batch": 1, "ms_per_step": 10.0},
+                          {"config": "ddtree16", "batch": 1, "ms_per_step": 11.0}])
+    own = {(o["config"], o["temperature"]): o for o in cm.own_shape(sweep)}
+    assert own[("dflash", 0.0)]["predicted_tok_s"] == pytest.approx(400.0)
+    assert own[("dflash", 0.0)]["error"] == pytest.approx(400 / 380 - 1)
+    assert own[("ddtree16", 1.0)]["predicted_tok_s"] == pytest.approx(3.0 * 1000 / 11.0)
+
+
+def test_reads_the_repository_e2e_step_results(tmp_path):
+    files = sorted((REPO / "benchmarks" / "results").glob("e2e_step_h200_*.json"))
+    assert files, "benchmarks/results/e2e_step_h200_*.json"
+    table = cm.load_step_rows(files)
+    assert ("v2lite-shape", 16384, 1, "dflash") in table and ("v2lite-shape", 16384, 1, "ddtree64") in table
+    assert all(v["ms_per_step"] > 0 for v in table.values())
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps(_sweep([_row("nospec", 1, 0.0, None, 100.0), _row("dflash", 1, 0.0, 4.0, 300.0),
+                                        _row("ddtree16", 1, 0.0, 5.0, 350.0), _row("ddtree64", 1, 0.0, 6.5, 360.0)])))
+    assert cm.main(["--sweep", str(sweep), "--e2e", *map(str, files), "--tag", "t", "--out-dir", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "cost_model_t.json").read_text())
+    assert r["predictions"] and (tmp_path / "cost_model_t.png").stat().st_size > 1000
+    with pytest.raises(SystemExit, match="no such file"):
+        cm.main(["--sweep", str(tmp_path / "missing.json"), "--e2e", str(files[0])])
+    with pytest.raises(SystemExit, match="no usable"):
+        cm.main(["--sweep", str(sweep), "--e2e", str(files[0]), "--verify", "nothing"])

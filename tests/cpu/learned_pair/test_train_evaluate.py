@@ -1,0 +1,139 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Training steps reduce the loss (target and drafter), the learning-rate schedule ends in
+time, and the offline tree/acceptance replay equals the server's DDTree reference."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from scripts.learned_pair import evaluate, train
+from scripts.learned_pair.model import Drafter, DrafterShape, Target, TargetShape
+
+SHAPE = TargetShape(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=256)
+
+
+def _periodic_tokens(n=6000, seed=0):
+    """A stream with structure to learn: repeated random 'words' from a small lexicon."""
+    rng = random.Random(seed)
+    words = [[rng.randrange(3, 64) for _ in range(rng.randrange(2, 6))] for _ in range(12)]
+    out = []
+    while len(out) < n:
+        out += rng.choice(words)
+    return torch.tensor(out[:n], dtype=torch.int32)
+
+
+def test_target_steps_reduce_loss():
+    m = Target(SHAPE)
+    m.init_weights(torch.Generator().manual_seed(0))
+    tokens = _periodic_tokens()
+    probe = train.random_windows(tokens, 8, 33, torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        before = train.lm_loss(m, probe).item()
+    cfg = train.TargetTrainConfig(seq_len=32, batch=8, lr=1e-2, warmup=5, steps=40, log_every=1000)
+    rec = train.train_target(m, tokens, cfg, seconds=1e9, seed=1, log=lambda s: None)
+    with torch.no_grad():
+        after = train.lm_loss(m, probe).item()
+    assert rec["steps"] == 40 and rec["decay_start"] == 30
+    assert after < 0.7 * before, (before, after)
+
+
+def test_drafter_steps_reduce_loss():
+    m = Target(SHAPE)
+    m.init_weights(torch.Generator().manual_seed(0))
+    tokens = _periodic_tokens()
+    train.train_target(m, tokens, train.TargetTrainConfig(seq_len=32, batch=8, lr=1e-2, warmup=5, steps=30),
+                       seconds=1e9, seed=1, log=lambda s: None)
+    seqs = train.generate(m, train.random_windows(tokens, 12, 8, torch.Generator().manual_seed(2)), 40,
+                          torch.tensor([0.0, 1.0] * 6), torch.Generator().manual_seed(3))
+    d = Drafter(SHAPE, DrafterShape(num_hidden_layers=1, intermediate_size=64, target_layer_ids=(1,)))
+    d.init_weights(torch.Generator().manual_seed(4))
+
+    def loss_now():
+        with torch.no_grad():
+            return train.drafter_step_loss(d, m, seqs, 8, 6, 2, torch.Generator().manual_seed(7))[0].item()
+
+    before = loss_now()
+    cfg = train.DrafterTrainConfig(batch=6, anchors=6, lr=3e-3, warmup=3, steps=30)
+    rec = train.train_drafter(d, m, seqs, 8, 2, cfg, seconds=1e9, seed=5, log=lambda s: None)
+    assert rec["steps"] == 30 and len(rec["accuracy_by_offset"]) == 16
+    assert not any(p.requires_grad for p in m.parameters())  # the target stays frozen
+    assert loss_now() < 0.8 * before
+
+
+def test_wsd_schedule_decays_to_fit_the_time():
+    s = train.WSD(peak_lr=1.0, warmup=10, decay_frac=0.25, min_frac=0.1)
+    assert s.lr(0) == pytest.approx(0.1) and s.lr(9) == pytest.approx(1.0) and s.lr(500) == 1.0
+    # 1 s per step, 100 s in total: the decay (a quarter of the run) starts when it just fits
+    start = None
+    for step in range(1, 200):
+        s.decide(step, now=float(step), end=100.0, step_s=1.0)
+        if s.decay_start is not None:
+            start = step
+            break
+    assert start == 75 and s.total == 100  # 75 + ceil(75 / 3) = 100
+    assert s.lr(75) == 1.0 and s.lr(100) == pytest.approx(0.1) and s.done(100) and not s.done(99)
+    assert s.lr(88) == pytest.approx(1.0 - 0.9 * 13 / 25)
+
+
+# ---------------------------------------------------------------------------------------------
+# The offline replay of DDTree against the server's plain-Python reference
+
+
+def _random_logp(rng, depths, k):
+    x = np.sort(rng.standard_normal((depths, k)).astype(np.float32) * 2, axis=1)[:, ::-1]
+    return (x - np.log(np.exp(x).sum(axis=1, keepdims=True))).tolist()
+
+
+@pytest.mark.parametrize("budget", [1, 4, 7, 16, 40])
+def test_build_tree_equals_server_reference(budget):
+    from sglang.srt.speculative.ddtree.reference import build_tree_ref
+
+    rng = np.random.default_rng(budget)
+    for _ in range(30):
+        depths, k = int(rng.integers(1, 16)), int(rng.integers(1, 12))
+        logp = _random_logp(rng, depths, k)
+        if rng.random() < 0.3:  # exact ties exercise the tie-break
+            logp = [[round(v, 1) for v in row] for row in logp]
+        tokens = [[int(t) for t in rng.permutation(50)[:k]] for _ in range(depths)]
+        mine = evaluate.build_tree(logp, budget)
+        ref = build_tree_ref(logp, tokens, budget)
+        assert [(n.parent + 1, n.depth, n.rank) for n in mine] == [(r.parent, r.depth, r.rank) for r in ref]
+        assert [n.score for n in mine] == [float(r.score) for r in ref]
+
+
+def test_tree_accept_equals_server_greedy_walk():
+    from sglang.srt.speculative.ddtree.reference import build_tree_ref, greedy_accept_ref
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        depths, k, budget = int(rng.integers(1, 8)), int(rng.integers(1, 5)), int(rng.integers(1, 20))
+        logp = _random_logp(rng, depths, k)
+        tokens = [[int(t) for t in rng.permutation(6)[:k]] for _ in range(depths)]
+        truth = [int(t) for t in rng.integers(0, 6, depths)]
+        nodes = evaluate.build_tree(logp, budget)
+        accepted = evaluate.tree_accept(nodes, tokens, truth)
+        ref = build_tree_ref(logp, tokens, budget)
+        toks = [-1] + [r.token for r in ref]
+        parents = [-1] + [r.parent for r in ref]
+        depth_of = [0] + [r.depth for r in ref]
+        # the target's greedy token at a node of depth d is the true token d + 1
+        predict = [truth[d] if d < depths else -1 for d in depth_of]
+        path, _ = greedy_accept_ref(toks, parents, predict)
+        assert accepted == len(path) - 1
+
+
+def test_chain_accept_and_a_chain_is_a_budget_of_depths_with_one_rank():
+    assert evaluate.chain_accept([5, 6, 7], [5, 6, 8]) == 2
+    assert evaluate.chain_accept([5, 6], [5, 6, 7]) == 2
+    assert evaluate.chain_accept([1], [2]) == 0
+    # a tree whose per-depth distributions are certain is the chain
+    logp = [[0.0, -50.0]] * 5
+    tokens = [[10 + d, 99] for d in range(5)]
+    nodes = evaluate.build_tree(logp, 5)
+    assert [(n.parent, n.depth, n.rank) for n in nodes] == [(i - 1, i + 1, 0) for i in range(5)]
+    assert evaluate.tree_accept(nodes, tokens, [10, 11, 12, 0, 0]) == 3
