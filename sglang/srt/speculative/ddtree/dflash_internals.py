@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 #: Private attributes of ``DFlashWorkerV2`` read here.
 ATTRIBUTES: Tuple[str, ...] = (
-    "_need_mamba_verify_commit",
     "_mask_token_id",
     "_block_pos_offsets",
     "_draft_block_spec_info",
@@ -80,12 +79,6 @@ class DFlashInternals:
 
     def __init__(self, worker: "DFlashWorkerV2"):
         self._worker = worker
-
-    @property
-    def needs_mamba_verify_commit(self) -> bool:
-        """The target keeps recurrent (mamba / linear-attention) state that a
-        verify must commit (set by ``init_attention_backends``)."""
-        return bool(self._worker._need_mamba_verify_commit)
 
     @property
     def draft_block_spec_info(self):

@@ -9,7 +9,9 @@ path and context-KV materialisation. Only the decode step differs:
 4. target verify over the N = B + 1 tree tokens with the tree mask;
 5. acceptance, greedy or target-only sampling (``accept``);
 6. commit: permute the tree's KV window so the kept path comes first
-   (``kv_slot_plan``), feed the kept nodes' verify hidden states to the drafter.
+   (``kv_slot_plan``), feed the kept nodes' verify hidden states to the drafter;
+   on hybrid linear-attention targets, keep the accepted node's recurrent
+   state (``linear_state``).
 
 No step syncs the host, so the overlap scheduler keeps the GPU busy.
 """
@@ -21,6 +23,7 @@ from typing import Tuple
 
 import torch
 
+from sglang.srt.configs.hybrid_arch import mambaish_config
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -29,7 +32,8 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
 )
-from sglang.srt.speculative.ddtree import step_io
+from sglang.srt.runtime_context import get_exec
+from sglang.srt.speculative.ddtree import linear_state, step_io
 from sglang.srt.speculative.ddtree.accept import greedy_accept, sample_accept, target_probs_from_logits
 from sglang.srt.speculative.ddtree.dflash_internals import DFlashInternals
 from sglang.srt.speculative.ddtree.draft_topk import lm_head_topk
@@ -56,10 +60,12 @@ from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_m
 
 logger = logging.getLogger(__name__)
 
+
 class DDTreeWorker(DFlashWorkerV2):
     def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
         self._dflash = DFlashInternals(self)
+        self._linear_state = False  # set by init_attention_backends
         self.budget = int(server_args.speculative_ddtree_budget)
         self.topk = int(server_args.speculative_ddtree_topk)
         self.verify_width = self.budget + 1
@@ -84,8 +90,12 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def init_attention_backends(self):
         super().init_attention_backends()
-        if self._dflash.needs_mamba_verify_commit:
-            raise ValueError("DDTREE does not support hybrid linear-attention models.")
+        runner = self.target_worker.model_runner
+        # Hybrid linear-attention targets: the tree verify leaves one recurrent
+        # state per node; the accepted one is committed after each step.
+        self._linear_state = mambaish_config(runner.model_config) is not None
+        if self._linear_state:
+            linear_state.check_tree_verify_support(runner, self.verify_width)
 
     def _maybe_build_draft_sampler(self):
         # The folded greedy head emits one argmax per depth; the tree needs
@@ -176,6 +186,8 @@ class DDTreeWorker(DFlashWorkerV2):
         res = self._accept(compiled, logits_output.next_token_logits, sampling_info, draft_input, bs)
         commit_lens = (res.num_accepted.to(torch.int32) + 1).contiguous()
         new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+        if self._linear_state:
+            self._commit_linear_state(batch, res, prefix_lens)
         if on_publish is not None:
             on_publish(new_seq_lens)
 
@@ -320,7 +332,9 @@ class DDTreeWorker(DFlashWorkerV2):
                 bs * n * (self._context_len + n),
             )
             custom_mask = dense_verify_mask(compiled.tree_mask, batch.seq_lens, numel)
-        verify_input = DDTreeVerifyInput.from_compiled(compiled, custom_mask=custom_mask)
+        verify_input = DDTreeVerifyInput.from_compiled(
+            compiled, custom_mask=custom_mask, tree_links=self._linear_state
+        )
         try:
             verify_forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         finally:
@@ -362,6 +376,22 @@ class DDTreeWorker(DFlashWorkerV2):
             for t in (res.accept_index, res.num_accepted, res.accept_tokens, res.next_bonus):
                 tp_group.broadcast(t, src=0)
         return res
+
+    def _commit_linear_state(self, batch: ScheduleBatch, res, prefix_lens: torch.Tensor) -> None:
+        """The accepted node's conv and gated-delta state becomes the request's
+        (and a track-boundary node's its radix snapshot's)."""
+        track = batch.mamba_track_indices
+        runner = self.target_worker.model_runner
+        linear_state.commit_linear_state(
+            runner.attn_backend,
+            runner.model,
+            batch.req_pool_indices,
+            track,
+            res.accept_index,
+            res.num_accepted,
+            prefix_lens,
+            get_exec().mamba.mamba_track_interval if track is not None else None,
+        )
 
     def _publish_req_to_token_done(self) -> None:
         """The scheduler's WAR barrier may let result processing (which frees
