@@ -200,6 +200,13 @@ def _runner(backend, pool, arch="Qwen3NextForCausalLM"):
 
 def test_supported_hybrid_passes():
     check_tree_verify_support(_runner(_gdn(), _pool()), 17)
+    check_tree_verify_support(_runner(_gdn(), _pool(n=65)), linear_state.MAX_HYBRID_BUDGET + 1)
+
+
+def test_budget_beyond_the_hybrid_limit_is_refused():
+    width = linear_state.MAX_HYBRID_BUDGET + 2
+    with pytest.raises(ValueError, match="budget up to 64, got 65.*DFLASH"):
+        check_tree_verify_support(_runner(_gdn(), _pool(n=width)), width)
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,10 @@ import torch
 
 #: The linear-attention backend class DDTREE verifies trees with.
 GDN_BACKEND = "GDNAttnBackend"
+#: Largest tree budget on a hybrid target. Upstream's tree-mode causal-conv
+#: kernel unrolls one step per tree node, so its compile time grows faster
+#: than the square of the verify width (measured in docs/ddtree.md).
+MAX_HYBRID_BUDGET = 64
 
 
 def last_accepted_nodes(accept_index: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
@@ -101,6 +105,13 @@ def check_tree_verify_support(model_runner: Any, verify_width: int) -> None:
     tree verify cannot keep right."""
     arch = model_runner.model_config.hf_config.architectures[0]
     dflash = "use --speculative-algorithm DFLASH for this model"
+    if verify_width - 1 > MAX_HYBRID_BUDGET:
+        raise ValueError(
+            f"DDTREE on a hybrid linear-attention target takes --speculative-ddtree-budget up to "
+            f"{MAX_HYBRID_BUDGET}, got {verify_width - 1}: the tree-mode causal-conv kernel unrolls "
+            "one step per tree node and takes minutes to compile past that width. Lower the "
+            f"budget, or {dflash}."
+        )
     linear = linear_attention_backend(model_runner.attn_backend)
     kind = type(linear).__name__ if linear is not None else type(model_runner.attn_backend).__name__
     if linear is None or GDN_BACKEND not in {c.__name__ for c in type(linear).__mro__}:
