@@ -15,8 +15,8 @@
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
-ALL_DIRS=(tree_verify tree_verify_integration ddtree_logic arch_gating e2e ddtree)
-SERVER_DIRS=" e2e ddtree "  # start sglang servers: need the tiny models, leave server logs
+ALL_DIRS=(tree_verify tree_verify_integration ddtree_logic arch_gating e2e ddtree hybrid)
+SERVER_DIRS=" e2e ddtree hybrid "  # start sglang servers: need the tiny models, leave server logs
 
 # name|dir|environment (space-separated VAR=value)|all-gpus when it must run alone on every GPU.
 # Longest first: a free slot takes the next piece in this order. The e2e shares together hold
@@ -27,6 +27,7 @@ PIECES=(
     "e2e-qwen3|e2e|DDTREE_E2E_CONFIGS=qwen3-dflash,qwen3-ddtree|"
     "e2e-triton|e2e|DDTREE_E2E_CONFIGS=triton-nospec,triton-dflash,triton-ddtree|"
     "ddtree|ddtree||"
+    "hybrid|hybrid||"
     "tree_verify|tree_verify||"
     "tree_verify_integration|tree_verify_integration||"
     "ddtree_logic|ddtree_logic||"
@@ -110,7 +111,7 @@ t_all=$(date +%s)
 models_ready() {  # all pairs, not just a manifest: `make_test_models.py --only shapes` writes one too
     local m
     for m in manifest.json tiny-mla/config.json tiny-mla-dflash/config.json tiny-qwen3/config.json \
-             tiny-qwen3-dflash/config.json; do
+             tiny-qwen3-dflash/config.json tiny-qwen3next/config.json tiny-qwen3next-dflash/config.json; do
         [ -f "$DDTREE_TEST_MODELS/$m" ] || return 1
     done
 }

@@ -203,6 +203,14 @@ def test_supported_hybrid_passes():
     check_tree_verify_support(_runner(_gdn(), _pool(n=65)), linear_state.MAX_HYBRID_BUDGET + 1)
 
 
+def test_lazy_snapshot_strategy_is_refused(model_dirs):
+    args = ServerArgs(model_path=model_dirs["mha"], device="cuda", skip_tokenizer_init=True)
+    linear_state.check_radix_strategy(args)
+    lazy = NS(enable_mamba_extra_buffer_lazy=lambda: True)
+    with pytest.raises(ValueError, match="extra_buffer_lazy.*use --mamba-radix-cache-strategy extra_buffer"):
+        linear_state.check_radix_strategy(lazy)
+
+
 def test_budget_beyond_the_hybrid_limit_is_refused():
     width = linear_state.MAX_HYBRID_BUDGET + 2
     with pytest.raises(ValueError, match="budget up to 64, got 65.*DFLASH"):

@@ -8,8 +8,11 @@ window and one gated-delta state per tree node in the pool's intermediate
 buffers, each the state after that node's root path; the request's own slot
 is left as it was. After acceptance the request's state must become the one
 after its last accepted node, and, when the radix cache keeps state snapshots
-(``extra_buffer``), the snapshot slot gets the state at the step that crosses
-a track boundary. Both are node indices into the verify's intermediate
+(``extra_buffer``), the request's current track slot gets the state at the
+step that crosses a track boundary: the scheduler records that snapshot when
+it sees the committed length cross one (the worker rebuilds the track slots
+before the verify with upstream's ``prepare_mamba_track_for_verify``, as
+EAGLE does). Both are node indices into the verify's intermediate
 buffers; upstream's ``update_mamba_state_after_mtp_verify`` copies them.
 
 Startup refuses what this cannot serve, naming the reason and the way out.
@@ -83,6 +86,15 @@ def commit_linear_state(
         model=model,
         req_pool_indices=req_pool_indices[: accept_index.shape[0]],
     )
+
+
+def check_radix_strategy(server_args: Any) -> None:
+    """The lazy snapshot strategy is refused, as upstream refuses it for DFLASH."""
+    if server_args.enable_mamba_extra_buffer_lazy():
+        raise ValueError(
+            "DDTREE on a hybrid target does not support --mamba-radix-cache-strategy "
+            "extra_buffer_lazy (nor does DFLASH): use --mamba-radix-cache-strategy extra_buffer."
+        )
 
 
 def linear_attention_backend(attn_backend: Any) -> Optional[Any]:

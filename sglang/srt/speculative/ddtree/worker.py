@@ -56,7 +56,11 @@ from sglang.srt.speculative.dflash_utils import (
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
+from sglang.srt.speculative.spec_utils import (
+    GrammarTree,
+    build_grammar_vocab_mask,
+    prepare_mamba_track_for_verify,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +100,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._linear_state = mambaish_config(runner.model_config) is not None
         if self._linear_state:
             linear_state.check_tree_verify_support(runner, self.verify_width)
+            linear_state.check_radix_strategy(self.server_args)
 
     def _maybe_build_draft_sampler(self):
         # The folded greedy head emits one argmax per depth; the tree needs
@@ -160,6 +165,10 @@ class DDTreeWorker(DFlashWorkerV2):
             req_to_token, batch.req_pool_indices, prefix_lens, n
         )
         batch.out_cache_loc = cache_loc_2d.reshape(-1)
+        if self._linear_state:
+            # The radix cache's state snapshots go to the requests' current
+            # track slots (rebuilt from the requests, as EAGLE's verify does).
+            prepare_mamba_track_for_verify(batch)
         logits_output, can_run_cuda_graph = self._verify(batch, draft_input, compiled, bs)
 
         sampling_info = batch.sampling_info
