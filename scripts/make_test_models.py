@@ -949,7 +949,12 @@ def generate(
             "drafter": "qwen36-a3b-shape-dflash",
             "load_format": "dummy",
         }
-    (outdir / "manifest.json").write_text(json.dumps(manifest) + "\n")
+    path = outdir / "manifest.json"
+    if path.exists():  # a partial run (--only) into a full set keeps the set's other pairs listed
+        old = json.loads(path.read_text())
+        if all(old.get(k) == manifest[k] for k in ("seed", "noise", "tau")):
+            manifest["models"] = {**old.get("models", {}), **manifest["models"]}
+    path.write_text(json.dumps(manifest) + "\n")
     return manifest
 
 

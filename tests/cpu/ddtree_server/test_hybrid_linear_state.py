@@ -103,6 +103,28 @@ def test_mamba_pool_keeps_dense_windows_for_a_ddtree_server(model_dirs):
     assert pool_dedups("DDTREE") is False
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_ddtree_server_args_resolve_on_a_hybrid_target(model_dirs, overlap):
+    """ServerArgs accept DDTREE on a Gated DeltaNet hybrid: verify width B + 1,
+    EAGLE topk 1, and the mamba radix strategy upstream picks for the scheduler
+    mode (no_buffer without overlap; extra_buffer with it, which the CPU
+    machine cannot resolve: upstream asserts a CUDA device for it)."""
+    kw = dict(
+        model_path=model_dirs["hybrid"], speculative_algorithm="DDTREE",
+        speculative_draft_model_path=model_dirs["draft"], speculative_ddtree_budget=24,
+        attention_backend="triton", device="cuda", skip_tokenizer_init=True,
+        disable_overlap_schedule=not overlap,
+    )
+    if overlap:
+        with pytest.raises(AssertionError, match="extra_buffer needs CUDA"):
+            ServerArgs(**kw)
+        return
+    args = ServerArgs(**kw)
+    assert (args.speculative_num_draft_tokens, args.speculative_eagle_topk) == (25, 1)
+    assert args.mamba_radix_cache_strategy == "no_buffer"
+    assert linear_verify_topk(args.speculative_algorithm, args.speculative_eagle_topk) > 1
+
+
 def test_running_topk_without_published_arguments():
     with _published(None):
         assert running_linear_verify_topk(3) == 3

@@ -244,3 +244,14 @@ def test_generation_is_deterministic(models, tmp_path):
         a = hashlib.sha256((out / sub / "model.safetensors").read_bytes()).hexdigest()
         b = hashlib.sha256((tmp_path / sub / "model.safetensors").read_bytes()).hexdigest()
         assert a == b, sub
+
+
+def test_partial_generation_keeps_the_manifest_complete(tmp_path):
+    """``--only`` into an existing set (as tests/gpu/hybrid does for an older set)
+    adds its pairs to manifest.json instead of dropping the others'."""
+    gen.generate(tmp_path, seed=0, which=("shapes",))
+    manifest = gen.generate(tmp_path, seed=0, which=("hybrid-shapes",))
+    assert set(manifest["models"]) == {"v2lite-shape", "qwen36-a3b-shape"}
+    assert json.loads((tmp_path / "manifest.json").read_text())["models"] == manifest["models"]
+    other_seed = gen.generate(tmp_path, seed=1, which=("hybrid-shapes",))
+    assert set(other_seed["models"]) == {"qwen36-a3b-shape"}  # another seed's tau: nothing kept
