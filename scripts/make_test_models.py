@@ -7,13 +7,15 @@ greedy token is placed by hand, the rest is small seeded noise, and the result
 is an ordinary HF checkpoint (safetensors + config + tokenizer) that upstream
 SGLang loads through its normal code paths.
 
-The greedy rule of both tiny targets is ``y[i+1] = tau(y[i-1])``: layer 0 has
-two attention heads whose RoPE queries/keys peak sharply at relative distance 1
-and copy the previous token's code, and the LM head maps that code through the
-signed permutation ``tau``.  Attention therefore decides every token (a wrong
-KV slot or a wrong mask changes the output), and every greedy step wins by a
-wide logit margin (about 20), so greedy output is numerically stable across
-attention backends.  ``tau`` has one long cycle, so continuations are long and
+The greedy rule of the tiny targets is ``y[i+1] = tau(y[i-1])``: in the MLA and
+Qwen3 targets layer 0 has two attention heads whose RoPE queries/keys peak
+sharply at relative distance 1 and copy the previous token's code, and the LM
+head maps that code through the signed permutation ``tau``.  Attention
+therefore decides every token (a wrong KV slot or a wrong mask changes the
+output), and every greedy step wins by a wide logit margin (about 20), so
+greedy output is numerically stable across attention backends.  In the hybrid
+Qwen3-Next target the previous token's code comes through layer 0's Gated
+DeltaNet instead, read from its recurrent state (``qwen3next_target``).  ``tau`` has one long cycle, so continuations are long and
 non-repeating.
 
 The DFlash drafter predicts block offset ``k`` as ``tau^ceil(k/2)`` of the last
@@ -27,8 +29,11 @@ the chain stops there while a tree with two branches goes on.
 Outputs (``OUTDIR/<name>``):
   tiny-mla, tiny-mla-dflash        DeepSeek-V2 MLA target and its DFlash drafter
   tiny-qwen3, tiny-qwen3-dflash    Qwen3 (GQA) target and its DFlash drafter
+  tiny-qwen3next, tiny-qwen3next-dflash  Qwen3-Next hybrid (Gated DeltaNet) target
+                                   whose linear-attention layer carries the rule
   v2lite-shape, v2lite-shape-dflash  config-only, for ``--load-format dummy``
   qwen3-8b-shape, qwen3-8b-shape-dflash  config-only (Qwen3-8B, GQA), likewise
+  qwen36-a3b-shape, qwen36-a3b-shape-dflash  config-only, Qwen3.6-35B-A3B's text stack
   manifest.json                    the construction facts tests rely on
 """
 
@@ -473,6 +478,131 @@ def qwen3_target(codes: Codes, rng: np.random.Generator, noise: float):
 
 
 # ----------------------------------------------------------------------------
+# Hybrid target: Gated DeltaNet (linear attention) + gated full attention
+
+
+GDN_KERNEL = 4  # causal conv width
+GDN_DECAY = 0.1  # exp(g): the share of the state a step keeps
+GDN_ANCHOR = GDN_DECAY / 6  # query weight on the current token's own write
+GDN_QK_GAIN, GDN_V_GAIN, GDN_Z, GDN_B = 0.25, 16.0, 4.0, 10.0
+GDN_OUT = 1.6  # norm of what layer 0 writes into B
+
+
+def qwen3next_target(codes: Codes, rng: np.random.Generator, noise: float):
+    """Qwen3-Next layout [GDN, attention, GDN, attention], every MLP a small MoE.
+
+    Layer 0's Gated DeltaNet carries the rule: one head with 256-dim keys, so
+    every token code is its own key. Keys and values are the current token's
+    code, so the delta rule stores each token under its own code; the query
+    is the *previous* token's code (the causal conv's previous tap) plus
+    ``GDN_ANCHOR`` times the current one. The state decays by ``GDN_DECAY`` a
+    step, so the read returns the previous token's code at ``GDN_DECAY`` next
+    to the current token's at ``GDN_ANCHOR`` (its write of this step). Both
+    land in B, where the previous token's wins by 6:1 and the LM head maps it
+    through ``tau``. A state that is not the one after the previous
+    token (missing it, or holding it decayed once more) lets the current
+    token's code win, and a wrong conv window reads the wrong previous token:
+    either changes the output. The attention layers and layer 2 are noise.
+    """
+    H, E = HIDDEN, 4
+    nh, nkv, hd = 4, 2, 128
+    kd = vd = CODE_DIM
+    w = Weights(rng, noise)
+    w["model.embed_tokens.weight"] = embeddings(codes)
+    x_u = x_a = rms_scale(3.0)  # layer 0 sees the embeddings
+    silu_z = GDN_Z / (1.0 + math.exp(-GDN_Z))
+    h0 = np.ones(CODE_DIM) / math.sqrt(CODE_DIM)  # Hadamard row 0, which no token uses
+    layer_types = ["linear_attention", "full_attention"] * (TARGET_LAYERS // 2)
+    for layer, kind in enumerate(layer_types):
+        p = f"model.layers.{layer}."
+        w.ones(p + "input_layernorm.weight", H, 0.0)  # Qwen3-Next norms scale by 1 + weight
+        w.ones(p + "post_attention_layernorm.weight", H, 0.0)
+        if kind == "linear_attention":
+            a = p + "linear_attn."
+            qkvz = w.rand(a + "in_proj_qkvz.weight", (2 * kd + 2 * vd, H))
+            ba = w.rand(a + "in_proj_ba.weight", (2, H))
+            conv = w.rand(a + "conv1d.weight", (2 * kd + vd, 1, GDN_KERNEL))
+            out = w.rand(a + "out_proj.weight", (H, vd), std=noise * OUT_NOISE)
+            w.ones(a + "norm.weight", vd)
+            if layer == 0:
+                qkvz[:] = 0.0
+                q, k, v, z = (slice(i * kd, (i + 1) * kd) for i in range(4))
+                qkvz[q, A] = GDN_QK_GAIN * np.eye(kd) / x_a
+                qkvz[k, A] = GDN_QK_GAIN * np.eye(kd) / x_a
+                qkvz[v, A] = GDN_V_GAIN * np.eye(vd) / x_a
+                qkvz[z, U] = GDN_Z / x_u
+                ba[:] = 0.0
+                ba[0, U] = GDN_B / x_u  # beta = sigmoid(b) ~ 1; the decay input a stays 0
+                conv[:] = 0.0
+                conv[q, 0, GDN_KERNEL - 2] = 1.0  # the previous token
+                conv[q, 0, GDN_KERNEL - 1] = GDN_ANCHOR  # the current token
+                conv[k, 0, GDN_KERNEL - 1] = 1.0
+                conv[2 * kd :, 0, GDN_KERNEL - 1] = 1.0  # values: the current token
+                out[B, :] = GDN_OUT * (np.eye(vd) - np.outer(h0, h0)) / (math.sqrt(vd) * silu_z)
+                w["model.layers.0.linear_attn.A_log"] = np.zeros(1)
+                w["model.layers.0.linear_attn.dt_bias"] = np.full(1, math.log(1.0 / GDN_DECAY - 1.0))
+            else:
+                w[a + "A_log"] = np.zeros(1)
+                w[a + "dt_bias"] = np.zeros(1)
+        else:
+            a = p + "self_attn."
+            w.rand(a + "q_proj.weight", (2 * nh * hd, H))
+            w.rand(a + "k_proj.weight", (nkv * hd, H))
+            w.rand(a + "v_proj.weight", (nkv * hd, H))
+            w.rand(a + "o_proj.weight", (H, nh * hd), std=noise * OUT_NOISE)
+            w.ones(a + "q_norm.weight", hd, 0.0)
+            w.ones(a + "k_norm.weight", hd, 0.0)
+        w.rand(p + "mlp.gate.weight", (E, H), std=0.5)
+        for e in range(E):
+            w.rand(p + f"mlp.experts.{e}.gate_proj.weight", (128, H))
+            w.rand(p + f"mlp.experts.{e}.up_proj.weight", (128, H))
+            w.rand(p + f"mlp.experts.{e}.down_proj.weight", (H, 128), std=noise * OUT_NOISE)
+        w.rand(p + "mlp.shared_expert.gate_proj.weight", (128, H))
+        w.rand(p + "mlp.shared_expert.up_proj.weight", (128, H))
+        w.rand(p + "mlp.shared_expert.down_proj.weight", (H, 128), std=noise * OUT_NOISE)
+        w.rand(p + "mlp.shared_expert_gate.weight", (1, H))
+    w.ones("model.norm.weight", H, 0.0)
+    w["lm_head.weight"] = lm_head(codes)
+    config = {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "vocab_size": VOCAB,
+        "hidden_size": H,
+        "intermediate_size": 512,
+        "num_hidden_layers": TARGET_LAYERS,
+        "layer_types": layer_types,
+        "full_attention_interval": 2,
+        "num_attention_heads": nh,
+        "num_key_value_heads": nkv,
+        "head_dim": hd,
+        "partial_rotary_factor": 0.25,
+        "linear_conv_kernel_dim": GDN_KERNEL,
+        "linear_key_head_dim": kd,
+        "linear_value_head_dim": vd,
+        "linear_num_key_heads": 1,
+        "linear_num_value_heads": 1,
+        "num_experts": E,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 128,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POS,
+        "rope_theta": ROPE_THETA,
+        "rope_scaling": None,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "bfloat16",
+    }
+    return w, config
+
+
+# ----------------------------------------------------------------------------
 # DFlash drafter
 
 
@@ -721,6 +851,49 @@ def qwen3_8b_config() -> dict:
     }
 
 
+def qwen36_a3b_config() -> dict:
+    """Qwen3.6-35B-A3B's text stack (10 x [3 Gated DeltaNet + 1 gated attention],
+    MoE everywhere) on the Qwen3-Next architecture, which has the same blocks and
+    which upstream serves text-only with DFlash hooks."""
+    layers = 40
+    return {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "vocab_size": 248320,
+        "hidden_size": 2048,
+        "intermediate_size": 5120,
+        "num_hidden_layers": layers,
+        "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
+        "full_attention_interval": 4,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "partial_rotary_factor": 0.25,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "num_experts": 256,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "hidden_act": "silu",
+        "max_position_embeddings": 262144,
+        "rope_theta": 10000000,
+        "rope_scaling": None,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "bfloat16",
+    }
+
+
 def qwen3_8b_drafter_config(target: dict) -> dict:
     """A 5-layer DFlash drafter in the target's own attention shape, as the public
     Qwen3 DFlash drafters are."""
@@ -752,6 +925,16 @@ def qwen3_8b_drafter_config(target: dict) -> dict:
     }
 
 
+def hybrid_drafter_config(target: dict) -> dict:
+    """A DFlash drafter of the public drafters' shape for that target: five
+    layers at the target's hidden size, features from five spread target layers."""
+    layers = target["num_hidden_layers"]
+    cfg = v2lite_drafter_config(target)
+    cfg["max_position_embeddings"] = target["max_position_embeddings"]
+    cfg["rope_theta"] = target["rope_theta"]
+    cfg["dflash_config"]["target_layer_ids"] = [1 + i * (layers - 3) // 4 for i in range(5)]
+    return cfg
+
 
 # ----------------------------------------------------------------------------
 # Writing
@@ -770,7 +953,9 @@ def save_model(out: Path, weights: dict | None, config: dict) -> None:
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
-def generate(outdir: Path, seed: int = 0, noise: float = 0.02, which=("mla", "qwen3", "shapes")) -> dict:
+def generate(
+    outdir: Path, seed: int = 0, noise: float = 0.02, which=("mla", "qwen3", "hybrid", "shapes", "hybrid-shapes")
+) -> dict:
     rng = np.random.default_rng(seed)
     vocab_words = words(rng)
     codes = Codes(rng)
@@ -799,6 +984,8 @@ def generate(outdir: Path, seed: int = 0, noise: float = 0.02, which=("mla", "qw
         pair("tiny-mla", mla_target)
     if "qwen3" in which:
         pair("tiny-qwen3", qwen3_target)
+    if "hybrid" in which:
+        pair("tiny-qwen3next", qwen3next_target)
     if "shapes" in which:
         tcfg = v2lite_config()
         save_model(outdir / "v2lite-shape", None, tcfg)
@@ -818,7 +1005,22 @@ def generate(outdir: Path, seed: int = 0, noise: float = 0.02, which=("mla", "qw
             "drafter": "qwen3-8b-shape-dflash",
             "load_format": "dummy",
         }
-    (outdir / "manifest.json").write_text(json.dumps(manifest) + "\n")
+    if "hybrid-shapes" in which:
+        tcfg = qwen36_a3b_config()
+        save_model(outdir / "qwen36-a3b-shape", None, tcfg)
+        save_tokenizer(outdir / "qwen36-a3b-shape", vocab_words)
+        save_model(outdir / "qwen36-a3b-shape-dflash", None, hybrid_drafter_config(tcfg))
+        manifest["models"]["qwen36-a3b-shape"] = {
+            "target": "qwen36-a3b-shape",
+            "drafter": "qwen36-a3b-shape-dflash",
+            "load_format": "dummy",
+        }
+    path = outdir / "manifest.json"
+    if path.exists():  # a partial run (--only) into a full set keeps the set's other pairs listed
+        old = json.loads(path.read_text())
+        if all(old.get(k) == manifest[k] for k in ("seed", "noise", "tau")):
+            manifest["models"] = {**old.get("models", {}), **manifest["models"]}
+    path.write_text(json.dumps(manifest) + "\n")
     return manifest
 
 
@@ -827,7 +1029,8 @@ def main(argv=None) -> int:
     ap.add_argument("outdir", type=Path)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--noise", type=float, default=0.02, help="std of the non-structural weights")
-    ap.add_argument("--only", nargs="+", choices=["mla", "qwen3", "shapes"], default=["mla", "qwen3", "shapes"])
+    kinds = ["mla", "qwen3", "hybrid", "shapes", "hybrid-shapes"]
+    ap.add_argument("--only", nargs="+", choices=kinds, default=kinds)
     args = ap.parse_args(argv)
     generate(args.outdir, seed=args.seed, noise=args.noise, which=tuple(args.only))
     print(f"wrote {', '.join(sorted(os.listdir(args.outdir)))} under {args.outdir}")

@@ -16,8 +16,8 @@
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
-ALL_DIRS=(tree_verify tree_verify_integration ddtree_logic arch_gating e2e ddtree serving_defaults)
-SERVER_DIRS=" e2e ddtree serving_defaults "  # start sglang servers: need the test models, leave server logs
+ALL_DIRS=(tree_verify tree_verify_integration ddtree_logic arch_gating e2e ddtree hybrid serving_defaults)
+SERVER_DIRS=" e2e ddtree hybrid serving_defaults "  # start sglang servers: need the test models, leave server logs
 
 # name|dir|environment (space-separated VAR=value)|all-gpus when it must run alone on every GPU
 # (serving_defaults: each server sizes its KV pools from the whole GPU's memory).
@@ -29,6 +29,7 @@ PIECES=(
     "e2e-qwen3|e2e|DDTREE_E2E_CONFIGS=qwen3-dflash,qwen3-ddtree|"
     "e2e-triton|e2e|DDTREE_E2E_CONFIGS=triton-nospec,triton-dflash,triton-ddtree|"
     "ddtree|ddtree||"
+    "hybrid|hybrid||"
     "tree_verify|tree_verify||"
     "tree_verify_integration|tree_verify_integration||"
     "ddtree_logic|ddtree_logic||"
@@ -113,7 +114,8 @@ t_all=$(date +%s)
 models_ready() {  # all pairs, not just a manifest: `make_test_models.py --only shapes` writes one too
     local m
     for m in manifest.json tiny-mla/config.json tiny-mla-dflash/config.json tiny-qwen3/config.json \
-             tiny-qwen3-dflash/config.json qwen3-8b-shape/config.json qwen3-8b-shape-dflash/config.json; do
+             tiny-qwen3-dflash/config.json tiny-qwen3next/config.json tiny-qwen3next-dflash/config.json \
+             qwen3-8b-shape/config.json qwen3-8b-shape-dflash/config.json; do
         [ -f "$DDTREE_TEST_MODELS/$m" ] || return 1
     done
 }

@@ -7,7 +7,7 @@ import torch
 from sglang.srt.speculative.ddtree.draft_topk import (
     local_vocab_topk,
     merge_vocab_shards,
-    vocab_parallel_topk,
+    lm_head_topk,
 )
 
 
@@ -72,7 +72,7 @@ def test_a_rank_without_real_tokens_contributes_nothing():
     torch.testing.assert_close(lp.double(), ref_lp, atol=1e-5, rtol=1e-5)
 
 
-def test_vocab_parallel_topk_chunks_and_gathers():
+def test_lm_head_topk_chunks_and_gathers():
     """The worker's entry point on one rank's slice, with a gather that stacks
     what the other ranks would send (computed here from their slices)."""
     gen = torch.Generator().manual_seed(4)
@@ -92,9 +92,30 @@ def test_vocab_parallel_topk_chunks_and_gathers():
     old = dt._CHUNK_ELEMS
     dt._CHUNK_ELEMS = 2 * v0  # two rows per matmul: exercises the chunk loop
     try:
-        lp, ids = vocab_parallel_topk(hidden, w0, k, s0, v0, gather)
+        lp, ids = lm_head_topk(hidden, w0, k, s0, v0, gather)
     finally:
         dt._CHUNK_ELEMS = old
     ref_lp, ref_ids = reference_topk(hidden, weight, k, vocab)
     assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(lp.double(), ref_lp, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 3, 64])
+def test_lm_head_topk_on_one_rank(rows_per_chunk):
+    """One rank (no gather): the same chunk loop, ``torch.topk`` instead of the
+    id-ordered sort; ids past ``num_valid`` (LM-head padding) never appear."""
+    gen = torch.Generator().manual_seed(5)
+    vocab, k = 300, 16
+    weight = torch.randn(vocab + 4, 16, generator=gen)
+    hidden = torch.randn(7, 16, generator=gen)
+    import sglang.srt.speculative.ddtree.draft_topk as dt
+
+    old = dt._CHUNK_ELEMS
+    dt._CHUNK_ELEMS = rows_per_chunk * vocab
+    try:
+        lp, ids = lm_head_topk(hidden, weight, k, 0, vocab)
+    finally:
+        dt._CHUNK_ELEMS = old
+    ref_lp, ref_ids = reference_topk(hidden, weight, k, vocab)
+    assert torch.equal(ids, ref_ids)  # random logits: no ties
     torch.testing.assert_close(lp.double(), ref_lp, atol=1e-4, rtol=1e-5)

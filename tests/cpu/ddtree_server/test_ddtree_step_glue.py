@@ -1,6 +1,6 @@
 """The worker's pure pieces on CPU tensors: verify input from a compiled tree,
-the dense TARGET_VERIFY mask from the ancestor bitmask, and the commit glue
-(KV window permutation, emitted tokens, drafter context rows).
+the dense TARGET_VERIFY mask from the ancestor bitmask, and the step's
+request-state glue (``step_io``: KV window permutation, emitted tokens, drafter context rows).
 
 The last test runs whole decode steps against an oracle target with a fake
 paged KV store, checking that the emitted text is the oracle's greedy text and
@@ -13,14 +13,14 @@ import random
 import pytest
 import torch
 
-from sglang.srt.speculative.ddtree import commit
+from sglang.srt.speculative.ddtree import step_io
 from sglang.srt.speculative.ddtree.accept import greedy_accept
 from sglang.srt.speculative.ddtree.info import (
     DDTreeVerifyInput,
     dense_mask_numel_bound,
     dense_verify_mask,
 )
-from sglang.srt.speculative.ddtree.kv_commit import plan_kv_remap
+from sglang.srt.speculative.ddtree.kv_slot_plan import plan_kv_remap
 from sglang.srt.speculative.ddtree.tree_build import build_tree
 from sglang.srt.speculative.ddtree.tree_compile import compile_tree, max_tree_depth
 from sglang.srt.speculative.spec_info import SpecInputType
@@ -148,12 +148,12 @@ def test_commit_window_permutation(seed):
     predict, paths = _greedy_predictions_along(compiled, rng.randint(0, 5), rng)
     res = greedy_accept(compiled, predict, use_kernel=False)
 
-    loc = commit.tree_cache_locs(req_to_token, pool_rows, prefix, n)
+    loc = step_io.tree_cache_locs(req_to_token, pool_rows, prefix, n)
     for b in range(bs):
         P = int(prefix[b])
         assert loc[b].tolist() == before[pool_rows[b], P: P + n].tolist()
     kv = plan_kv_remap(loc, res.accept_index, res.num_accepted)
-    commit.write_tree_window(req_to_token, pool_rows, prefix, kv.new_cache_loc)
+    step_io.write_tree_window(req_to_token, pool_rows, prefix, kv.new_cache_loc)
 
     for b in range(bs):
         row, P = int(pool_rows[b]), int(prefix[b])
@@ -171,7 +171,7 @@ def test_commit_window_permutation(seed):
     untouched = [r for r in range(6) if r not in pool_rows.tolist()]
     assert torch.equal(req_to_token[untouched], before[untouched])
 
-    out = commit.output_tokens(res, n)
+    out = step_io.output_tokens(res, n)
     assert out.shape == (bs, n)
     for b in range(bs):
         k = int(res.num_accepted[b])
@@ -188,7 +188,7 @@ def test_draft_context_inputs():
     res = greedy_accept(compiled, predict, use_kernel=False)
     hidden = torch.arange(bs * n * 3, dtype=torch.float32).view(bs * n, 3)
     new_loc = torch.arange(bs * n).view(bs, n) + 100
-    h, pos, loc2d, lens = commit.draft_context_inputs(hidden, res, new_loc, prefix)
+    h, pos, loc2d, lens = step_io.draft_context_inputs(hidden, res, new_loc, prefix)
     width = compiled.max_depth + 1
     assert h.shape == (bs * width, 3) and pos.shape == (bs * width,)
     assert loc2d.shape == (bs, width) and lens.dtype == torch.int32
@@ -243,7 +243,7 @@ def test_multi_step_lossless_and_kv_consistent(seed):
         vals, ids = torch.topk(lp, budget, -1)
         tree = build_tree(vals, ids, budget, use_triton=False)
         compiled = compile_tree(tree, bonus, prefix, max_tree_depth(budget, depths))
-        loc = commit.tree_cache_locs(req_to_token, pool_rows, prefix, n)
+        loc = step_io.tree_cache_locs(req_to_token, pool_rows, prefix, n)
         # Verify: every node writes its KV and yields the oracle's argmax
         # given its own root path (what the tree mask guarantees).
         predict = torch.empty((bs, n), dtype=torch.int64)
@@ -259,8 +259,8 @@ def test_multi_step_lossless_and_kv_consistent(seed):
                 predict[b, i] = _oracle(ctx)
         res = greedy_accept(compiled, predict, use_kernel=False)
         plan = plan_kv_remap(loc, res.accept_index, res.num_accepted)
-        commit.write_tree_window(req_to_token, pool_rows, prefix, plan.new_cache_loc)
-        out = commit.output_tokens(res, n)
+        step_io.write_tree_window(req_to_token, pool_rows, prefix, plan.new_cache_loc)
+        out = step_io.output_tokens(res, n)
         for b in range(bs):
             k = int(res.num_accepted[b])
             for t in out[b, : k + 1].tolist():

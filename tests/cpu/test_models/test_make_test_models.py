@@ -1,8 +1,8 @@
 """The generated test models load as ordinary HF checkpoints and behave as constructed.
 
-The targets are run through transformers' own DeepseekV2 / Qwen3 modelling code
-(not ours), and the drafter through a plain torch forward written from
-upstream's ``sglang/srt/models/dflash.py`` semantics, using transformers' RoPE.
+The targets are run through transformers' own DeepseekV2 / Qwen3 / Qwen3-Next
+modelling code (not ours), and the drafter through a plain torch forward written
+from upstream's ``sglang/srt/models/dflash.py`` semantics, using transformers' RoPE.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_dirs_load_with_transformers(models):
     from transformers import AutoConfig, AutoTokenizer
 
     out, manifest = models
-    for name in ("tiny-mla", "tiny-qwen3", "v2lite-shape", "qwen3-8b-shape"):
+    for name in ("tiny-mla", "tiny-qwen3", "tiny-qwen3next", "v2lite-shape", "qwen3-8b-shape", "qwen36-a3b-shape"):
         cfg = AutoConfig.from_pretrained(str(out / name))
         tok = AutoTokenizer.from_pretrained(str(out / name))
         assert tok.convert_tokens_to_ids("<|MASK|>") == manifest["mask_token_id"]
@@ -55,7 +55,8 @@ def test_dirs_load_with_transformers(models):
         assert text.startswith("<|bos|><|user|>") and text.endswith("<|assistant|>")
     assert AutoConfig.from_pretrained(str(out / "tiny-mla")).kv_lora_rank == 512
     assert AutoConfig.from_pretrained(str(out / "tiny-mla")).qk_rope_head_dim == 64
-    for name in ("tiny-mla-dflash", "tiny-qwen3-dflash", "v2lite-shape-dflash", "qwen3-8b-shape-dflash"):
+    for name in ("tiny-mla-dflash", "tiny-qwen3-dflash", "tiny-qwen3next-dflash", "v2lite-shape-dflash",
+                 "qwen3-8b-shape-dflash", "qwen36-a3b-shape-dflash"):
         cfg = json.loads((out / name / "config.json").read_text())
         target = json.loads((out / name.replace("-dflash", "") / "config.json").read_text())
         assert cfg["architectures"] == ["DFlashDraftModel"]
@@ -73,12 +74,12 @@ def test_dirs_load_with_transformers(models):
     # transformers loads the targets with no missing or unexpected weights.
     from transformers import AutoModelForCausalLM
 
-    for name in ("tiny-mla", "tiny-qwen3"):
+    for name in ("tiny-mla", "tiny-qwen3", "tiny-qwen3next"):
         _, info = AutoModelForCausalLM.from_pretrained(str(out / name), output_loading_info=True)
         assert not info["missing_keys"] and not info["unexpected_keys"], (name, info)
 
 
-@pytest.mark.parametrize("name", ["tiny-mla", "tiny-qwen3"])
+@pytest.mark.parametrize("name", ["tiny-mla", "tiny-qwen3", "tiny-qwen3next"])
 def test_target_greedy_rule_and_margin(models, name):
     out, manifest = models
     tau = torch.tensor(manifest["tau"])
@@ -182,7 +183,7 @@ def _ref_draft_offsets(out: Path, name: str, prompt: torch.Tensor, bonus: int):
     return logits[1:]  # offsets 1..15
 
 
-@pytest.mark.parametrize("name", ["tiny-mla", "tiny-qwen3"])
+@pytest.mark.parametrize("name", ["tiny-mla", "tiny-qwen3", "tiny-qwen3next"])
 def test_drafter_predicts_the_target_continuation(models, name):
     out, manifest = models
     g = torch.Generator().manual_seed(7)
@@ -198,6 +199,42 @@ def test_drafter_predicts_the_target_continuation(models, name):
             assert top2[k - 1, 0] != truth[k - 1] and top2[k - 1, 1] == truth[k - 1]
         else:
             assert top2[k - 1, 0] == truth[k - 1], (k, top2[k - 1].tolist(), truth[k - 1])
+
+
+def test_hybrid_target_reads_the_previous_token_from_the_recurrent_state(models):
+    """The hybrid target's rule goes through layer 0's Gated DeltaNet state: with
+    the state after the previous token the next token follows the rule; with no
+    state, or with the state one token older (what a node would get from its
+    grandparent instead of its parent), it does not, and neither with a stale
+    conv window. Decoded one token at a time through transformers' cache."""
+    import copy
+
+    out, manifest = models
+    tau = manifest["tau"]
+    model = _target(out / "tiny-qwen3next")
+    g = torch.Generator().manual_seed(3)
+    trials, broken = 20, {"no state": 0, "older state": 0, "older conv window": 0}
+    for _ in range(trials):
+        prompt = torch.randint(gen.NUM_SPECIAL, gen.VOCAB, (int(torch.randint(5, 60, (1,), generator=g)),), generator=g)
+        prompt[0] = 1
+        want = tau[int(prompt[-2])]
+        with torch.no_grad():
+            cache = model(prompt[None, :-1], use_cache=True).past_key_values
+            older = model(prompt[None, :-2], use_cache=True).past_key_values
+
+            def next_token(edit=None):
+                c = copy.deepcopy(cache)
+                if edit is not None:
+                    edit(c.layers[0])
+                return int(model(prompt[None, -1:], past_key_values=c, use_cache=True).logits[0, -1].argmax())
+
+            assert next_token() == want
+            broken["no state"] += next_token(lambda s: s.recurrent_states.zero_()) != want
+            broken["older state"] += next_token(lambda s: s.recurrent_states.copy_(older.layers[0].recurrent_states)) != want
+            broken["older conv window"] += next_token(lambda s: s.conv_states.copy_(older.layers[0].conv_states)) != want
+    # A token whose row repeats the previous one's is stored by its own write: the
+    # state does not matter for it, which random prompts hit now and then.
+    assert all(n >= trials - 2 for n in broken.values()), broken
 
 
 def test_generation_is_deterministic(models, tmp_path):
@@ -239,3 +276,14 @@ def test_shape_pairs_read_by_sglang(models, name, arch, layers, kv_per_token_lay
     assert parsed.resolve_block_size(default=None) == gen.BLOCK_SIZE
     ids = parsed.resolve_target_layer_ids(target_num_layers=layers, draft_num_layers=5)
     assert len(ids) == 5 and max(ids) < layers - 1
+
+
+def test_partial_generation_keeps_the_manifest_complete(tmp_path):
+    """``--only`` into an existing set (as tests/gpu/hybrid does for an older set)
+    adds its pairs to manifest.json instead of dropping the others'."""
+    gen.generate(tmp_path, seed=0, which=("shapes",))
+    manifest = gen.generate(tmp_path, seed=0, which=("hybrid-shapes",))
+    assert set(manifest["models"]) == {"v2lite-shape", "qwen3-8b-shape", "qwen36-a3b-shape"}
+    assert json.loads((tmp_path / "manifest.json").read_text())["models"] == manifest["models"]
+    other_seed = gen.generate(tmp_path, seed=1, which=("hybrid-shapes",))
+    assert set(other_seed["models"]) == {"qwen36-a3b-shape"}  # another seed's tau: nothing kept

@@ -28,6 +28,8 @@ import pytest
 TREE_SERVERS = [
     s for s in os.environ.get("DDTREE_E2E_SERVERS", "ddtree,ddtree_eager").split(",") if s
 ]
+#: Tree budget of the DDTREE servers.
+BUDGET = int(os.environ.get("DDTREE_E2E_BUDGET", "16"))
 STRICT_KV_CHECK = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1"}
 COMMON = [
     "--attention-backend", "triton",
@@ -58,7 +60,7 @@ def servers(request, tiny_models, gpu_log_dir):
     ddtree = [
         "--speculative-algorithm", "DDTREE",
         "--speculative-draft-model-path", str(tiny_models / "tiny-mla-dflash"),
-        "--speculative-ddtree-budget", os.environ.get("DDTREE_E2E_BUDGET", "16"),
+        "--speculative-ddtree-budget", str(BUDGET),
         *shlex.split(os.environ.get("DDTREE_E2E_EXTRA_ARGS", "")),
     ]
     # Tree statistics reach /metrics every 8 verify steps (default 256), so the

@@ -12,6 +12,8 @@ On the GPU host after scripts/gpu_host/install.sh:
 from __future__ import annotations
 
 import json
+import math
+import os
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -41,19 +43,40 @@ def _tau_rule(models, prompt, n):
     return seq[len(prompt):]
 
 
+def _chain_min_verify_steps(models, n):
+    """Fewest verify steps in which any chain over this drafter's blocks can emit
+    ``n`` tokens. The drafter's top-1 is a decoy at block offset ``decoy_offset``,
+    so a chain commits at most ``decoy_offset`` tokens a step (the drafts before
+    the decoy and the bonus), after the first token, which prefill emits."""
+    manifest = json.loads((models / "manifest.json").read_text())
+    decoy = manifest["decoy_offset"]
+    assert 1 <= decoy < manifest["block_size"]
+    return math.ceil((n - 1) / decoy)
+
+
+#: The suite's default budget holds both depth-5 candidates: best-first spends 16
+#: nodes on depths 1-4, the decoy and the right token at depth 5 and 10 nodes under
+#: the decoy (docs/device-runs/ddtree.md). A much smaller tree may not.
+TREE_HOLDS_BOTH_BRANCHES = int(os.environ.get("DDTREE_E2E_BUDGET", "16")) >= 16
+
+
 def test_greedy_single_identical(servers, tree, tiny_models):
     base = servers["baseline"]
+    n = 96
     prompt = _prompts(1, seed=1)[0]
-    want, _ = _greedy(base, prompt, 96)
-    got, meta = _greedy(tree, prompt, 96)
+    want, _ = _greedy(base, prompt, n)
+    got, meta = _greedy(tree, prompt, n)
     assert got == want
     # The constructed target follows y[i+1] = tau(y[i-1]) (sanity of the reference).
-    assert want == _tau_rule(tiny_models, prompt, 96)
-    # The constructed drafter agrees with the target except for a decoy at
-    # depth 5 that a tree routes around: the tree must pay off beyond a chain.
+    assert want == _tau_rule(tiny_models, prompt, n)
     print(f"\n[{tree.name}] accept length {meta.get('spec_accept_length')}, verify steps {meta.get('spec_verify_ct')}")
-    assert meta["spec_verify_ct"] < 96
-    assert meta["spec_accept_length"] > 2.0, meta
+    # The tree pays off beyond a chain: it takes the decoy's sibling, the right
+    # token, at block offset 5 and goes on, so it needs fewer verify steps than
+    # a chain over the same drafter can.
+    if TREE_HOLDS_BOTH_BRANCHES:
+        chain_steps = _chain_min_verify_steps(tiny_models, n)
+        assert meta["spec_verify_ct"] < chain_steps, (meta, chain_steps)
+        assert meta["spec_accept_length"] > n / chain_steps, meta
 
 
 def test_greedy_concurrent_identical(servers, tree):

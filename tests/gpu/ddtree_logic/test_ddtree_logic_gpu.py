@@ -21,7 +21,7 @@ from sglang.srt.speculative.ddtree.accept import (  # noqa: E402
     kernel_ops_available,
     sample_accept,
 )
-from sglang.srt.speculative.ddtree.kv_commit import plan_kv_compaction, plan_kv_remap  # noqa: E402
+from sglang.srt.speculative.ddtree.kv_slot_plan import plan_kv_compaction, plan_kv_remap  # noqa: E402
 from sglang.srt.speculative.ddtree.reference import build_tree_ref_batched  # noqa: E402
 from sglang.srt.speculative.ddtree.tree_build import (  # noqa: E402
     build_tree,

@@ -1,19 +1,22 @@
-"""Per-depth top-K of the drafter's log-softmax over a vocabulary split across TP ranks.
+"""Per-depth top-K of the drafter's log-softmax under the target's LM head.
 
 The DFlash drafter has no head of its own; DDTREE scores its hidden states with
 the target's LM head, which under tensor parallelism holds one contiguous slice
 of the vocabulary per rank. The full-vocabulary top-K is then the top-K of the
 ranks' local top-Ks, and the log-softmax normaliser is the log-sum-exp of the
 ranks' local log-sum-exps; each rank gathers ``K`` values, ``K`` ids and one
-normaliser per row instead of its whole logit slice.
+normaliser per row instead of its whole logit slice. On one rank the local
+top-K is the answer. Either way the logits are scored a bounded number of rows
+at a time (``lm_head_topk``).
 
-Ties are broken towards the lower token id, on every rank alike, so all ranks
-build the same tree.
+Under TP, ties are broken towards the lower token id on every rank alike, so
+all ranks build the same tree; one rank needs no such agreement and takes
+``torch.topk``'s order.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -22,7 +25,7 @@ _CHUNK_ELEMS = 1 << 26
 
 
 def local_vocab_topk(
-    logits: torch.Tensor, k: int, id_offset: int, num_valid: int
+    logits: torch.Tensor, k: int, id_offset: int, num_valid: int, *, stable: bool = True
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-``k`` of one rank's logit slice.
 
@@ -30,7 +33,8 @@ def local_vocab_topk(
     real tokens (``id_offset + j``), the rest is padding or past the model's
     vocabulary. Returns ``(values [R, k], ids [R, k], lse [R])``; a slice with
     fewer than ``k`` real tokens pads with ``-inf`` (id 0), never chosen while
-    the vocabulary as a whole holds ``k`` tokens.
+    the vocabulary as a whole holds ``k`` tokens. ``stable`` orders equal
+    values by id (a full sort); without it ``torch.topk`` picks among ties.
     """
     rows = logits.shape[0]
     num_valid = max(0, min(int(num_valid), logits.shape[1]))
@@ -43,11 +47,15 @@ def local_vocab_topk(
     values = torch.full((rows, k), float("-inf"), dtype=torch.float32, device=logits.device)
     ids = torch.zeros((rows, k), dtype=torch.int64, device=logits.device)
     if take > 0:
-        # Columns are in id order; a stable descending sort keeps the lower id
-        # first among equal values.
-        order = torch.sort(real, dim=-1, descending=True, stable=True)
-        values[:, :take] = order.values[:, :take]
-        ids[:, :take] = order.indices[:, :take] + int(id_offset)
+        if stable:
+            # Columns are in id order; a stable descending sort keeps the lower
+            # id first among equal values.
+            order = torch.sort(real, dim=-1, descending=True, stable=True)
+            top_v, top_i = order.values[:, :take], order.indices[:, :take]
+        else:
+            top_v, top_i = torch.topk(real, take, dim=-1, largest=True, sorted=True)
+        values[:, :take] = top_v
+        ids[:, :take] = top_i + int(id_offset)
     return values, ids, lse
 
 
@@ -70,19 +78,21 @@ def merge_vocab_shards(
     return top_v - norm, top_i
 
 
-def vocab_parallel_topk(
+def lm_head_topk(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     k: int,
     id_offset: int,
     num_valid: int,
-    gather: Callable[[torch.Tensor], torch.Tensor],
+    gather: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Global top-``k`` log-probs and ids of ``hidden @ weight.T`` over all ranks.
+    """Top-``k`` log-probs (``[R, k]`` float32, descending) and ids (int64) of
+    ``log_softmax(hidden @ weight.T)`` over the whole vocabulary.
 
     ``weight``: this rank's LM-head slice (``[V_local, H]``), whose first
-    ``num_valid`` rows are the tokens ``id_offset ...``; ``gather(x)`` stacks
-    ``x`` from every rank along a new leading dim (identity stacking on one rank).
+    ``num_valid`` rows are the tokens ``id_offset ...``. ``gather(x)`` stacks
+    ``x`` from every tensor-parallel rank along a new leading dim; ``None``
+    means this rank holds the whole vocabulary.
     """
     rows = hidden.shape[0]
     local_v = torch.empty((rows, k), dtype=torch.float32, device=hidden.device)
@@ -94,6 +104,9 @@ def vocab_parallel_topk(
     for start in range(0, rows, chunk):
         end = min(rows, start + chunk)
         logits = torch.matmul(hidden[start:end].to(w.dtype), w.T).float()
-        v, i, lse = local_vocab_topk(logits, k, id_offset, num_valid)
+        v, i, lse = local_vocab_topk(logits, k, id_offset, num_valid, stable=gather is not None)
         local_v[start:end], local_i[start:end], local_lse[start:end] = v, i, lse
+    if gather is None:
+        return local_v - local_lse.unsqueeze(1), local_i
     return merge_vocab_shards(gather(local_v), gather(local_i), gather(local_lse), k)
+

@@ -13,6 +13,11 @@ carries the tree:
 
 Positions are ``committed_len + depth`` (siblings share one), passed through
 ``positions`` as the DFlash chain does.
+
+On hybrid linear-attention targets the verify input also carries the tree as
+``retrieve_next_token`` / ``retrieve_next_sibling`` (``int32 [bs, N]``: first
+child and next sibling, -1 for none), the links upstream's linear-attention
+backend hands its causal-conv and gated-delta kernels in tree mode.
 """
 
 from __future__ import annotations
@@ -85,11 +90,24 @@ class DDTreeVerifyInput(DFlashVerifyInput):
     """
 
     tree_mask_bits: Optional[torch.Tensor] = None
+    retrieve_next_token: Optional[torch.Tensor] = None
+    retrieve_next_sibling: Optional[torch.Tensor] = None
 
     @classmethod
     def from_compiled(
-        cls, tree: CompiledTree, *, custom_mask: Optional[torch.Tensor] = None
+        cls,
+        tree: CompiledTree,
+        *,
+        custom_mask: Optional[torch.Tensor] = None,
+        tree_links: bool = False,
     ) -> "DDTreeVerifyInput":
+        """``tree_links``: also carry ``retrieve_next_*`` (hybrid targets)."""
+        links = {}
+        if tree_links:
+            links = dict(
+                retrieve_next_token=tree.retrive_next_token.to(torch.int32),
+                retrieve_next_sibling=tree.retrive_next_sibling.to(torch.int32),
+            )
         return cls(
             draft_token=tree.tokens.reshape(-1),
             positions=tree.positions.reshape(-1),
@@ -97,4 +115,5 @@ class DDTreeVerifyInput(DFlashVerifyInput):
             custom_mask=custom_mask,
             capture_hidden_mode=CaptureHiddenMode.FULL,
             tree_mask_bits=tree.tree_mask,
+            **links,
         )

@@ -16,6 +16,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from sglang.srt.speculative.ddtree.draft_tree import DraftTree
+
 
 @dataclass
 class RefNode:
@@ -64,9 +66,7 @@ def build_tree_ref(
 
 
 def build_tree_ref_batched(logprobs: torch.Tensor, token_ids: torch.Tensor, budget: int):
-    """``build_tree_ref`` over a batch, packed like ``tree_build.DraftTree``."""
-    from sglang.srt.speculative.ddtree.tree_build import DraftTree
-
+    """``build_tree_ref`` over a batch, packed as a ``DraftTree``."""
     bs = logprobs.shape[0]
     token = torch.zeros((bs, budget), dtype=torch.int64)
     parent = torch.full((bs, budget), -1, dtype=torch.int32)

@@ -28,41 +28,17 @@ so B slots suffice and no compaction is needed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.speculative.ddtree.draft_tree import FIELDS, DraftTree, empty_tree
+from sglang.srt.speculative.ddtree.reference import build_tree_ref_batched
+
 #: Largest supported tree budget (nodes besides the root).
 MAX_BUDGET = 256
-
-
-@dataclass
-class DraftTree:
-    """Selected nodes per request, in pop order (node n is column n - 1).
-
-    Requests whose draft offers fewer than B distinct prefixes (only possible
-    when the vocabulary is smaller than B) are padded: a padded node has
-    ``parent == -1``, ``depth == 0``, ``token == 0`` and ``score == -inf``;
-    ``num_nodes`` counts the real ones. Real nodes always come first.
-    """
-
-    node_token: torch.Tensor  # [bs, B] int64 token ids
-    node_parent: torch.Tensor  # [bs, B] int32, index into 0..B (0 = root), -1 = padding
-    node_depth: torch.Tensor  # [bs, B] int32 in 1..L, 0 = padding
-    node_rank: torch.Tensor  # [bs, B] int32 rank of the token among its depth's top-K
-    node_score: torch.Tensor  # [bs, B] float32 accumulated path log-prob
-    num_nodes: torch.Tensor  # [bs] int32
-
-    @property
-    def budget(self) -> int:
-        return self.node_token.shape[1]
-
-    @property
-    def batch_size(self) -> int:
-        return self.node_token.shape[0]
 
 
 def draft_topk(
@@ -107,7 +83,7 @@ def build_tree(
     device = logprobs.device
     if out is not None:
         _check_out(out, bs, budget, device)
-    tree = out if out is not None else _empty_tree(bs, budget, device)
+    tree = out if out is not None else empty_tree(bs, budget, device)
     if bs == 0:
         return tree
     runnable = device.type == "cuda" or triton_interpreted()
@@ -117,10 +93,8 @@ def build_tree(
             f"set before import; got tensors on {device}"
         )
     if not (runnable if use_triton is None else use_triton):
-        from sglang.srt.speculative.ddtree.reference import build_tree_ref_batched
-
         ref = build_tree_ref_batched(logprobs[..., :k], token_ids[..., :k], budget)
-        for name in _FIELDS:
+        for name in FIELDS:
             getattr(tree, name).copy_(getattr(ref, name))
         return tree
 
@@ -159,12 +133,9 @@ def build_tree_from_logits(
     return build_tree(logprobs, token_ids, budget, out=out)
 
 
-_FIELDS = ("node_token", "node_parent", "node_depth", "node_rank", "node_score", "num_nodes")
-
-
 def _check_out(out: DraftTree, bs: int, budget: int, device) -> None:
-    reference = _empty_tree(0, budget, device)
-    for name in _FIELDS:
+    reference = empty_tree(0, budget, device)
+    for name in FIELDS:
         t, want = getattr(out, name), getattr(reference, name)
         shape = (bs, budget) if want.dim() == 2 else (bs,)
         if tuple(t.shape) != shape or t.dtype != want.dtype or not t.is_contiguous() or t.device != device:
@@ -185,17 +156,6 @@ def _launch_config(budget: int) -> Tuple[int, int]:
 def triton_interpreted() -> bool:
     """Whether the build kernel was decorated under ``TRITON_INTERPRET=1``."""
     return type(_ddtree_build_kernel).__name__ == "InterpretedFunction"
-
-
-def _empty_tree(bs: int, budget: int, device) -> DraftTree:
-    return DraftTree(
-        node_token=torch.empty((bs, budget), dtype=torch.int64, device=device),
-        node_parent=torch.empty((bs, budget), dtype=torch.int32, device=device),
-        node_depth=torch.empty((bs, budget), dtype=torch.int32, device=device),
-        node_rank=torch.empty((bs, budget), dtype=torch.int32, device=device),
-        node_score=torch.empty((bs, budget), dtype=torch.float32, device=device),
-        num_nodes=torch.empty((bs,), dtype=torch.int32, device=device),
-    )
 
 
 def _check_budget(budget: int) -> None:

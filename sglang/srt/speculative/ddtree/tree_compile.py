@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.srt.speculative.ddtree.tree_build import DraftTree
+from sglang.srt.speculative.ddtree.draft_tree import DraftTree
 from sglang.srt.speculative.ddtree.tree_build import triton_interpreted as _interpreted
 
 

@@ -9,7 +9,9 @@ path and context-KV materialisation. Only the decode step differs:
 4. target verify over the N = B + 1 tree tokens with the tree mask;
 5. acceptance, greedy or target-only sampling (``accept``);
 6. commit: permute the tree's KV window so the kept path comes first
-   (``kv_commit``), feed the kept nodes' verify hidden states to the drafter.
+   (``kv_slot_plan``), feed the kept nodes' verify hidden states to the drafter;
+   on hybrid linear-attention targets, keep the accepted node's recurrent
+   state (``linear_state``).
 
 No step syncs the host, so the overlap scheduler keeps the GPU busy.
 """
@@ -21,7 +23,7 @@ from typing import Tuple
 
 import torch
 
-from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
+from sglang.srt.configs.hybrid_arch import mambaish_config
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -30,16 +32,18 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
 )
-from sglang.srt.speculative.ddtree import commit as ddtree_commit
+from sglang.srt.runtime_context import get_exec
+from sglang.srt.speculative.ddtree import linear_state, step_io
 from sglang.srt.speculative.ddtree.accept import greedy_accept, sample_accept, target_probs_from_logits
-from sglang.srt.speculative.ddtree.draft_topk import vocab_parallel_topk
+from sglang.srt.speculative.ddtree.dflash_internals import DFlashInternals
+from sglang.srt.speculative.ddtree.draft_topk import lm_head_topk
 from sglang.srt.speculative.ddtree.info import (
     DDTreeVerifyInput,
     backend_reads_tree_mask_bits,
     dense_mask_numel_bound,
     dense_verify_mask,
 )
-from sglang.srt.speculative.ddtree.kv_commit import plan_kv_remap
+from sglang.srt.speculative.ddtree.kv_slot_plan import plan_kv_remap
 from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats
 from sglang.srt.speculative.ddtree.tree_build import build_tree
 from sglang.srt.speculative.ddtree.tree_compile import compile_tree, max_tree_depth
@@ -52,18 +56,20 @@ from sglang.srt.speculative.dflash_utils import (
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.spec_utils import GrammarTree, build_grammar_vocab_mask
+from sglang.srt.speculative.spec_utils import (
+    GrammarTree,
+    build_grammar_vocab_mask,
+    prepare_mamba_track_for_verify,
+)
 
 logger = logging.getLogger(__name__)
-
-# Rows of draft logits materialised at once for the per-depth top-K
-# (rows * vocab fp32 values): bounds the transient memory at large vocabularies.
-_TOPK_CHUNK_ELEMS = 1 << 26
 
 
 class DDTreeWorker(DFlashWorkerV2):
     def __init__(self, server_args, gpu_id, ps, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
+        self._dflash = DFlashInternals(self)
+        self._linear_state = False  # set by init_attention_backends
         self.budget = int(server_args.speculative_ddtree_budget)
         self.topk = int(server_args.speculative_ddtree_topk)
         self.verify_width = self.budget + 1
@@ -88,8 +94,13 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def init_attention_backends(self):
         super().init_attention_backends()
-        if self._need_mamba_verify_commit:
-            raise ValueError("DDTREE does not support hybrid linear-attention models.")
+        runner = self.target_worker.model_runner
+        # Hybrid linear-attention targets: the tree verify leaves one recurrent
+        # state per node; the accepted one is committed after each step.
+        self._linear_state = mambaish_config(runner.model_config) is not None
+        if self._linear_state:
+            linear_state.check_tree_verify_support(runner, self.verify_width)
+            linear_state.check_radix_strategy(self.server_args)
 
     def _maybe_build_draft_sampler(self):
         # The folded greedy head emits one argmax per depth; the tree needs
@@ -119,7 +130,7 @@ class DDTreeWorker(DFlashWorkerV2):
             )
         if getattr(batch, "return_logprob", False):
             raise ValueError("DDTREE speculative decoding does not support return_logprob yet.")
-        self._validate_phase1_sampling_support(batch)
+        self._dflash.validate_sampling(batch)
 
         draft_input = batch.spec_info
         if not isinstance(draft_input, DFlashDraftInputV2):
@@ -150,10 +161,14 @@ class DDTreeWorker(DFlashWorkerV2):
         )
 
         # 4) verify.
-        cache_loc_2d = ddtree_commit.tree_cache_locs(
+        cache_loc_2d = step_io.tree_cache_locs(
             req_to_token, batch.req_pool_indices, prefix_lens, n
         )
         batch.out_cache_loc = cache_loc_2d.reshape(-1)
+        if self._linear_state:
+            # The radix cache's state snapshots go to the requests' current
+            # track slots (rebuilt from the requests, as EAGLE's verify does).
+            prepare_mamba_track_for_verify(batch)
         logits_output, can_run_cuda_graph = self._verify(batch, draft_input, compiled, bs)
 
         sampling_info = batch.sampling_info
@@ -180,12 +195,14 @@ class DDTreeWorker(DFlashWorkerV2):
         res = self._accept(compiled, logits_output.next_token_logits, sampling_info, draft_input, bs)
         commit_lens = (res.num_accepted.to(torch.int32) + 1).contiguous()
         new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
+        if self._linear_state:
+            self._commit_linear_state(batch, res, prefix_lens)
         if on_publish is not None:
             on_publish(new_seq_lens)
 
         # 6) commit: the kept path's KV first in the window, then the drafter's context.
         kv = plan_kv_remap(cache_loc_2d, res.accept_index, res.num_accepted)
-        ddtree_commit.write_tree_window(
+        step_io.write_tree_window(
             req_to_token, batch.req_pool_indices, prefix_lens, kv.new_cache_loc
         )
         self._publish_req_to_token_done()
@@ -193,10 +210,10 @@ class DDTreeWorker(DFlashWorkerV2):
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE verify requires target hidden states, but got None.")
-        ctx_hidden, ctx_positions, ctx_loc_2d, ctx_commit_lens = ddtree_commit.draft_context_inputs(
+        ctx_hidden, ctx_positions, ctx_loc_2d, ctx_commit_lens = step_io.draft_context_inputs(
             hidden, res, kv.new_cache_loc, prefix_lens
         )
-        self._append_target_hidden_to_draft_kv_by_loc(
+        self._dflash.append_draft_context(
             target_hidden=ctx_hidden,
             cache_loc=ctx_loc_2d.reshape(-1),
             cache_loc_2d=ctx_loc_2d,
@@ -208,7 +225,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
         return GenerationBatchResult(
             logits_output=logits_output,
-            next_token_ids=ddtree_commit.output_tokens(res, n).reshape(-1),
+            next_token_ids=step_io.output_tokens(res, n).reshape(-1),
             accept_lens=commit_lens,
             can_run_cuda_graph=can_run_cuda_graph,
             next_draft_input=make_draft_input_v2(
@@ -225,37 +242,23 @@ class DDTreeWorker(DFlashWorkerV2):
     ) -> torch.Tensor:
         """One DFlash forward over ``[bonus, MASK x L]``: ``[bs, block, H]``."""
         block = int(self.block_size)
-        self._ensure_draft_block_buffers(bs)
-        block_ids = self._draft_block_ids_buf[:bs]
-        positions_2d = self._draft_block_positions_buf[:bs]
-        cache_loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
+        buffers = self._dflash.draft_block_buffers(bs)
+        block_ids, positions_2d, cache_loc_2d = buffers.block_ids, buffers.positions, buffers.cache_loc
         prefix_lens = batch.seq_lens
-        req_to_token = self.model_runner.req_to_token_pool.req_to_token
-        if self._use_triton_prepare_block:
-            _prepare_dflash_draft_block_unchecked(
-                bonus_tokens=draft_input.bonus_tokens.view(-1),
-                prefix_lens=prefix_lens.view(-1),
-                req_pool_indices=batch.req_pool_indices.view(-1),
-                req_to_token=req_to_token,
-                block_ids_out=block_ids,
-                positions_out=positions_2d,
-                cache_loc_out=cache_loc_2d,
-                mask_token_id=int(self._mask_token_id),
-            )
-        else:
-            block_ids.fill_(int(self._mask_token_id))
-            block_ids[:, 0].copy_(draft_input.bonus_tokens)
-            torch.add(prefix_lens.unsqueeze(1), self._block_pos_offsets, out=positions_2d)
-            cache_loc_2d.copy_(
-                ddtree_commit.tree_cache_locs(req_to_token, batch.req_pool_indices, prefix_lens, block)
-            )
+        self._dflash.prepare_draft_block(
+            buffers,
+            draft_input.bonus_tokens,
+            prefix_lens,
+            batch.req_pool_indices,
+            self.model_runner.req_to_token_pool.req_to_token,
+        )
 
         embed = self.target_worker.model_runner.model.get_input_embeddings()
         input_embeds = embed(block_ids).view(bs * block, -1)
 
         # Host upper bound of the prefix lengths for backend planning: the host
         # copy may lag the device by one step (at most one block of tokens).
-        seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
+        seq_lens_cpu = buffers.seq_lens_cpu
         if batch.seq_lens_cpu is not None:
             seq_lens_cpu.copy_(batch.seq_lens_cpu)
             seq_lens_cpu.add_(block)
@@ -279,7 +282,7 @@ class DDTreeWorker(DFlashWorkerV2):
             positions=positions_2d.reshape(-1),
             input_embeds=input_embeds,
             spec_algorithm=self._algo,
-            spec_info=self._draft_block_spec_info,
+            spec_info=self._dflash.draft_block_spec_info,
             capture_hidden_mode=CaptureHiddenMode.NULL,
         )
         with torch.inference_mode():
@@ -293,37 +296,25 @@ class DDTreeWorker(DFlashWorkerV2):
         """Per-depth top-K of the drafter's full-vocab log-softmax.
 
         The DFlash drafter has no head; like DFlash we use the target's LM
-        head, vocabulary-sharded under TP (``draft_topk.vocab_parallel_topk``).
+        head, vocabulary-sharded under TP (``draft_topk.lm_head_topk``).
         Returns ``[bs, L, K]`` log-probs (float32, descending) and token ids
         (int64).
         """
         bs, depths, width = hidden.shape
         lm_head = self.target_worker.model_runner.model.lm_head
-        weight = lm_head.weight
         shard = getattr(lm_head, "shard_indices", None)
         model_vocab = int(self.model_runner.model_config.vocab_size)
+        if shard is None:
+            start, held = 0, int(lm_head.weight.shape[0])
+        else:
+            start, held = int(shard.org_vocab_start_index), int(shard.num_org_elements)
+        valid = max(0, min(held, model_vocab - start))
+        k = min(self.topk, model_vocab)
         tp_group = get_tp_group()
+        gather = None
         if tp_group.world_size > 1:
-            start = int(shard.org_vocab_start_index)
-            valid = max(0, min(int(shard.num_org_elements), model_vocab - start))
-            k = min(self.topk, model_vocab)
-            logprobs, ids = vocab_parallel_topk(
-                hidden.reshape(bs * depths, width), weight, k, start, valid,
-                gather=lambda t: tp_group.all_gather(t.unsqueeze(0).contiguous(), dim=0),
-            )  # fmt: skip
-            return logprobs.view(bs, depths, k), ids.view(bs, depths, k)
-        vocab = int(shard.num_org_elements) if shard is not None else int(weight.shape[0])
-        vocab = min(vocab, model_vocab)
-        weight = weight[:vocab]
-        rows = hidden.reshape(bs * depths, width).to(weight.dtype)
-        k = min(self.topk, vocab)
-        logprobs = torch.empty((bs * depths, k), dtype=torch.float32, device=rows.device)
-        ids = torch.empty((bs * depths, k), dtype=torch.int64, device=rows.device)
-        chunk = max(1, _TOPK_CHUNK_ELEMS // vocab)
-        for start in range(0, rows.shape[0], chunk):
-            end = min(rows.shape[0], start + chunk)
-            lp = torch.log_softmax(torch.matmul(rows[start:end], weight.T).float(), dim=-1)
-            torch.topk(lp, k, dim=-1, largest=True, sorted=True, out=(logprobs[start:end], ids[start:end]))
+            gather = lambda t: tp_group.all_gather(t.unsqueeze(0).contiguous(), dim=0)  # noqa: E731
+        logprobs, ids = lm_head_topk(hidden.reshape(bs * depths, width), lm_head.weight, k, start, valid, gather)
         return logprobs.view(bs, depths, k), ids.view(bs, depths, k)
 
     # ---------------------------------------------------------------- verify
@@ -350,7 +341,9 @@ class DDTreeWorker(DFlashWorkerV2):
                 bs * n * (self._context_len + n),
             )
             custom_mask = dense_verify_mask(compiled.tree_mask, batch.seq_lens, numel)
-        verify_input = DDTreeVerifyInput.from_compiled(compiled, custom_mask=custom_mask)
+        verify_input = DDTreeVerifyInput.from_compiled(
+            compiled, custom_mask=custom_mask, tree_links=self._linear_state
+        )
         try:
             verify_forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
         finally:
@@ -392,6 +385,22 @@ class DDTreeWorker(DFlashWorkerV2):
             for t in (res.accept_index, res.num_accepted, res.accept_tokens, res.next_bonus):
                 tp_group.broadcast(t, src=0)
         return res
+
+    def _commit_linear_state(self, batch: ScheduleBatch, res, prefix_lens: torch.Tensor) -> None:
+        """The accepted node's conv and gated-delta state becomes the request's
+        (and a track-boundary node's its radix snapshot's)."""
+        track = batch.mamba_track_indices
+        runner = self.target_worker.model_runner
+        linear_state.commit_linear_state(
+            runner.attn_backend,
+            runner.model,
+            batch.req_pool_indices,
+            track,
+            res.accept_index,
+            res.num_accepted,
+            prefix_lens,
+            get_exec().mamba.mamba_track_interval if track is not None else None,
+        )
 
     def _publish_req_to_token_done(self) -> None:
         """The scheduler's WAR barrier may let result processing (which frees

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang.srt.speculative.ddtree.accept import greedy_accept
-from sglang.srt.speculative.ddtree.kv_commit import (
+from sglang.srt.speculative.ddtree.kv_slot_plan import (
     apply_kv_moves,
     plan_kv_compaction,
     plan_kv_remap,

@@ -1,9 +1,10 @@
-"""Glue between a DDTree step's tensors and the server's request state.
+"""A DDTree step's reads and writes of request state: the tree's window in
+``req_to_token``, the tokens the scheduler emits, the drafter's context rows.
 
 The tree's N tokens occupy ``req_to_token[req, P : P + N]`` (P = committed
 length; the slots were reserved ahead of time by spec-v2 over-allocation).
 After acceptance the kept path moves to the front of that window by permuting
-the window's slots (``kv_commit.plan_kv_remap``): the set of slots a request
+the window's slots (``kv_slot_plan.plan_kv_remap``): the set of slots a request
 owns never changes, so nothing leaks and nothing is double-freed, and the
 dropped slots stay reserved as the next step's spare slots. page_size 1 only.
 

@@ -1,4 +1,4 @@
-"""KV-slot bookkeeping after a DDTree verify.
+"""Which KV slots a DDTree verify keeps, and where the kept KV goes.
 
 The verify wrote the KV of all N tree tokens into ``out_cache_loc [bs, N]``.
 Only the root (bonus) and the accepted nodes - ``num_accepted + 1`` entries, in
