@@ -1,13 +1,13 @@
 """The KV pool's per-token budget counts flashmla_split's page staging exactly when
 the target's verify will use it (patch 0070 in upstream's pool configurator, the
-decision in tree_verify_hook.flashmla_staging_layers)."""
+decision in tree_verify/policy.py flashmla_staging_layers)."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from sglang.srt.layers.attention import tree_verify_hook
+from sglang.srt.layers.attention.tree_verify import policy
 from sglang.srt.layers.attention.tree_verify import flashmla_split
 from sglang.srt.model_executor import pool_configurator
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -59,19 +59,19 @@ def hopper(monkeypatch):
      (dict(backends=("triton", "flashmla")), 1)],
 )  # fmt: skip
 def test_staging_is_counted_when_the_default_takes_flashmla(hopper, case, layers):
-    assert tree_verify_hook.flashmla_staging_layers(kvc(**case)) == layers
+    assert policy.flashmla_staging_layers(kvc(**case)) == layers
 
 
 def test_staging_follows_the_gpu_and_the_strategy_variable(hopper, monkeypatch):
     monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "fused")
-    assert tree_verify_hook.flashmla_staging_layers(kvc()) == 0
+    assert policy.flashmla_staging_layers(kvc()) == 0
     monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "flashmla_split")  # forced: any width
-    assert tree_verify_hook.flashmla_staging_layers(kvc(width=17)) == 1
+    assert policy.flashmla_staging_layers(kvc(width=17)) == 1
     monkeypatch.delenv("SGLANG_DDTREE_VERIFY_STRATEGY")
     monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (12, 0))
-    assert tree_verify_hook.flashmla_staging_layers(kvc()) == 0
+    assert policy.flashmla_staging_layers(kvc()) == 0
     monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (9, 0))
-    assert tree_verify_hook.flashmla_staging_layers(kvc(algorithm="EAGLE")) == 0
+    assert policy.flashmla_staging_layers(kvc(algorithm="EAGLE")) == 0
 
 
 def test_patched_pool_configurator_adds_one_target_layer_per_token(hopper, monkeypatch):
