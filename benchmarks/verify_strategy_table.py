@@ -8,7 +8,9 @@ it, as CUDA-graph replays (median): ``fused`` with this policy's tiles,
 ``flashinfer_split`` with its FlashInfer pass made for graphs and planned ahead from
 host lengths (as the hook plans it outside the graph every forward), ``flashmla_split``
 with its staging and plan made ahead. It also times the FlashInfer plan itself on the
-host (``plan_ms``: the per-step cost a server pays outside the graph), checks every
+host (``plan_ms``: the per-forward cost a server pays outside the graph, the lengths
+copied from the device as the hook does, here with the GPU idle; ``plan_from_host_ms``
+without that copy), checks every
 strategy against the fp32 reference at the shapes small enough, and then applies the
 policy (``tree_verify/policy.py``) to the measured rows: which strategy it chooses per
 shape, and how that compares with the fused kernel, the route before the table.
@@ -94,12 +96,14 @@ def apply_policy(rows: list[dict], family: str, arch) -> list[dict]:
     return out
 
 
-def _time_plan(prefix_pass, indptr, indices, lens) -> float:
-    """Median host ms of one FlashInfer plan from host lengths (nothing waits on the GPU)."""
+def _time_plan(prefix_pass, indptr, indices, lens=None) -> float:
+    """Median host ms of one FlashInfer plan (from the device's lengths when ``lens`` is
+    None, as the hook plans; the GPU is idle, so the copy waits on nothing)."""
     import torch
 
     times = []
     for _ in range(PLAN_CALLS):
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         prefix_pass.plan(indptr, indices, lens)
         times.append((time.perf_counter() - t0) * 1e3)
@@ -138,9 +142,8 @@ def measure(shapes, strategies, proxy: bool) -> list[dict]:
                     prefix_pass = FlashInferPrefixPass.create(
                         shape, bs, q.device, backend=flashinfer_backend(), graph_prefix_indices=indices
                     )
-                    lens = (indptr[1:] - indptr[:-1]).cpu()
-                    prefix_pass.plan(indptr, indices, lens)
-                    row["plan_ms"] = _time_plan(prefix_pass, indptr, indices, lens)
+                    row["plan_from_host_ms"] = _time_plan(prefix_pass, indptr, indices, (indptr[1:] - indptr[:-1]).cpu())
+                    row["plan_ms"] = _time_plan(prefix_pass, indptr, indices)
                     row["flashinfer_backend"] = prefix_pass.wrapper._backend
                     options = {"prefix_pass": prefix_pass}
                 elif name == "flashmla_split":
@@ -250,7 +253,7 @@ def main(argv=None) -> int:
         capability=list(device_capability()), sms=torch.cuda.get_device_properties(0).multi_processor_count,
         torch=torch.__version__, triton=triton.__version__, flashinfer=fi_version,
         python=platform.python_version(), sm120_proxy=bool(args.sm120_proxy), policy_family=family,
-        timing="cuda_graph_replay, median; plan_ms: host time of one FlashInfer plan from host lengths",
+        timing="cuda_graph_replay, median; plan_ms: host time of one FlashInfer plan from the device's lengths",
     )  # fmt: skip
     print(json.dumps(meta), flush=True)
     rows = measure(shapes or full_matrix(), strategies, args.sm120_proxy)

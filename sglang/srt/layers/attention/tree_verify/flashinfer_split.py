@@ -5,13 +5,13 @@ The prefix is plain attention with no mask, which FlashInfer serves well
 GQA/MHA: ``BatchPrefillWithPagedKVCacheWrapper``). Both return a base-2 LSE,
 the base our combine kernel uses.
 
-The wrapper's ``plan`` runs on the host over the prefix lengths. A server plans
-once per forward, outside any CUDA graph, where upstream's FlashInfer backends
-plan (``init_forward_metadata``): :meth:`FlashInferPrefixPass.plan` with the
-lengths already on the host (``seq_lens_cpu``) costs no device sync, and a pass
-made for CUDA graphs (:meth:`FlashInferPrefixPass.create`) keeps its index
-buffers at fixed addresses, so a captured graph replays with each new plan. A call without a
-planned pass plans one itself (a host sync).
+The wrapper's ``plan`` runs on the host over the prefix lengths, and the kernels
+take each request's length from it, so the plan needs the exact lengths. A server
+plans once per forward, outside any CUDA graph, where upstream's FlashInfer
+backends plan (``init_forward_metadata``); a pass made for CUDA graphs
+(:meth:`FlashInferPrefixPass.create`) keeps its index buffers at fixed addresses,
+so a captured graph replays with each new plan. A call without a planned pass
+plans one itself.
 """
 
 from __future__ import annotations
@@ -166,9 +166,10 @@ class FlashInferPrefixPass:
         prefix_lens: Optional[torch.Tensor] = None,
     ) -> None:
         """Plan for this batch: ``indptr``/``indices`` the prefix CSR (int32, on the
-        device). ``prefix_lens``: the lengths on the host (int32 or int64 ``[bs]``),
-        which spares FlashInfer's planner its device-to-host copies; a pass made
-        for graphs reads the slots from its own buffer, which must hold them."""
+        device). Without ``prefix_lens`` FlashInfer's planner copies the lengths to
+        the host (a sync); ``prefix_lens``, the exact lengths already on the host
+        (``[bs]``), spares it. A pass made for graphs reads the slots from its own
+        buffer, which must hold them."""
         bs, n, s = self.bs, self.shape.width, self.shape
         if indptr.numel() - 1 != bs:
             raise ValueError(f"this pass is for batch size {bs}, got {indptr.numel() - 1} requests")

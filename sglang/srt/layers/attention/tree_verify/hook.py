@@ -357,8 +357,7 @@ class TreeVerifyHook:
             causal_mask=causal,
         )
         if self.routes is not None:
-            seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
-            self.routes.prepare(self.metadata, seq_lens_cpu, graph)
+            self.routes.prepare(self.metadata, graph)
         return self.metadata
 
     # ------------------------------------------------------------ forward

@@ -6,10 +6,13 @@ outside any CUDA graph) and once per layer (:meth:`VerifyRoutes.for_layer`):
 * the strategy is the policy's (``policy.choose_strategy``) for this batch size,
   or the one ``SGLANG_DDTREE_VERIFY_STRATEGY`` forces; a layer the chosen prefix
   pass cannot serve (a logit cap, other head sizes) runs the fused kernel;
-* ``flashinfer_split`` plans FlashInfer in :meth:`prepare`, from the prefix
-  lengths already on the host where the batch has them (``seq_lens_cpu``: no
-  device sync), the way upstream's FlashInfer backends plan. Under CUDA graphs
-  each captured batch size keeps one pass whose buffers the replays re-plan;
+* ``flashinfer_split`` plans FlashInfer in :meth:`prepare` from the device's
+  prefix lengths: FlashInfer's kernels take each request's length from the plan,
+  and the host's ``seq_lens_cpu`` of a speculative verify is only an upper bound
+  (it may lag the device under the overlap scheduler), so the plan copies the
+  exact lengths to the host once per forward, as upstream's FlashInfer MLA
+  backend does for its own verify. Under CUDA graphs each captured batch size
+  keeps one pass whose buffers the replays re-plan;
 * ``flashmla_split`` shares one page staging (room for every pool token: about
   one KV layer) and one plan per forward (page layout and FlashMLA schedule, made
   on the device by the forward's first layer, so a captured graph records it).
@@ -147,9 +150,10 @@ class VerifyRoutes:
 
     # ------------------------------------------------------------ per forward
 
-    def prepare(self, meta: Any, seq_lens_cpu: Optional[torch.Tensor], graph: bool) -> None:
+    def prepare(self, meta: Any, graph: bool) -> None:
         """Per forward, outside any graph: the strategy of this batch and, for
-        flashinfer_split, FlashInfer's plan."""
+        flashinfer_split, FlashInfer's plan (one device-to-host copy of the
+        prefix row pointers)."""
         bs, width = meta.tree_kv_indices.shape
         self._prefix_pass = None
         strategy = self.strategy(bs, width, self.target.num_heads) if self.target else None
@@ -174,8 +178,7 @@ class VerifyRoutes:
                 graph_prefix_indices=meta.prefix_kv_indices if graph else None,
             )  # fmt: skip
         prefix_pass = self._prefix_passes[key]
-        lens = seq_lens_cpu[:bs] if seq_lens_cpu is not None else None
-        prefix_pass.plan(meta.prefix_kv_indptr, meta.prefix_kv_indices, lens)
+        prefix_pass.plan(meta.prefix_kv_indptr, meta.prefix_kv_indices)
         self._prefix_pass = prefix_pass
 
     # ------------------------------------------------------------ per layer
