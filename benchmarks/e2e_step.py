@@ -40,7 +40,8 @@ models are generated into $DDTREE_TEST_MODELS when missing):
   python3 benchmarks/e2e_step.py --configs dflash,dflash@upstream_extend,ddtree64 \\
       --ctx 1024,4096,16384,32768 --batch 1,8 --deadline-s 520 --tag h200_a --out-dir $OUT
   python3 benchmarks/e2e_step.py --configs dflash@auto+sm120,ddtree16@auto+sm120,dflash@auto,ddtree16@auto \\
-      --ctx 16384 --batch 1 --deadline-s 560 --tag h200_sm120_proxy --out-dir $OUT
+      --strategy-table $OUT/strategy_table.json --ctx 16384 --batch 1 --deadline-s 560 \\
+      --tag h200_sm120_proxy --out-dir $OUT
   python3 benchmarks/e2e_step.py --target qwen3-8b --backend flashinfer \\
       --configs dflash@upstream_extend,dflash@auto,ddtree16@auto --ctx 16384 --tag h200_qwen3 --out-dir $OUT
 Here:  python3 benchmarks/e2e_step.py --report results/e2e_step_h200_*.json --tag h200 --markdown
@@ -191,6 +192,15 @@ TARGETS = {
 }
 
 
+def table_summary(path: Optional[Path]) -> Optional[dict]:
+    """What the servers' verify policy read: the table's path and its sections."""
+    if path is None:
+        return None
+    data = json.loads(Path(path).read_text())
+    return {"path": str(path), "sections": [{k: s.get(k) for k in ("arch", "date", "hardware", "proxy")}
+                                            for s in data.get("sections", [])]}  # fmt: skip
+
+
 def shape_models(models: Path, target: str) -> tuple[Path, Path]:
     """The config-only target and drafter of ``target`` for ``--load-format dummy``. The
     V2-Lite pair comes from scripts/make_test_models.py (run when missing); the Qwen3-8B
@@ -260,8 +270,11 @@ MOE_TILE_RULES = {"rows_per_expert": {}, "upstream": {"SGLANG_MOE_DEFAULT_TILE_R
 RUN_CONDITIONS = {"expert_routing": "model", "moe_tile_rule": "upstream", "target": "v2lite"}
 
 
-def server_env(spec: Spec, triton_cache: Path, routing: str = "model", moe_tile_rule: str = "rows_per_expert") -> dict:
+def server_env(spec: Spec, triton_cache: Path, routing: str = "model", moe_tile_rule: str = "rows_per_expert",
+               strategy_table: Optional[Path] = None) -> dict:
     env = {"TRITON_CACHE_DIR": str(triton_cache), **EXPERT_ROUTING[routing], **MOE_TILE_RULES[moe_tile_rule]}
+    if strategy_table is not None:
+        env["SGLANG_DDTREE_STRATEGY_TABLE"] = str(strategy_table)
     if spec.verify not in ("-", "auto"):
         env["SGLANG_DDTREE_VERIFY_STRATEGY"] = spec.verify
     if spec.policy == SM120_PROXY:
@@ -657,6 +670,7 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
         "expert_routing": args.expert_routing,
         "moe_tile_rule": args.moe_tile_rule,
         "target": args.target,
+        "strategy_table": table_summary(args.strategy_table),
         "servers": [],
         "rows": [],
         "profiles": [],
@@ -674,7 +688,8 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
         sargs = server_args(spec, str(drafter), max(ctxs), batches)
         try:
             with launch_server(spec.label.replace(":", "-").replace("@", "-"), str(target), sargs, args.log_dir,
-                               timeout=max(60.0, min(600.0, budget.left())), env=server_env(spec, args.triton_cache, args.expert_routing, args.moe_tile_rule)) as server:
+                               timeout=max(60.0, min(600.0, budget.left())), env=server_env(spec, args.triton_cache, args.expert_routing, args.moe_tile_rule,
+                                              args.strategy_table)) as server:
                 start_s = time.monotonic() - t0
                 budget.starts.append(start_s)
                 result["servers"].append({"config": spec.label, "start_s": start_s, "log": str(server.log_path)})
@@ -805,6 +820,9 @@ def main(argv=None) -> int:
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp/ddtree-bench-logs"))
     ap.add_argument("--moe-tile-rule", choices=list(MOE_TILE_RULES), default="rows_per_expert",
                     help="fused-MoE default row tile: this fork's rule (patch 0060) or upstream's M <= E switch")
+    ap.add_argument("--strategy-table", type=Path, default=None,
+                    help="a measured verify-strategy table for every server (SGLANG_DDTREE_STRATEGY_TABLE; "
+                         "benchmarks/verify_strategy_table.py writes one); default: the shipped table")
     ap.add_argument("--target", choices=list(TARGETS), default="v2lite",
                     help="model shape: DeepSeek-V2-Lite (MLA) or Qwen3-8B (GQA); config-only, dummy weights")
     ap.add_argument("--expert-routing", choices=list(EXPERT_ROUTING), default="model",
@@ -821,6 +839,13 @@ def main(argv=None) -> int:
             ap.error(str(e))
         write(result, out)
     else:
+        if args.strategy_table is not None:
+            try:
+                from sglang.srt.layers.attention.tree_verify.policy import StrategyTable
+
+                StrategyTable.from_json(json.loads(args.strategy_table.read_text()), str(args.strategy_table))
+            except (OSError, ValueError) as e:
+                ap.error(f"--strategy-table: {e}")
         try:
             specs = [parse_spec(s, args.verify, args.backend) for s in args.configs.split(",") if s]
             ctxs = [int(x) for x in args.ctx.split(",")]

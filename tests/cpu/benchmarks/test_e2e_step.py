@@ -147,6 +147,25 @@ def test_the_sm120_proxy_is_the_overlays_switch(tmp_path, monkeypatch):
     assert gpu_arch.SM120_PROXY_ENV not in es.server_env(es.parse_spec("ddtree16@auto"), tmp_path)
 
 
+def test_a_measured_strategy_table_reaches_every_server(tmp_path, monkeypatch):
+    """--strategy-table: the variable the policy reads, checked before any server starts,
+    and summarised in the result."""
+    from sglang.srt.layers.attention.tree_verify import policy
+
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"sections": [{"arch": "sm12x", "date": "2026-12-02", "hardware": "H200",
+                                               "command": "c", "proxy": True, "rows": []}]}))  # fmt: skip
+    env = es.server_env(es.parse_spec("ddtree16@auto+sm120"), tmp_path, strategy_table=table)
+    monkeypatch.setenv(policy.TABLE_ENV, env[policy.TABLE_ENV])
+    assert policy.load_table().sections[0].hardware == "H200"
+    assert es.table_summary(table)["sections"] == [{"arch": "sm12x", "date": "2026-12-02", "hardware": "H200",
+                                                    "proxy": True}]  # fmt: skip
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"sections": [{"arch": "sm75"}]}))
+    with pytest.raises(SystemExit):
+        es.main(["--configs", "dflash", "--strategy-table", str(bad), "--out-dir", str(tmp_path)])
+
+
 def test_qwen3_8b_shape_models_load_with_the_pinned_upstream(tmp_path):
     """The config-only Qwen3-8B pair: transformers reads the target (GQA 32/8 of 128) and
     the pinned upstream's DFlash parser the drafter."""

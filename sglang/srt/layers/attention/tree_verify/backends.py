@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The tree-verify hook on each upstream attention backend (called from the patches).
 
 * ``TritonAttnBackend`` (patch 0030): DDTREE trees, DFLASH chains and the DFlash

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Serve speculative TARGET_VERIFY attention through the tree-verify strategies.
 
 An attention backend owns one :class:`TreeVerifyHook` (``backends.py`` builds it
@@ -179,6 +180,7 @@ class TreeVerifyHook:
         self.max_context_len = int(max_context_len)
         self.num_draft_tokens = num_draft_tokens
         self.device = device
+        self.fp8_kv = fp8_kv_enabled()
         forced = forced_strategy()
         wanted = static_verify_kind(spec_algorithm)
         if is_draft_worker:
@@ -369,7 +371,7 @@ class TreeVerifyHook:
             return extra
         if getattr(layer, "sliding_window_size", -1) not in (None, -1):
             return "sliding-window layer"
-        fp8 = is_fp8(k_buffer.dtype) and fp8_kv_enabled()
+        fp8 = is_fp8(k_buffer.dtype) and self.fp8_kv
         if getattr(layer, "k_scale", None) is not None and not fp8:
             return "scaled (fp8) KV cache"
         if getattr(layer, "xai_temperature_len", -1) not in (None, -1):

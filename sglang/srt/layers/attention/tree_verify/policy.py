@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which tree-verify strategy serves a server's verify, per arch and shape.
 
 One function decides, :func:`choose_strategy`: given the arch whose policy the

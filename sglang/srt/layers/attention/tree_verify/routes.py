@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which strategy serves a target verify's layers, and what it plans per forward.
 
 The hook asks :class:`VerifyRoutes` once per forward (:meth:`VerifyRoutes.prepare`,

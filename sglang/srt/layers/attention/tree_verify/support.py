@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which attention backends can verify a token tree, per arch family and model kind.
 
 A tree verify needs a real ancestor mask over the tree tokens plus the dense
