@@ -40,6 +40,9 @@ CATEGORIES = (
     ("decode_attention", re.compile(r"^_fwd_(grouped_)?kernel_stage[12]$")),
     # FlashMLA (sgl_kernel): the prefix pass of the flashmla_split verify path
     ("flashmla", re.compile(r"flash_fwd_splitkv_mla|flash_fwd_mla_combine|get_mla_metadata")),
+    # FlashInfer's MLA kernels (fa2 mla.cuh, fa3 mla_hopper.cuh): on a Triton-backend server
+    # the prefix pass of the flashinfer_split verify path
+    ("flashinfer_mla", re.compile(r"BatchMLAPagedAttentionKernel|BatchMLAPageAttentionHopperKernel")),
     ("other_attention", re.compile(r"attn|attention|flashinfer|flash_|mla|merge_state|BatchPrefill|BatchDecode",
                                    re.IGNORECASE)),
     ("moe", re.compile(r"moe|expert", re.IGNORECASE)),
@@ -170,8 +173,8 @@ def host_calls(trace: dict, steps: int) -> dict:
 
 
 def verify_category(verify: Optional[str]) -> Optional[str]:
-    """The category that holds the target's verify attention on a verify path
-    (flashmla_split adds the ``flashmla`` category to it)."""
+    """The category that holds the target's verify attention on a verify path (the
+    prefix passes of flashmla_split and flashinfer_split add theirs to it)."""
     if verify is None or verify == "-":
         return None
     return "extend_attention" if verify == "upstream_extend" else "tree_verify"
@@ -183,11 +186,14 @@ def verify_attention_ms(prof: dict, verify: Optional[str], fused_twin: Optional[
     category = verify_category(verify)
     if category is None:
         return None
-    ms = prof["categories"].get(category, {}).get("ms_per_step", 0.0)
+    cats = prof["categories"]
+    ms = cats.get(category, {}).get("ms_per_step", 0.0)
     if category == "tree_verify":
         # FlashMLA runs in these servers only as our strategy's prefix pass (forced, or
-        # the default's choice for a wide tree).
-        ms += prof["categories"].get("flashmla", {}).get("ms_per_step", 0.0)
+        # the policy's choice); so do FlashInfer's MLA kernels on a Triton-backend server.
+        ms += cats.get("flashmla", {}).get("ms_per_step", 0.0)
+        if prof.get("backend", "triton") == "triton":
+            ms += cats.get("flashinfer_mla", {}).get("ms_per_step", 0.0)
     if category == "extend_attention":
         if fused_twin is None:
             return None  # not separable from the drafter's attention without the twin

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Decode step time of the whole server on the DeepSeek-V2-Lite-shaped dummy model.
+"""Decode step time of the whole server on a dummy model of a real shape.
 
 One server start per configuration (60-190 s at this shape: CUDA-graph capture for the
 measured batch sizes only, Triton JIT shared through one cache directory), then for every
@@ -12,9 +12,16 @@ whichever comes first, so slow paths cost bounded time. The accept length is
 (accept length ~1), so the step time, not tokens/s, is the number to compare; it is what
 upstream's reference run reports (../shared/reference/e2e_baseline_h200.jsonl).
 
-A configuration is ``CONFIG[@VERIFY][:BACKEND]``: ``ddtree64@upstream_extend`` runs DDTREE
-B=64 with SGLANG_DDTREE_VERIFY_STRATEGY=upstream_extend (the fork's hook off: upstream's
-verify path), ``dflash:flashinfer`` upstream's FlashInfer MLA chain. Without a suffix,
+The target is DeepSeek-V2-Lite's shape (``--target v2lite``, absorbed MLA, 16 heads) or
+Qwen3-8B's (``--target qwen3-8b``, GQA 32/8 heads of 128); the config-only model
+directories are written when missing.
+
+A configuration is ``CONFIG[@VERIFY][:BACKEND][+sm120]``: ``ddtree64@upstream_extend`` runs
+DDTREE B=64 with SGLANG_DDTREE_VERIFY_STRATEGY=upstream_extend (the fork's hook off:
+upstream's verify path), ``dflash:flashinfer`` the DFLASH chain on the FlashInfer backend,
+``ddtree16@auto+sm120`` DDTREE B=16 with the server's own strategy choice as the sm_120
+proxy (SGLANG_DDTREE_SM120_PROXY=1: sm_120 tiles, the sm_12x policy, no FlashMLA,
+FlashInfer's fa2 kernels), labelled ``sm120-proxy`` in every row. Without a suffix,
 ``--verify`` / ``--backend`` apply. Per server, one point (``--profile-at``, default the
 largest context at batch 1) is traced with the server's profiler (benchmarks/e2e_profile.py)
 to measure the verify attention's share of the step. ``--expert-routing uniform`` spreads the
@@ -32,6 +39,11 @@ GPU host, after scripts/gpu_host/install.sh and ``source scripts/gpu_host/env.sh
 models are generated into $DDTREE_TEST_MODELS when missing):
   python3 benchmarks/e2e_step.py --configs dflash,dflash@upstream_extend,ddtree64 \\
       --ctx 1024,4096,16384,32768 --batch 1,8 --deadline-s 520 --tag h200_a --out-dir $OUT
+  python3 benchmarks/e2e_step.py --configs dflash@auto+sm120,ddtree16@auto+sm120,dflash@auto,ddtree16@auto \\
+      --strategy-table $OUT/strategy_table.json --ctx 16384 --batch 1 --deadline-s 560 \\
+      --tag h200_sm120_proxy --out-dir $OUT
+  python3 benchmarks/e2e_step.py --target qwen3-8b --backend flashinfer \\
+      --configs dflash@upstream_extend,dflash@auto,ddtree16@auto --ctx 16384 --tag h200_qwen3 --out-dir $OUT
 Here:  python3 benchmarks/e2e_step.py --report results/e2e_step_h200_*.json --tag h200 --markdown
 """
 
@@ -90,11 +102,16 @@ def config_order(config: str) -> tuple:
 
 BACKENDS = ("triton", "flashinfer")
 #: SGLANG_DDTREE_VERIFY_STRATEGY values (tree_verify/dispatch.py STRATEGIES), each set
-#: explicitly, and "auto": the variable unset, the server's own choice (on sm_90 the
-#: fused kernel, or FlashMLA's prefix pass for wide trees: tree_verify_hook.FLASHMLA_MIN_ROWS).
+#: explicitly, and "auto": the variable unset, the server's own choice (tree_verify/policy.py:
+#: per arch and batch size from the measured strategy table).
 VERIFY_PATHS = ("fused", "upstream_extend", "flashinfer_split", "flashmla_split", "reference", "auto")
 DEFAULT_REFERENCE = REPO.parent / "shared" / "reference" / "e2e_baseline_h200.jsonl"
 BASELINE = ("dflash", "fused", "triton")  # the "x DFLASH-fused" column divides by this
+
+
+#: Serving policies: the GPU's own, or the sm_120 proxy (suffix ``+sm120``).
+NATIVE, SM120_PROXY = "native", "sm120-proxy"
+POLICIES = {NATIVE: "", SM120_PROXY: "+sm120"}
 
 
 @dataclass(frozen=True)
@@ -102,22 +119,25 @@ class Spec:
     config: str
     verify: str  # "-" for no speculation
     backend: str
+    policy: str = NATIVE
 
     @property
     def label(self) -> str:
-        return f"{self.config}@{self.verify}:{self.backend}"
+        return f"{self.config}@{self.verify}:{self.backend}{POLICIES[self.policy]}"
 
     @property
     def key(self) -> tuple:
-        return (self.config, self.verify, self.backend)
+        return (self.config, self.verify, self.backend, self.policy)
 
 
 def parse_spec(text: str, verify: str = "fused", backend: str = "triton") -> Spec:
-    """``CONFIG[@VERIFY][:BACKEND]`` with the run's defaults for what is left out."""
-    m = re.fullmatch(r"([a-z0-9]+)(?:@([a-z_0-9]+))?(?::([a-z0-9_]+))?", text.strip())
+    """``CONFIG[@VERIFY][:BACKEND][+sm120]`` with the run's defaults for what is left out."""
+    m = re.fullmatch(r"([a-z0-9]+)(?:@([a-z_0-9]+))?(?::([a-z0-9_]+))?(\+sm120)?", text.strip())
     if not m:
-        raise ValueError(f"bad configuration {text!r}: expected CONFIG[@VERIFY][:BACKEND], e.g. ddtree64@upstream_extend")
+        raise ValueError(f"bad configuration {text!r}: expected CONFIG[@VERIFY][:BACKEND][+sm120], "
+                         f"e.g. ddtree64@upstream_extend or ddtree16@auto+sm120")
     config, v, b = m.group(1), m.group(2) or verify, m.group(3) or backend
+    policy = SM120_PROXY if m.group(4) else NATIVE
     try:
         config_args(config)
     except ValueError as e:
@@ -130,7 +150,75 @@ def parse_spec(text: str, verify: str = "fused", backend: str = "triton") -> Spe
         if m.group(2):
             raise ValueError(f"{text!r}: no speculation has no verify path")
         v = "-"
-    return Spec(config, v, b)
+    return Spec(config, v, b, policy)
+
+
+def row_key(r: dict) -> tuple:
+    """A result row's configuration, runs before the policy field included (native)."""
+    return (r["config"], r["verify"], r["backend"], r.get("policy", NATIVE))
+
+
+def qwen3_8b_config() -> dict:
+    """Qwen3-8B's shape (its published config): GQA, 32 query and 8 KV heads of 128."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+        "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu",
+        "max_position_embeddings": 40960, "rope_theta": 1000000, "rope_scaling": None,
+        "rms_norm_eps": 1e-6, "attention_bias": False, "tie_word_embeddings": False,
+        "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+
+
+def qwen3_8b_drafter_config(target: dict) -> dict:
+    """A DFlash drafter of the public Qwen3-8B DFlash drafters' shape: five Qwen3 layers of
+    the target's width reading five target layers, 16-token blocks."""
+    layers = target["num_hidden_layers"]
+    return {
+        **{k: target[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+                                  "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings",
+                                  "rope_theta", "rope_scaling", "rms_norm_eps", "attention_bias", "torch_dtype")},
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "num_hidden_layers": 5,
+        "tie_word_embeddings": False, "block_size": 16,
+        "dflash_config": {"target_layer_ids": [1, 9, 17, 25, 33], "mask_token": "<|MASK|>",
+                          "mask_token_id": target["vocab_size"] - 1, "num_target_layers": layers},
+    }  # fmt: skip
+
+
+#: --target: the model directories under --models (target, drafter) and how plots name them.
+TARGETS = {
+    "v2lite": {"dirs": ("v2lite-shape", "v2lite-shape-dflash"), "title": "DeepSeek-V2-Lite"},
+    "qwen3-8b": {"dirs": ("qwen3-8b-shape", "qwen3-8b-shape-dflash"), "title": "Qwen3-8B"},
+}
+
+
+def table_summary(path: Optional[Path]) -> Optional[dict]:
+    """What the servers' verify policy read: the table's path and its sections."""
+    if path is None:
+        return None
+    data = json.loads(Path(path).read_text())
+    return {"path": str(path), "sections": [{k: s.get(k) for k in ("arch", "date", "hardware", "proxy")}
+                                            for s in data.get("sections", [])]}  # fmt: skip
+
+
+def shape_models(models: Path, target: str) -> tuple[Path, Path]:
+    """The config-only target and drafter of ``target`` for ``--load-format dummy``. The
+    V2-Lite pair comes from scripts/make_test_models.py (run when missing); the Qwen3-8B
+    pair is written here from its config, with the V2-Lite pair's tokenizer files (the
+    server skips tokenizer init; the tokenizer only has to load)."""
+    v2_target = models / TARGETS["v2lite"]["dirs"][0]
+    if not (v2_target / "config.json").exists():  # the full set (seconds): a partial one would hide the tiny pairs
+        subprocess.run([sys.executable, str(REPO / "scripts" / "make_test_models.py"), str(models)], check=True)
+    target_dir, drafter_dir = (models / d for d in TARGETS[target]["dirs"])
+    if target == "qwen3-8b":
+        tcfg = qwen3_8b_config()
+        for d, cfg in ((target_dir, tcfg), (drafter_dir, qwen3_8b_drafter_config(tcfg))):
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        for f in v2_target.iterdir():
+            if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+                (target_dir / f.name).write_bytes(f.read_bytes())
+    return target_dir, drafter_dir
 
 
 def prefill_chunk(max_ctx: int) -> int:
@@ -154,7 +242,7 @@ def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int]) -> l
         # when it looks at the next queued request and clears that only when a request
         # finishes, so at 32K the 8th request of a batch waited for the others to end. A
         # budget of one prompt is not enough: the scheduler fills what is left of a prefill
-        # batch with the head of the next prompt (session 6), hence one request per batch.
+        # batch with the head of the next prompt, hence one request per batch.
         "--chunked-prefill-size", str(prefill_chunk(max_ctx)),
         "--max-prefill-tokens", str(prefill_chunk(max_ctx)),
         "--prefill-max-requests", "1",
@@ -179,13 +267,18 @@ EXPERT_ROUTING = {"model": {}, "uniform": {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1
 MOE_TILE_RULES = {"rows_per_expert": {}, "upstream": {"SGLANG_MOE_DEFAULT_TILE_RULE": "upstream"}}
 #: What a run holds fixed, with the value of runs that predate the option: runs that differ
 #: in one of these cannot share a table.
-RUN_CONDITIONS = {"expert_routing": "model", "moe_tile_rule": "upstream"}
+RUN_CONDITIONS = {"expert_routing": "model", "moe_tile_rule": "upstream", "target": "v2lite"}
 
 
-def server_env(spec: Spec, triton_cache: Path, routing: str = "model", moe_tile_rule: str = "rows_per_expert") -> dict:
+def server_env(spec: Spec, triton_cache: Path, routing: str = "model", moe_tile_rule: str = "rows_per_expert",
+               strategy_table: Optional[Path] = None) -> dict:
     env = {"TRITON_CACHE_DIR": str(triton_cache), **EXPERT_ROUTING[routing], **MOE_TILE_RULES[moe_tile_rule]}
+    if strategy_table is not None:
+        env["SGLANG_DDTREE_STRATEGY_TABLE"] = str(strategy_table)
     if spec.verify not in ("-", "auto"):
         env["SGLANG_DDTREE_VERIFY_STRATEGY"] = spec.verify
+    if spec.policy == SM120_PROXY:
+        env["SGLANG_DDTREE_SM120_PROXY"] = "1"
     return env
 
 
@@ -396,12 +489,12 @@ def _reference_kind(label: str) -> Optional[str]:
 
 def ratios(rows: list[dict], reference: list[dict]) -> list[dict]:
     """Per (ctx, batch): the issue-6 ratios of this run, then against the reference run."""
-    ms = {(r["config"], r["verify"], r["backend"], r["ctx"], r["batch"]): r["ms_per_step"] for r in rows}
+    ms = {(*row_key(r), r["ctx"], r["batch"]): r["ms_per_step"] for r in rows}
     ref = {(_reference_kind(r["config"]), r["ctx"], r["batch"]): r["ms_per_step"] for r in reference}
     out = []
     for ctx, batch in sorted({(r["ctx"], r["batch"]) for r in rows}):
-        def get(config, verify, backend="triton"):
-            return ms.get((config, verify, backend, ctx, batch))
+        def get(config, verify, backend="triton", policy=NATIVE):
+            return ms.get((config, verify, backend, policy, ctx, batch))
 
         def add(name, num, den, source="this run", target=None):
             if num is not None and den is not None and den > 0:
@@ -433,37 +526,51 @@ def ratios(rows: list[dict], reference: list[dict]) -> list[dict]:
             fused, ref_note)
         add("no speculation / reference no speculation (host check)", get("nospec", "-"),
             ref.get(("nospec", ctx, batch)), ref_note)
+        # The DFLASH chain through the hook on FlashInfer (MHA) against upstream's FlashInfer verify.
+        hooked = get("dflash", "auto", "flashinfer") or get("dflash", "fused", "flashinfer")
+        add("DFLASH flashinfer hook / DFLASH flashinfer upstream", hooked,
+            get("dflash", "upstream_extend", "flashinfer"), target=0.9)
+        # The sm_120 proxy: the server's own choices as an sm_120 GPU would make them.
+        for backend in BACKENDS:
+            proxied = get("dflash", "auto", backend, SM120_PROXY)
+            for b in sorted({ddtree_budget(r["config"]) for r in rows} - {None}):
+                add(f"DDTREE B={b} default / DFLASH default, {backend}, sm120 proxy",
+                    get(f"ddtree{b}", "auto", backend, SM120_PROXY), proxied, target=1.3 if b == 16 else None)
     return out
 
 
 def verify_shares(profiles: list[dict]) -> list[dict]:
     """The verify attention's ms and share of the step per profiled server."""
-    fused = {(p["config"], p["backend"], p["ctx"]): p for p in profiles if p["verify"] == "fused"}
+    def twin_key(p):
+        return (p["config"], p["backend"], p.get("policy", NATIVE), p["ctx"])
+
+    fused = {twin_key(p): p for p in profiles if p["verify"] == "fused"}
     out = []
     for p in profiles:
-        twin = fused.get((p["config"], p["backend"], p["ctx"]))
-        ms = e2e_profile.verify_attention_ms(p, p["verify"], twin)
+        ms = e2e_profile.verify_attention_ms(p, p["verify"], fused.get(twin_key(p)))
         if ms is None:
             continue
-        out.append({"config": p["config"], "verify": p["verify"], "backend": p["backend"], "ctx": p["ctx"],
-                    "batch": p["batch"], "verify_attention_ms": ms, "gpu_ms_per_step": p["gpu_ms_per_step"],
+        out.append({"config": p["config"], "verify": p["verify"], "backend": p["backend"],
+                    "policy": p.get("policy", NATIVE), "ctx": p["ctx"], "batch": p["batch"],
+                    "verify_attention_ms": ms, "gpu_ms_per_step": p["gpu_ms_per_step"],
                     "share": ms / p["gpu_ms_per_step"]})
     return out
 
 
 def markdown(rows: list[dict], shares: list[dict] = ()) -> str:
-    base = {(r["ctx"], r["batch"]): r["ms_per_step"] for r in rows
+    base = {(r["ctx"], r["batch"], r.get("policy", NATIVE)): r["ms_per_step"] for r in rows
             if (r["config"], r["verify"], r["backend"]) == BASELINE}
-    share = {(s["config"], s["verify"], s["backend"], s["ctx"], s["batch"]): s["share"] for s in shares}
+    share = {(*row_key(s), s["ctx"], s["batch"]): s["share"] for s in shares}
     lines = ["| config | verify path | backend | ctx | bs | ms/step | x DFLASH-fused | accept len | verify attn share |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in sorted(rows, key=lambda r: (r["ctx"], r["batch"], config_order(r["config"]), r["verify"],
-                                         r["backend"])):
-        b = base.get((r["ctx"], r["batch"]))
-        s = share.get((r["config"], r["verify"], r["backend"], r["ctx"], r["batch"]))
+    for r in sorted(rows, key=lambda r: (r["ctx"], r["batch"], r.get("policy", NATIVE),
+                                         config_order(r["config"]), r["verify"], r["backend"])):
+        policy = r.get("policy", NATIVE)
+        b = base.get((r["ctx"], r["batch"], policy))
+        s = share.get((*row_key(r), r["ctx"], r["batch"]))
         rel = f"{r['ms_per_step'] / b:.2f}" if b else "-"
         pct = f"{100 * s:.0f} %" if s is not None else "-"
-        lines.append(f"| {r['config']} | {r['verify']} | {r['backend']} | {r['ctx']} | {r['batch']} | "
+        lines.append(f"| {r['config']}{POLICIES[policy]} | {r['verify']} | {r['backend']} | {r['ctx']} | {r['batch']} | "
                      f"{r['ms_per_step']:.2f} | {rel} | {r['accept_length']:.2f} | {pct} |")
     return "\n".join(lines)
 
@@ -483,11 +590,10 @@ def plot(result: dict, path: Path) -> None:
         return
     fig, axes = plt.subplots(1, 2 if profiles else 1, figsize=(13 if profiles else 7.5, 4.8), squeeze=False)
     ax = axes[0][0]
-    for key in sorted({(r["config"], r["verify"], r["backend"], r["batch"]) for r in rows},
-                      key=lambda k: (config_order(k[0]), k[1:])):
-        pts = sorted((r["ctx"], r["ms_per_step"]) for r in rows if (r["config"], r["verify"], r["backend"], r["batch"]) == key)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="-" if key[3] == 1 else "--",
-                label="%s @%s %s bs%d" % key)
+    for key in sorted({(*row_key(r), r["batch"]) for r in rows}, key=lambda k: (config_order(k[0]), k[1:])):
+        pts = sorted((r["ctx"], r["ms_per_step"]) for r in rows if (*row_key(r), r["batch"]) == key)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="-" if key[4] == 1 else "--",
+                label="%s @%s %s%s bs%d" % (key[0], key[1], key[2], POLICIES[key[3]], key[4]))
     from matplotlib.ticker import FuncFormatter
 
     ctxs = sorted({r["ctx"] for r in rows})
@@ -500,12 +606,14 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylabel("ms per decode/verify step (median)")
     routing = "" if result.get("expert_routing", "model") == "model" else ", uniform expert routing"
     routing += ", upstream's MoE tiles" if result.get("moe_tile_rule", "upstream") == "upstream" else ""
-    ax.set_title(f"DeepSeek-V2-Lite shape, dummy weights{routing}, {result.get('device', '')}")
+    target = TARGETS[result.get("target", "v2lite")]["title"]
+    ax.set_title(f"{target} shape, dummy weights{routing}, {result.get('device', '')}")
     ax.legend(fontsize=6)
     ax.grid(alpha=0.3)
     if profiles:
         ax = axes[0][1]
-        names = [f"{p['config']}@{p['verify']}\n{p['backend']} {p['ctx'] // 1024}K" for p in profiles]
+        names = [f"{p['config']}@{p['verify']}{POLICIES[p.get('policy', NATIVE)]}\n{p['backend']} {p['ctx'] // 1024}K"
+                 for p in profiles]
         bottom = [0.0] * len(profiles)
         for cat in e2e_profile.ORDER:
             vals = [p["categories"].get(cat, {}).get("ms_per_step", 0.0) for p in profiles]
@@ -544,9 +652,7 @@ def _gpu_harness():
 
 
 def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path, reference: list[dict]) -> dict:
-    target, drafter = args.models / "v2lite-shape", args.models / "v2lite-shape-dflash"
-    if not (target / "config.json").exists():  # the full set (seconds): a partial one would hide the tiny pairs
-        subprocess.run([sys.executable, str(REPO / "scripts" / "make_test_models.py"), str(args.models)], check=True)
+    target, drafter = shape_models(args.models, args.target)
     vocab = json.loads((target / "config.json").read_text())["vocab_size"]
     args.log_dir.mkdir(parents=True, exist_ok=True)
     args.triton_cache.mkdir(parents=True, exist_ok=True)
@@ -563,6 +669,8 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
         "triton_cache": str(args.triton_cache),
         "expert_routing": args.expert_routing,
         "moe_tile_rule": args.moe_tile_rule,
+        "target": args.target,
+        "strategy_table": table_summary(args.strategy_table),
         "servers": [],
         "rows": [],
         "profiles": [],
@@ -580,7 +688,8 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
         sargs = server_args(spec, str(drafter), max(ctxs), batches)
         try:
             with launch_server(spec.label.replace(":", "-").replace("@", "-"), str(target), sargs, args.log_dir,
-                               timeout=max(60.0, min(600.0, budget.left())), env=server_env(spec, args.triton_cache, args.expert_routing, args.moe_tile_rule)) as server:
+                               timeout=max(60.0, min(600.0, budget.left())), env=server_env(spec, args.triton_cache, args.expert_routing, args.moe_tile_rule,
+                                              args.strategy_table)) as server:
                 start_s = time.monotonic() - t0
                 budget.starts.append(start_s)
                 result["servers"].append({"config": spec.label, "start_s": start_s, "log": str(server.log_path)})
@@ -602,7 +711,8 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
                         if not server.alive():
                             raise
                         continue
-                    r.update(config=spec.config, verify=spec.verify, backend=spec.backend, server_start_s=start_s)
+                    r.update(config=spec.config, verify=spec.verify, backend=spec.backend, policy=spec.policy,
+                             server_start_s=start_s)
                     result["rows"].append(r)
                     print(json.dumps(r), flush=True)
                     write(finish(result, reference), out)
@@ -629,7 +739,7 @@ def _profile(server, spec: Spec, at: tuple, vocab: int, args, budget: Budget, re
         result["skipped"].append({"config": spec.label, "what": f"profile ctx {ctx}", "reason": f"failed: {e}"})
         print(f"[{spec.label}] profile failed: {e}", flush=True)
         return
-    prof.update(config=spec.config, verify=spec.verify, backend=spec.backend)
+    prof.update(config=spec.config, verify=spec.verify, backend=spec.backend, policy=spec.policy)
     result["profiles"].append(prof)
     cats = ", ".join(f"{c} {v['ms_per_step']:.2f}" for c, v in prof["categories"].items())
     h = prof["host"]
@@ -671,11 +781,11 @@ def report(paths: list[Path], out: Path, reference: list[dict]) -> dict:
             r.setdefault("backend", "triton")
             if r.get("verify") in (None, "default"):  # runs before configuration specs
                 r["verify"] = "-" if r["config"] == "nospec" else "fused"
-            rows[(r["config"], r["verify"], r["backend"], r["ctx"], r["batch"])] = r
+            rows[(*row_key(r), r["ctx"], r["batch"])] = r
         for q in data.get("profiles", []):
-            profiles[(q["config"], q["verify"], q["backend"], q["ctx"])] = q
+            profiles[(*row_key(q), q["ctx"])] = q
     merged["rows"], merged["profiles"] = list(rows.values()), list(profiles.values())
-    measured = {(Spec(*k[:3]).label, f"ctx {k[3]} bs {k[4]}") for k in rows}
+    measured = {(Spec(*k[:4]).label, f"ctx {k[4]} bs {k[5]}") for k in rows}
     started = {label for label, _ in measured}
     merged["skipped"] = [s for s in merged["skipped"]  # drop what a later run measured
                          if (s["config"], s["what"]) not in measured
@@ -710,6 +820,11 @@ def main(argv=None) -> int:
     ap.add_argument("--log-dir", type=Path, default=Path("/tmp/ddtree-bench-logs"))
     ap.add_argument("--moe-tile-rule", choices=list(MOE_TILE_RULES), default="rows_per_expert",
                     help="fused-MoE default row tile: this fork's rule (patch 0060) or upstream's M <= E switch")
+    ap.add_argument("--strategy-table", type=Path, default=None,
+                    help="a measured verify-strategy table for every server (SGLANG_DDTREE_STRATEGY_TABLE; "
+                         "benchmarks/verify_strategy_table.py writes one); default: the shipped table")
+    ap.add_argument("--target", choices=list(TARGETS), default="v2lite",
+                    help="model shape: DeepSeek-V2-Lite (MLA) or Qwen3-8B (GQA); config-only, dummy weights")
     ap.add_argument("--expert-routing", choices=list(EXPERT_ROUTING), default="model",
                     help="MoE routing of the dummy target: its router (model) or spread over the experts (uniform)")
     args = ap.parse_args(argv)
@@ -724,6 +839,13 @@ def main(argv=None) -> int:
             ap.error(str(e))
         write(result, out)
     else:
+        if args.strategy_table is not None:
+            try:
+                from sglang.srt.layers.attention.tree_verify.policy import StrategyTable
+
+                StrategyTable.from_json(json.loads(args.strategy_table.read_text()), str(args.strategy_table))
+            except (OSError, ValueError) as e:
+                ap.error(f"--strategy-table: {e}")
         try:
             specs = [parse_spec(s, args.verify, args.backend) for s in args.configs.split(",") if s]
             ctxs = [int(x) for x in args.ctx.split(",")]
@@ -736,7 +858,7 @@ def main(argv=None) -> int:
     plot(result, out.with_suffix(".png"))
     print(f"{'config':36} {'ctx':>6} {'bs':>3} {'ms/step':>8} {'accept':>6}")
     for r in result["rows"]:
-        label = Spec(r["config"], r["verify"], r["backend"]).label
+        label = Spec(*row_key(r)).label
         print(f"{label:36} {r['ctx']:>6} {r['batch']:>3} {r['ms_per_step']:>8.2f} {r['accept_length']:>6.2f}")
     for s in result["skipped"]:
         print(f"skipped {s['config']} {s['what']}: {s['reason'][:200]}")
@@ -745,7 +867,7 @@ def main(argv=None) -> int:
               + (f" (target <= {q['target']})" if "target" in q else "")
               + ("" if q["source"] == "this run" else f"  [{q['source']}]"))
     for v in result["verify_attention"]:
-        print(f"verify attention {v['config']}@{v['verify']}:{v['backend']} ctx {v['ctx']}: "
+        print(f"verify attention {Spec(*row_key(v)).label} ctx {v['ctx']}: "
               f"{v['verify_attention_ms']:.2f} of {v['gpu_ms_per_step']:.2f} GPU ms/step ({100 * v['share']:.0f} %)")
     if args.markdown:
         print(markdown(result["rows"], result["verify_attention"]))

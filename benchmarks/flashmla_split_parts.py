@@ -3,12 +3,12 @@
 Times, per shape (CUDA-graph replay medians, as ``verify_attention.py``): the page
 copy; the chunks' query copy; FlashMLA over whole requests (its own KV splits and
 combine) and over KV chunks (``kv_chunks``: nothing to split), with zero-stride
-shared queries and with a copy per chunk; the tail alone; the chunk merge; session 8's path
-(whole requests, the merge in the tail's epilogue); the strategy now, serial and
-with the tail on a side stream; and the fused kernel. Every composite is checked
-against the reference first.
+shared queries and with a copy per chunk; the tail alone; the chunk merge; the
+whole-request path (FlashMLA's own KV splits, the merge in the tail's epilogue); the
+strategy as it runs, serial and with the tail on a side stream; and the fused kernel.
+Every composite is checked against the reference first.
 
-    python benchmarks/flashmla_split_parts.py --tag s8 --out benchmarks/results
+    python benchmarks/flashmla_split_parts.py --tag h200 --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -89,15 +89,15 @@ def measure(h, n, p, bs):
     )
     checked("merge", out, ref, row)
 
-    def session8():  # the s8 path: FlashMLA's own splits, the merge in the tail's epilogue
+    def whole_requests():  # FlashMLA's own KV splits, the merge in the tail's epilogue
         o_w, lse_w = fm.flashmla_prefix_pass(q, k, indptr, pidx, scale, whole, staging)
         return merge_external_prefix(
             q, k, v, indptr, pidx, tidx, mask, scale, base, o_w, lse_w, out, lse_scale=fm._LOG2E
         )
 
-    session8()
-    checked("s8 path", out, ref, row)
-    row["s8_path_ms"] = bench(session8)
+    whole_requests()
+    checked("whole requests", out, ref, row)
+    row["whole_requests_ms"] = bench(whole_requests)
     for name, overlap in (("serial_ms", False), ("overlap_ms", True)):
         run = lambda overlap=overlap: fm.tree_verify_flashmla_split(  # noqa: E731
             *args, out, 0.0, base, staging=staging, plan=plan, overlap=overlap
@@ -128,8 +128,8 @@ def plot(rows, path):
         vals = [r[key] for r in rows]
         ax.bar(range(len(rows)), vals, bottom=bottom, label=f"{name} (alone)")
         bottom = [b + v for b, v in zip(bottom, vals)]
-    marks = {"s8_path_ms": ("kx", "session 8 path"), "serial_ms": ("bv", "now, serial"),
-             "overlap_ms": ("k^", "now, tail beside FlashMLA"), "fused_ms": ("rs", "fused kernel")}  # fmt: skip
+    marks = {"whole_requests_ms": ("kx", "whole requests, epilogue merge"), "serial_ms": ("bv", "KV chunks, serial"),
+             "overlap_ms": ("k^", "KV chunks, tail beside FlashMLA"), "fused_ms": ("rs", "fused kernel")}  # fmt: skip
     for key, (style, label) in marks.items():
         ax.plot(range(len(rows)), [r[key] for r in rows], style, label=label)
     ax.set_xticks(range(len(rows)), labels, rotation=20, fontsize=8)

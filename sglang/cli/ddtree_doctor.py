@@ -162,10 +162,14 @@ def backend_verdicts(cap: tuple[int, int]) -> dict:
         return {"error": "backend_support is not part of this build"}
     except Exception as e:  # noqa: BLE001
         return {"error": f"backend_support failed to import: {type(e).__name__}: {e}"}
-    needed = ("arch_family", "default_backend", "backends_for", "supports_tree_verify")
+    needed = ("arch_family", "default_backend", "backends_for")
     missing = [n for n in needed if not hasattr(bs, n)]
     if missing:
         return {"error": f"backend_support lacks {', '.join(missing)}"}
+    try:
+        support = importlib.import_module("sglang.srt.layers.attention.tree_verify.support")
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"tree_verify.support failed to import: {type(e).__name__}: {e}"}
     family = _call(bs.arch_family, cap)
     if family not in getattr(bs, "GATED_FAMILIES", ()):
         return {"gating": f"{family or 'this GPU'} is not gated: upstream's own backend choice applies"}
@@ -173,7 +177,7 @@ def backend_verdicts(cap: tuple[int, int]) -> dict:
     roles = getattr(bs, "ROLES", ("prefill", "decode", "target_verify", "draft"))
     for kind in ("mha", "mla"):
         verify = _call(bs.backends_for, cap, kind, "target_verify")
-        tree = [b for b in verify if _call(bs.supports_tree_verify, b, cap, kind) is True] \
+        tree = [b for b in verify if _call(support.supports_tree_verify, b, cap, kind) is True] \
             if isinstance(verify, tuple) else verify
         out[f"{kind} default"] = _call(bs.default_backend, cap, kind)
         for role in roles:

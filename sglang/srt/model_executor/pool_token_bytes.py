@@ -142,7 +142,7 @@ def _cell_size(kvc: Any) -> int:
 def flashmla_staging_bytes(kvc: Any) -> int:
     """flashmla_split's page staging per pool token: one target KV layer when the
     target's verify will go through FlashMLA (the decision is the hook's), else 0."""
-    from sglang.srt.layers.attention.tree_verify_hook import flashmla_staging_layers
+    from sglang.srt.layers.attention.tree_verify.policy import flashmla_staging_layers
 
     layers = flashmla_staging_layers(kvc)
     if not layers:

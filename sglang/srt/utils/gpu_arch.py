@@ -8,6 +8,11 @@ which have neither. The predicates here take an explicit ``(major, minor)``
 capability so a caller states which GPU it means, and tests can ask about any
 GPU on a machine without one.
 
+It also says which capability the fork's kernels and verify policy serve for:
+``SGLANG_DDTREE_KERNEL_ARCH`` picks another arch's kernel tiles, and
+``SGLANG_DDTREE_SM120_PROXY`` makes the whole policy an sm_120 GPU's (both for
+measurement on other GPUs; neither changes backend gating).
+
 This module imports torch lazily and never initialises CUDA at import time.
 """
 
@@ -15,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
 from typing import Optional, Tuple, Union
 
@@ -25,6 +29,10 @@ Capability = Tuple[int, int]
 
 #: Environment variable that overrides the arch used for kernel-config selection.
 KERNEL_ARCH_ENV = "SGLANG_DDTREE_KERNEL_ARCH"
+#: Environment variable that makes the fork serve as on an sm_120 GPU.
+SM120_PROXY_ENV = "SGLANG_DDTREE_SM120_PROXY"
+#: The capability the sm_120 proxy serves for.
+SM120 = (12, 0)
 
 # Largest dynamic shared memory one thread block may opt into, in bytes
 # (cudaDevAttrMaxSharedMemoryPerBlockOptin), from the "Technical Specifications
@@ -254,24 +262,71 @@ def _override_from_env(value: str) -> Capability:
     return cap
 
 
+def _envs():
+    # Imported when first needed: the registry imports the sglang package.
+    from sglang.srt.ddtree_environ import ddtree_envs
+
+    return ddtree_envs
+
+
+def sm120_proxy() -> bool:
+    """Whether ``SGLANG_DDTREE_SM120_PROXY`` is set: sm_120 tiles and the sm_12x
+    verify policy on whatever GPU is present."""
+    return bool(_envs().SGLANG_DDTREE_SM120_PROXY.get())
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_proxy(device_cap: Optional[Capability]) -> None:
+    logger.warning(
+        "%s=1 is set: this server runs as an sm_120 GPU would (sm_120 kernel tiles, "
+        "the sm_12x verify-strategy policy, no FlashMLA, FlashInfer's fa2 kernels) on "
+        "a GPU of compute capability %s. Results measure the sm_120 policy, not this "
+        "GPU's. Backend gating is unchanged.",
+        SM120_PROXY_ENV,
+        format_capability(device_cap),
+    )
+
+
 def kernel_arch_override() -> Optional[Capability]:
-    """The capability forced by ``SGLANG_DDTREE_KERNEL_ARCH``, or None."""
-    value = os.environ.get(KERNEL_ARCH_ENV, "").strip()
+    """The capability forced by ``SGLANG_DDTREE_KERNEL_ARCH`` (or 12.0 by the
+    sm_120 proxy), or None."""
+    value = (_envs().SGLANG_DDTREE_KERNEL_ARCH.get() or "").strip()
+    proxy = sm120_proxy()
     if not value:
-        return None
-    return _override_from_env(value)
+        return SM120 if proxy else None
+    cap = _override_from_env(value)
+    if proxy and cap != SM120:
+        raise ValueError(
+            f"{SM120_PROXY_ENV}=1 serves with the sm_120 tiles, but "
+            f"{KERNEL_ARCH_ENV}={value} asks for {arch_name(cap)}'s; unset one of them"
+        )
+    return cap
 
 
 def kernel_arch(device=None) -> Capability:
     """Capability to select kernel configurations for.
 
-    Equal to :func:`device_capability` unless ``SGLANG_DDTREE_KERNEL_ARCH`` is
-    set. Use this for tile/config choice only; gating decisions must use the
-    real :func:`device_capability`.
+    Equal to :func:`device_capability` unless ``SGLANG_DDTREE_KERNEL_ARCH`` or
+    ``SGLANG_DDTREE_SM120_PROXY`` is set. Use this for tile/config choice only;
+    gating decisions must use the real :func:`device_capability`.
     """
     override = kernel_arch_override()
     if override is not None:
         return override
+    return device_capability(device)
+
+
+def policy_arch(device=None) -> Capability:
+    """Capability whose verify-strategy policy this server follows: the GPU's own,
+    or 12.0 under the sm_120 proxy (which it announces once, loudly).
+    ``SGLANG_DDTREE_KERNEL_ARCH`` alone changes tiles, not the policy."""
+    if sm120_proxy():
+        try:
+            real = device_capability(device)
+        except RuntimeError:
+            real = None
+        _warn_proxy(real)
+        return SM120
     return device_capability(device)
 
 

@@ -73,11 +73,13 @@ def test_trtllm_mha_is_decode_only_on_sm12x():
 
 
 def test_tree_verify_table():
-    assert bs.supports_tree_verify("triton", (12, 0), bs.MLA)
-    assert bs.supports_tree_verify("flashinfer", (12, 0), bs.MHA)
-    assert bs.supports_tree_verify("flashinfer", (12, 0), bs.MLA)  # through the fused path (0031)
-    assert not bs.supports_tree_verify("fa3", (9, 0), bs.MHA)
-    assert not bs.supports_tree_verify("triton", (7, 5), bs.MHA)
+    from sglang.srt.layers.attention.tree_verify import support
+
+    assert support.supports_tree_verify("triton", (12, 0), bs.MLA)
+    assert support.supports_tree_verify("flashinfer", (12, 0), bs.MHA)
+    assert support.supports_tree_verify("flashinfer", (12, 0), bs.MLA)  # through the hook (0031)
+    assert not support.supports_tree_verify("fa3", (9, 0), bs.MHA)
+    assert not support.supports_tree_verify("triton", (7, 5), bs.MHA)
 
 
 # -- registry guard (patch 0012) -------------------------------------------
@@ -113,10 +115,16 @@ def test_registry_refuses_on_sm12x(fake_cap, name):
 
 
 def test_fa3_assert_became_a_refusal(fake_cap):
+    """Upstream's fa3 factory asserts on sm_12x (after the weights are loaded); the
+    guard refuses first, with a message naming the GPU, the backend and why."""
     fake_cap((12, 1))
+    with pytest.raises(AssertionError, match="FlashAttention v3"):
+        ATTENTION_BACKENDS["fa3"].__wrapped__(_runner(mla=True))  # upstream's own factory
     with pytest.raises(bs.UnsupportedAttentionBackendError) as e:
         ATTENTION_BACKENDS["fa3"](_runner(mla=True))
-    assert not isinstance(e.value, AssertionError)
+    msg = str(e.value)
+    for part in ("'fa3'", "FAKE GPU", "12.1", "sm_121", "FlashAttention-3", "triton"):
+        assert part in msg, part
 
 
 def test_registry_delegates_on_hopper(fake_cap):

@@ -69,9 +69,12 @@ def test_parse_capability_rejects(text):
 @pytest.fixture
 def fresh_override(monkeypatch):
     monkeypatch.delenv(gpu_arch.KERNEL_ARCH_ENV, raising=False)
+    monkeypatch.delenv(gpu_arch.SM120_PROXY_ENV, raising=False)
     gpu_arch._override_from_env.cache_clear()
+    gpu_arch._warn_proxy.cache_clear()
     yield
     gpu_arch._override_from_env.cache_clear()
+    gpu_arch._warn_proxy.cache_clear()
 
 
 @pytest.fixture
@@ -137,7 +140,8 @@ def test_no_gpu(fresh_override, monkeypatch):
 
 
 def test_module_is_import_light_and_never_initialises_cuda():
-    """Loaded on its own it pulls in no torch; with the override it never touches CUDA."""
+    """Loaded on its own it pulls in no torch; with the override (read through the
+    fork's environment registry, which imports sglang) it never touches CUDA."""
     code = (
         "import importlib.util, os, sys\n"
         f"spec = importlib.util.spec_from_file_location('ga', {gpu_arch.__file__!r})\n"
@@ -146,10 +150,38 @@ def test_module_is_import_light_and_never_initialises_cuda():
         "assert m.is_sm120((12, 0)) and m.max_shared_memory_per_block((12, 1)) == 101376\n"
         "os.environ[m.KERNEL_ARCH_ENV] = '12.0'\n"
         "assert m.kernel_arch() == (12, 0)\n"
-        "assert 'torch' not in sys.modules, 'override path pulled in torch'\n"
         "import torch\n"
         "assert not torch.cuda.is_initialized()\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_sm120_proxy_serves_the_sm120_tiles_and_policy(fresh_override, fake_h200, monkeypatch, caplog):
+    """SGLANG_DDTREE_SM120_PROXY=1: the kernel tiles and the verify policy are sm_120's on
+    the H200, announced once; gating still sees the H200."""
+    assert gpu_arch.policy_arch() == (9, 0) and not gpu_arch.sm120_proxy()
+    monkeypatch.setenv(gpu_arch.SM120_PROXY_ENV, "1")
+    with caplog.at_level(logging.WARNING, logger=gpu_arch.__name__):
+        assert gpu_arch.kernel_arch() == (12, 0)
+        assert gpu_arch.policy_arch() == (12, 0)
+        assert gpu_arch.policy_arch() == (12, 0)
+        assert gpu_arch.device_capability() == (9, 0)
+    warns = [r for r in caplog.records if gpu_arch.SM120_PROXY_ENV in r.getMessage()]
+    assert len(warns) == 1 and "9.0" in warns[0].getMessage() and "no FlashMLA" in warns[0].getMessage()
+
+
+def test_kernel_arch_alone_keeps_the_policy(fresh_override, fake_h200, monkeypatch):
+    monkeypatch.setenv(gpu_arch.KERNEL_ARCH_ENV, "12.0")
+    assert gpu_arch.kernel_arch() == (12, 0)
+    assert gpu_arch.policy_arch() == (9, 0)
+
+
+def test_proxy_and_another_kernel_arch_conflict(fresh_override, fake_h200, monkeypatch):
+    monkeypatch.setenv(gpu_arch.SM120_PROXY_ENV, "1")
+    monkeypatch.setenv(gpu_arch.KERNEL_ARCH_ENV, "12.0")
+    assert gpu_arch.kernel_arch() == (12, 0)  # the same arch: consistent
+    monkeypatch.setenv(gpu_arch.KERNEL_ARCH_ENV, "9.0")
+    with pytest.raises(ValueError, match="unset one of them"):
+        gpu_arch.kernel_arch()

@@ -127,6 +127,8 @@ def test_bare_event_list_is_accepted():
     ("void sm90::flash_fwd_splitkv_mla_kernel<Traits<cutlass::bfloat16_t, 576>>(DenseAttnDecodeParams)", "flashmla"),
     ("void smxx::decode::flash_fwd_mla_combine_kernel<cutlass::bfloat16_t, 512, 8, 64, 256>(CombineParams)", "flashmla"),
     ("get_mla_metadata_kernel(GetDecodingMetadataParams)", "flashmla"),
+    ("void flashinfer::mla::BatchMLAPagedAttentionKernel<KernelTraits<...>, MLAParams<...>>(...)", "flashinfer_mla"),
+    ("void flashinfer::mla::hopper::BatchMLAPageAttentionHopperKernel<...>(...)", "flashinfer_mla"),
     ("fused_moe_kernel", "moe"),
     ("moe_align_block_size_kernel", "moe"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32", "gemm"),
@@ -182,6 +184,10 @@ def test_verify_attention_ms_fused_and_upstream_with_drafter_twin():
     assert ep.verify_attention_ms(flashmla, "flashmla_split") == pytest.approx(2.5)
     assert ep.verify_attention_ms(flashmla, "auto") == pytest.approx(2.5)  # the default's choice
     assert ep.verify_attention_ms(fused, "auto") == 2.0
+    flashinfer = {"categories": {"tree_verify": {"ms_per_step": 0.5}, "flashinfer_mla": {"ms_per_step": 1.5}}}
+    assert ep.verify_attention_ms(flashinfer, "flashinfer_split") == pytest.approx(2.0)
+    # On a FlashInfer MLA server those kernels are also upstream's own decode and prefill.
+    assert ep.verify_attention_ms({**flashinfer, "backend": "flashinfer"}, "auto") == pytest.approx(0.5)
 
 
 def test_trace_roundtrip_and_wait(tmp_path):

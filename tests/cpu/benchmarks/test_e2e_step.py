@@ -15,16 +15,21 @@ import e2e_step as es  # noqa: E402
 
 
 @pytest.mark.parametrize("text,want", [
-    ("ddtree64", ("ddtree64", "fused", "triton")),
-    ("ddtree64@upstream_extend", ("ddtree64", "upstream_extend", "triton")),
-    ("dflash@upstream_extend:flashinfer", ("dflash", "upstream_extend", "flashinfer")),
-    ("dflash:flashinfer", ("dflash", "fused", "flashinfer")),
-    ("nospec", ("nospec", "-", "triton")),
-    ("ddtree63@upstream_extend", ("ddtree63", "upstream_extend", "triton")),
-    ("ddtree256", ("ddtree256", "fused", "triton")),
+    ("ddtree64", ("ddtree64", "fused", "triton", "native")),
+    ("ddtree64@upstream_extend", ("ddtree64", "upstream_extend", "triton", "native")),
+    ("dflash@upstream_extend:flashinfer", ("dflash", "upstream_extend", "flashinfer", "native")),
+    ("dflash:flashinfer", ("dflash", "fused", "flashinfer", "native")),
+    ("nospec", ("nospec", "-", "triton", "native")),
+    ("ddtree63@upstream_extend", ("ddtree63", "upstream_extend", "triton", "native")),
+    ("ddtree256", ("ddtree256", "fused", "triton", "native")),
+    ("ddtree16@auto+sm120", ("ddtree16", "auto", "triton", "sm120-proxy")),
+    ("dflash:flashinfer+sm120", ("dflash", "fused", "flashinfer", "sm120-proxy")),
 ])
 def test_parse_spec(text, want):
-    assert es.parse_spec(text).key == want
+    spec = es.parse_spec(text)
+    assert spec.key == want
+    if spec.config != "nospec":
+        assert es.parse_spec(spec.label) == spec  # the label reads back
 
 
 def test_parse_spec_run_defaults_apply_only_without_suffix():
@@ -42,6 +47,7 @@ def test_parse_spec_run_defaults_apply_only_without_suffix():
     ("dflash:fa3", "unknown backend"),
     ("nospec@upstream_extend", "no verify path"),
     ("ddtree64 @fused", "bad configuration"),
+    ("ddtree16+sm90", "bad configuration"),
 ])
 def test_parse_spec_errors_say_what_to_use(text, msg):
     with pytest.raises(ValueError, match=msg):
@@ -127,6 +133,58 @@ def test_server_env_names_the_verify_path_unless_auto(tmp_path):
     assert env["SGLANG_DDTREE_VERIFY_STRATEGY"] == "upstream_extend"
     assert es.server_env(es.parse_spec("ddtree64@auto"), tmp_path) == {"TRITON_CACHE_DIR": str(tmp_path)}
     assert "SGLANG_DDTREE_VERIFY_STRATEGY" not in es.server_env(es.parse_spec("nospec"), tmp_path)
+
+
+def test_the_sm120_proxy_is_the_overlays_switch(tmp_path, monkeypatch):
+    """A +sm120 configuration's server follows the sm_12x policy: the variable is the one
+    gpu_arch reads."""
+    from sglang.srt.utils import gpu_arch
+
+    env = es.server_env(es.parse_spec("ddtree16@auto+sm120"), tmp_path)
+    assert env == {"TRITON_CACHE_DIR": str(tmp_path), gpu_arch.SM120_PROXY_ENV: "1"}
+    monkeypatch.setenv(gpu_arch.SM120_PROXY_ENV, env[gpu_arch.SM120_PROXY_ENV])
+    assert gpu_arch.sm120_proxy()
+    assert gpu_arch.SM120_PROXY_ENV not in es.server_env(es.parse_spec("ddtree16@auto"), tmp_path)
+
+
+def test_a_measured_strategy_table_reaches_every_server(tmp_path, monkeypatch):
+    """--strategy-table: the variable the policy reads, checked before any server starts,
+    and summarised in the result."""
+    from sglang.srt.layers.attention.tree_verify import policy
+
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"sections": [{"arch": "sm12x", "date": "2026-12-02", "hardware": "H200",
+                                               "command": "c", "proxy": True, "rows": []}]}))  # fmt: skip
+    env = es.server_env(es.parse_spec("ddtree16@auto+sm120"), tmp_path, strategy_table=table)
+    monkeypatch.setenv(policy.TABLE_ENV, env[policy.TABLE_ENV])
+    assert policy.load_table().sections[0].hardware == "H200"
+    assert es.table_summary(table)["sections"] == [{"arch": "sm12x", "date": "2026-12-02", "hardware": "H200",
+                                                    "proxy": True}]  # fmt: skip
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"sections": [{"arch": "sm75"}]}))
+    with pytest.raises(SystemExit):
+        es.main(["--configs", "dflash", "--strategy-table", str(bad), "--out-dir", str(tmp_path)])
+
+
+def test_qwen3_8b_shape_models_load_with_the_pinned_upstream(tmp_path):
+    """The config-only Qwen3-8B pair: transformers reads the target (GQA 32/8 of 128) and
+    the pinned upstream's DFlash parser the drafter."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+
+    (tmp_path / "v2lite-shape").mkdir()
+    (tmp_path / "v2lite-shape" / "config.json").write_text("{}")  # make_test_models ran
+    (tmp_path / "v2lite-shape" / "tokenizer.json").write_text("{}")
+    target, drafter = es.shape_models(tmp_path, "qwen3-8b")
+    tcfg = json.loads((target / "config.json").read_text())
+    loaded = AutoConfig.from_pretrained(str(target))
+    assert (loaded.model_type, loaded.num_attention_heads, loaded.num_key_value_heads, loaded.head_dim) == (
+        "qwen3", 32, 8, 128)
+    assert (target / "tokenizer.json").exists()
+    dcfg = PretrainedConfig.from_dict(json.loads((drafter / "config.json").read_text()))
+    parsed = parse_dflash_draft_config(draft_hf_config=dcfg)
+    assert parsed.block_size == 16 and max(parsed.target_layer_ids) < tcfg["num_hidden_layers"]
 
 
 def test_uniform_expert_routing_is_upstreams_switch(tmp_path, monkeypatch):
@@ -256,6 +314,18 @@ def test_ratios_this_run_and_reference(reference):
     assert got["DDTREE B=64 flashmla_split / DFLASH fused"]["value"] == pytest.approx(1.25)
 
 
+def test_ratios_of_the_flashinfer_chain_and_the_sm120_proxy(reference):
+    proxy = dict(policy="sm120-proxy")
+    rows = [row("dflash", "upstream_extend", 9.57, backend="flashinfer"), row("dflash", "auto", 8.5, backend="flashinfer"),
+            {**row("dflash", "auto", 10.0), **proxy}, {**row("ddtree16", "auto", 12.0), **proxy},
+            row("dflash", "auto", 7.0), row("ddtree16", "auto", 70.0)]  # native rows stay out of the proxy's ratio
+    got = {q["ratio"]: q for q in es.ratios(rows, reference) if q["ctx"] == 16384}
+    chain = got["DFLASH flashinfer hook / DFLASH flashinfer upstream"]
+    assert chain["value"] == pytest.approx(8.5 / 9.57) and chain["target"] == 0.9
+    tree = got["DDTREE B=16 default / DFLASH default, triton, sm120 proxy"]
+    assert tree["value"] == pytest.approx(1.2) and tree["target"] == 1.3
+
+
 def test_verify_shares_pair_upstream_with_its_fused_twin():
     def prof(config, verify, tv, ext, total):
         cats = {"tree_verify": {"ms_per_step": tv}, "extend_attention": {"ms_per_step": ext}}
@@ -307,6 +377,26 @@ def test_report_merges_split_runs_and_writes_a_plot(tmp_path, reference):
     assert json.loads(out.read_text())["rows"] == merged["rows"]
     es.plot(merged, out.with_suffix(".png"))
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_keeps_native_and_proxy_rows_apart(tmp_path, reference):
+    native = row("ddtree16", "auto", 12.0)
+    proxied = {**row("ddtree16", "auto", 15.0), "policy": "sm120-proxy"}
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    paths[0].write_text(json.dumps({"rows": [native], "skipped": []}))
+    paths[1].write_text(json.dumps({"rows": [proxied], "skipped": []}))
+    merged = es.report(paths, tmp_path / "m.json", reference)
+    assert sorted(r["ms_per_step"] for r in merged["rows"]) == [12.0, 15.0]
+    md = es.markdown(merged["rows"])
+    assert "| ddtree16+sm120 | auto | triton | 16384 | 1 | 15.00 |" in md
+    assert "| ddtree16 | auto | triton | 16384 | 1 | 12.00 |" in md
+
+
+def test_report_refuses_to_mix_targets(tmp_path, reference):
+    paths = _runs_with(tmp_path, "target", (None, "qwen3-8b"))
+    assert es.report(paths[:1], tmp_path / "one.json", reference)["target"] == "v2lite"
+    with pytest.raises(ValueError, match="target"):
+        es.report(paths, tmp_path / "mixed.json", reference)
 
 
 def test_report_drops_skips_a_later_run_measured(tmp_path, reference):

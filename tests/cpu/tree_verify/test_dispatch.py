@@ -13,8 +13,8 @@ from sglang.srt.layers.attention.tree_verify.configs import (
     head_dim_blocks,
     select_config,
 )
-from sglang.srt.layers.attention.tree_verify.dispatch import _run_flashmla
-from sglang.srt.layers.attention.tree_verify.prefix_split import choose_num_splits
+from sglang.srt.layers.attention.tree_verify.dispatch import _run_flashmla_split
+from sglang.srt.layers.attention.tree_verify.prefix_split import choose_num_splits, num_splits_for
 
 
 def inputs(bs=2, n=4, h=4, hkv=1, d=32, p=(5, 9)):
@@ -63,7 +63,7 @@ def test_unknown_and_unavailable_strategies(monkeypatch):
     with pytest.raises(StrategyUnavailable, match="CUDA device"):
         tree_verify_attention(*inputs(), strategy="fused")
     with pytest.raises(StrategyUnavailable, match="sm_90a/sm_100a only"):
-        _run_flashmla(None, (12, 0))
+        _run_flashmla_split(arch=(12, 0), kv_scales=None)
 
 
 def test_fp8_kv_cache_scales_and_strategies(monkeypatch):
@@ -98,18 +98,32 @@ CFG = TreeVerifyConfig(block_m=64, block_n=32, num_warps=8, num_stages=3)
 
 
 def test_splits_fill_the_gpu():
-    # 17 row tiles (H16 x N65) over a 16K prefix on 132 SMs: enough splits for
-    # about two full waves, not one program per SM plus a straggler.
+    # 17 row tiles (H16 x N65) over a 16K prefix on 132 SMs: enough splits to fill
+    # most of the GPU, and no straggler wave (the last wave at least 3/4 full).
     s = choose_num_splits(17, 16384, 1, CFG, 132)
-    assert 7 <= s <= 64 and (17 * s) % 132 > 100 or (17 * s) >= 2 * 132
+    waves = -(-17 * s // 132)
+    assert 7 <= s <= 64
+    assert 17 * s > 0.75 * waves * 132, (s, waves)
     # 130 row tiles (H128 x N65) already fill the GPU: one split.
     assert choose_num_splits(130, 65536, 1, CFG, 132) == 1
     assert choose_num_splits(17, 0, 1, CFG, 132) == 0  # no prefix: tail only
     assert choose_num_splits(17, 100, 1, CFG, 132) == 1  # tiny prefix
 
 
-def test_splits_depend_on_static_sizes_only():
-    # The same static sizes give the same launch (CUDA-graph replay safety).
-    assert choose_num_splits(5, 4 * 65536, 4, CFG, 188) == choose_num_splits(
-        5, 4 * 65536, 4, CFG, 188
-    )
+def test_split_count_reads_the_index_buffer_size_only():
+    """Under CUDA graphs the prefix index buffer has its capacity (bs x context) and
+    stale contents; the split count must come from that size and the static shape,
+    so every replay launches the captured grid. Eagerly the buffer holds the exact sum."""
+    bs, n, h = 4, 65, 16
+    q = torch.empty(bs * n, h, 576, dtype=torch.float16)
+    k = torch.empty(8, 1, 576, dtype=torch.float16)
+    v = k[..., :512]
+    row_tiles = -(-n * h // CFG.block_m) * bs  # one KV head, V read from the K tile
+    capacity = torch.randint(0, 8, (bs * 65536,), dtype=torch.int32)
+    exact = torch.zeros(bs * 1000, dtype=torch.int32)
+    graph = num_splits_for(q, k, v, capacity, bs, n, CFG)
+    eager = num_splits_for(q, k, v, exact, bs, n, CFG)
+    assert graph == choose_num_splits(row_tiles, bs * 65536, bs, CFG, 132)
+    assert eager == choose_num_splits(row_tiles, bs * 1000, bs, CFG, 132)
+    assert graph != eager  # the size, not a constant, decides
+    assert num_splits_for(q, k, v, capacity.flip(0), bs, n, CFG) == graph  # contents do not

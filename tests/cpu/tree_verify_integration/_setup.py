@@ -57,16 +57,33 @@ class Pool:
         self.k[loc.long()] = k.view(-1, *self.k.shape[1:]).to(self.k.dtype)
 
 
-def model_runner(algorithm: str, dtype=torch.float16, is_draft=False, max_ctx=MAX_CTX, device="cpu"):
+def model_runner(
+    algorithm: str, dtype=torch.float16, is_draft=False, max_ctx=MAX_CTX, device="cpu", attention=None
+):
+    """The fields of upstream's ModelRunner the hooks read. ``attention``: the
+    target's (kind, H, Hkv, Dqk, Dv) for the model config, which lets the
+    verify policy plan ahead; without it the config names no heads (the policy
+    then decides per layer, as for a model whose config it cannot read)."""
+    config = SimpleNamespace(context_len=max_ctx)
+    mla = False
+    if attention is not None:
+        kind, h, hkv, dqk, dv = attention
+        mla = kind == "mla"
+        config = SimpleNamespace(
+            context_len=max_ctx, num_attention_heads=h, head_dim=dqk, v_head_dim=dv,
+            kv_lora_rank=dv if mla else None, qk_rope_head_dim=dqk - dv if mla else None,
+            scaling=1.0 / math.sqrt(dqk), get_num_kv_heads=lambda tp: hkv,
+        )  # fmt: skip
     return SimpleNamespace(
         spec_algorithm=SpeculativeAlgorithm.from_string(algorithm),
         is_draft_worker=is_draft,
         req_to_token_pool=SimpleNamespace(req_to_token=None),
-        model_config=SimpleNamespace(context_len=max_ctx),
+        model_config=config,
         server_args=SimpleNamespace(speculative_num_draft_tokens=None),
         device=device,
         dtype=dtype,
         kv_cache_dtype=dtype,
+        use_mla_backend=mla,
     )
 
 
@@ -200,7 +217,7 @@ def triton_backend(runner, pool, verify: Verify, mla: bool):
     """A real (patched) TritonAttnBackend with the attributes its
     TARGET_VERIFY paths read, and the hook its patched __init__ installs."""
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
-    from sglang.srt.layers.attention.tree_verify_hook import triton_hook
+    from sglang.srt.layers.attention.tree_verify.backends import triton_hook
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     max_bs = 8
@@ -235,7 +252,7 @@ def flashinfer_backend(runner, pool, verify, **attrs):
     """The real (patched) FlashInferAttnBackend (MHA/GQA) with the attributes its
     TARGET_VERIFY path reads, and the hook its patched __init__ installs."""
     from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
-    from sglang.srt.layers.attention.tree_verify_hook import flashinfer_hook
+    from sglang.srt.layers.attention.tree_verify.backends import flashinfer_hook
 
     state = dict(
         token_to_kv_pool=pool, page_size=1, skip_prefill=False, num_wrappers=1,
@@ -251,7 +268,7 @@ def flashinfer_backend(runner, pool, verify, **attrs):
 def flashinfer_mla_backend(runner, pool, verify):
     """The real (patched) FlashInferMLAAttnBackend, as ``flashinfer_backend``."""
     from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAAttnBackend
-    from sglang.srt.layers.attention.tree_verify_hook import flashinfer_mla_hook
+    from sglang.srt.layers.attention.tree_verify.backends import flashinfer_mla_hook
 
     return hooked_backend(
         FlashInferMLAAttnBackend, flashinfer_mla_hook, runner, verify,

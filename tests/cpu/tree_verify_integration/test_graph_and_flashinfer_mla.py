@@ -19,11 +19,16 @@ from _setup import (
     qkv,
     triton_backend,
 )
-from sglang.srt.layers.attention.tree_verify_hook import (
+from sglang.srt.layers.attention.tree_verify.backends import verify_capture_dense_mask
+from sglang.srt.layers.attention.tree_verify.hook import (
+    BLOCK,
+    CHAIN,
     TREE,
     TreeVerifyUnavailable,
     check_runtime_tree_verify,
 )
+from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 
 def _padded(verify: Verify, bs: int):
@@ -124,23 +129,38 @@ def test_flashinfer_mla_refuses_ddtree_without_the_hook(monkeypatch):
         flashinfer_mla_backend(model_runner("DDTREE"), Pool(1, 576, 512, torch.float16, True), verify)
 
 
-def test_mask_policy_and_runtime_check_on_patched_backends():
+def test_mask_policy_and_runtime_check_on_patched_backends(monkeypatch):
+    """One decision says whether captured verify graphs carry upstream's dense mask
+    (patch 0053): none where the hook serves the verify, a tree's mask otherwise,
+    upstream's choice for chains. The runtime check accepts exactly the backends
+    that apply a tree mask."""
     from sglang.srt.speculative.ddtree.info import backend_reads_tree_mask_bits
-    from sglang.srt.speculative.dflash_utils import resolve_dflash_verify_mask_policy
 
+    ddtree = SpeculativeAlgorithm.from_string("DDTREE")
+    dflash = SpeculativeAlgorithm.from_string("DFLASH")
     gen = torch.Generator().manual_seed(0)
     verify = Verify([3], 4, "DDTREE", gen)
     pool = Pool(2, 64, 64, torch.float16, False)
     tri = triton_backend(model_runner("DDTREE"), pool, verify, False)
     assert backend_reads_tree_mask_bits(tri)
-    assert resolve_dflash_verify_mask_policy(tri) == ("TritonAttnBackend", False)
+    assert verify_capture_dense_mask(tri, ddtree, upstream_choice=False) is False
     check_runtime_tree_verify(tri)
 
     class Hybrid:  # upstream's HybridAttnBackend exposes full_attn_backend
         full_attn_backend = tri
 
     assert backend_reads_tree_mask_bits(Hybrid())
+    assert verify_capture_dense_mask(Hybrid(), ddtree, upstream_choice=True) is False
     check_runtime_tree_verify(Hybrid())
+
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "upstream_extend")  # hooks off
+    off = triton_backend(model_runner("DDTREE"), pool, verify, False)
+    assert verify_capture_dense_mask(off, ddtree, upstream_choice=False) is True  # a tree needs it
+    check_runtime_tree_verify(off)  # upstream's extend path applies the dense mask
+    chain = triton_backend(model_runner("DFLASH"), pool, Verify([3], 4, "DFLASH", gen), False)
+    for upstream in (False, True):
+        assert verify_capture_dense_mask(chain, dflash, upstream_choice=upstream) is upstream
+    monkeypatch.delenv("SGLANG_DDTREE_VERIFY_STRATEGY")
 
     fi = flashinfer_mla_backend(
         model_runner("DDTREE"), Pool(1, 576, 512, torch.float16, True), verify
@@ -153,18 +173,19 @@ def test_mask_policy_and_runtime_check_on_patched_backends():
 
 def test_startup_check_matches_what_is_integrated():
     from sglang.srt.layers.attention import backend_support as bs
+    from sglang.srt.layers.attention.tree_verify import support
 
     for cap in ((8, 0), (9, 0), (10, 0), (12, 0)):
-        bs.check_tree_verify_backend("triton", bs.MLA, cap)
-        bs.check_tree_verify_backend("triton", bs.MHA, cap)
-        bs.check_tree_verify_backend("flashinfer", bs.MLA, cap)
-        bs.check_tree_verify_backend("flashinfer", bs.MHA, cap)
+        support.check_tree_verify_backend("triton", bs.MLA, cap)
+        support.check_tree_verify_backend("triton", bs.MHA, cap)
+        support.check_tree_verify_backend("flashinfer", bs.MLA, cap)
+        support.check_tree_verify_backend("flashinfer", bs.MHA, cap)
         for backend in ("fa3", "flashmla", "trtllm_mla", "cutlass_mla", "fa4", None):
             with pytest.raises(bs.UnsupportedAttentionBackendError, match="triton"):
-                bs.check_tree_verify_backend(backend, bs.MLA, cap)
-    bs.check_tree_verify_backend("flashinfer", bs.MLA)  # cap unknown: any arch
+                support.check_tree_verify_backend(backend, bs.MLA, cap)
+    support.check_tree_verify_backend("flashinfer", bs.MLA)  # cap unknown: any arch
     with pytest.raises(ValueError):
-        bs.check_tree_verify_backend("triton", bs.MHA, (7, 5))
+        support.check_tree_verify_backend("triton", bs.MHA, (7, 5))
 
 
 def _must_not_plan(*args, **kwargs):
@@ -199,18 +220,65 @@ def test_flashinfer_mha_ddtree_through_the_hook(h, hkv, d):
     torch.testing.assert_close(o.view(-1, h, d).float(), ref, atol=2e-3, rtol=2e-3)
 
 
-@pytest.mark.parametrize("algorithm,is_draft,attrs", [
-    ("DFLASH", False, {}),  # chains keep FlashInfer's causal kernel
-    ("DDTREE", True, {}),  # the drafter too
-    ("DDTREE", False, {"num_wrappers": 2}),  # sliding window / cross attention
+@pytest.mark.parametrize("h,hkv,d", [(4, 2, 64), (6, 1, 128)])
+def test_flashinfer_mha_dflash_chain_through_the_hook(h, hkv, d):
+    """A DFLASH chain verify on the patched FlashInfer backend goes through the hook
+    (a cached causal bitmask, no FlashInfer verify plan), as on the Triton backend:
+    equal to the causal attention over each request's prefix and block."""
+    gen = torch.Generator().manual_seed(29)
+    verify = Verify([9, 0, 14], 8, "DFLASH", gen)
+    pool = Pool(hkv, d, d, torch.float16, mla=False)
+    be = flashinfer_backend(model_runner("DFLASH"), pool, verify)
+    assert be.tree_verify.kind == CHAIN and not be.consumes_tree_mask_bits
+    layer = layer_for("mha", h, hkv, d, d)
+    fb = verify.forward_batch()
+    be.indices_updater_prefill = SimpleNamespace(update=_must_not_plan)
+    be.init_forward_metadata(fb)
+    assert be.tree_verify.metadata.kind == CHAIN
+    q, k, v = qkv(verify, h, hkv, d, d, torch.float16, False, gen)
+    o = be.forward_extend(q, k, v, layer, fb)
+    ref = dense_reference(verify, q.view(-1, h, d), pool, layer.scaling)  # causal block
+    torch.testing.assert_close(o.view(-1, h, d).float(), ref, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("algorithm", ["DFLASH", "DDTREE"])
+@pytest.mark.parametrize("attn_type", [AttentionType.ENCODER_ONLY, AttentionType.DECODER])
+def test_flashinfer_mha_draft_block_through_the_hook(algorithm, attn_type):
+    """The DFlash drafter's block on the draft worker's FlashInfer backend: its
+    non-causal layers see the prefix and the whole block, causal ones the chain."""
+    gen = torch.Generator().manual_seed(31)
+    h, hkv, d, n = 4, 2, 64, 16
+    verify = Verify([9, 0, 21], n, "DFLASH", gen)
+    pool = Pool(hkv, d, d, torch.float16, mla=False)
+    be = flashinfer_backend(model_runner(algorithm, is_draft=True), pool, verify)
+    assert be.tree_verify.kind == BLOCK
+    layer = layer_for("mha", h, hkv, d, d)
+    layer.attn_type = attn_type
+    fb = verify.forward_batch()
+    be.indices_updater_prefill = SimpleNamespace(update=_must_not_plan)
+    be.init_forward_metadata(fb)
+    q, k, v = qkv(verify, h, hkv, d, d, torch.float16, False, gen)
+    o = be.forward_extend(q, k, v, layer, fb).view(-1, h, d).float()
+    if attn_type == AttentionType.ENCODER_ONLY:
+        verify.visible = lambda b: torch.ones(n, int(verify.prefix[b]) + n, dtype=torch.bool)
+    ref = dense_reference(verify, q.view(-1, h, d), pool, layer.scaling)
+    torch.testing.assert_close(o, ref, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("algorithm,is_draft,attrs,env", [
+    ("DFLASH", False, {}, "upstream_extend"),  # the A/B switch: upstream's own verify
+    ("DDTREE", False, {"num_wrappers": 2}, None),  # sliding window / cross attention
     ("DDTREE", False, {"use_sliding_window_kv_pool": True,
-                       "_swa_kv_pool": SimpleNamespace(translate_loc_from_full_to_swa=lambda loc: loc)}),
-    ("DDTREE", False, {"prefill_uses_dequant_workspace": True}),
-    ("DDTREE", False, {"page_size": 16}),
+                       "_swa_kv_pool": SimpleNamespace(translate_loc_from_full_to_swa=lambda loc: loc)}, None),
+    ("DDTREE", False, {"prefill_uses_dequant_workspace": True}, None),
+    ("DDTREE", False, {"page_size": 16}, None),
+    ("DFLASH", False, {"page_size": 16}, None),
 ])
-def test_flashinfer_mha_leaves_the_rest_to_upstream(algorithm, is_draft, attrs):
+def test_flashinfer_mha_leaves_the_rest_to_upstream(monkeypatch, algorithm, is_draft, attrs, env):
     """Off at construction: upstream's path runs, and for a DDTREE target the
     worker keeps building the dense mask that path applies."""
+    if env is not None:
+        monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", env)
     gen = torch.Generator().manual_seed(1)
     verify = Verify([3], 4, algorithm, gen)
     runner = model_runner(algorithm, is_draft=is_draft)

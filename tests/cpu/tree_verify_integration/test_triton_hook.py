@@ -7,9 +7,10 @@ import torch
 from sglang.srt.layers.radix_attention import AttentionType
 
 from _setup import MAX_CTX, MAX_REQS, Pool, Verify, dense_reference, layer_for, model_runner, qkv, triton_backend
-from sglang.srt.layers.attention.tree_verify_hook import (
+from sglang.srt.layers.attention.tree_verify.hook import (
     BLOCK,
     CHAIN,
+    FP8_KV_ENV,
     TREE,
     TreeVerifyUnavailable,
 )
@@ -168,7 +169,7 @@ def test_static_refusals_leave_the_dense_path(monkeypatch):
     """Sliding-window backends, and an fp8 KV cache with the fused path turned
     off, keep upstream's path: the worker then builds the dense mask
     (consumes_tree_mask_bits is False)."""
-    from sglang.srt.layers.attention.tree_verify_hook import FP8_KV_ENV, triton_hook
+    from sglang.srt.layers.attention.tree_verify.backends import triton_hook
 
     monkeypatch.setenv(FP8_KV_ENV, "0")
 
@@ -189,8 +190,6 @@ def test_fp8_kv_cache_is_served_unless_turned_off(monkeypatch, env):
     """An fp8 KV cache is served through the hook by default (and with
     SGLANG_DDTREE_FP8_KV_VERIFY=1), equal to the dense attention over the
     dequantized cache; =0 leaves it to upstream's dense-mask path."""
-    from sglang.srt.layers.attention.tree_verify_hook import FP8_KV_ENV
-
     if env is None:
         monkeypatch.delenv(FP8_KV_ENV, raising=False)
     else:
@@ -225,9 +224,9 @@ def _observe_flashmla_runner(monkeypatch):
 
     calls = []
 
-    def observed(args, arch, kv_scales=None, **options):
-        calls.append(options)
-        return dispatch._run_reference(args, arch, kv_scales)
+    def observed(*, arch, kv_scales, staging=None, plan=None, max_prefix_len=None, **call):
+        calls.append(dict(staging=staging, plan=plan))
+        return dispatch._run_reference(arch=arch, kv_scales=kv_scales, **call)
 
     monkeypatch.setitem(dispatch._RUNNERS, "flashmla_split", observed)
     return calls
@@ -284,7 +283,7 @@ def test_flashmla_strategy_routes_the_targets_verify_only(monkeypatch):
     # The drafter's block is not FlashMLA's: default kernels, the env ignored.
     draft = triton_backend(model_runner("DDTREE", is_draft=True), Pool(2, 64, 64, torch.float16, False),
                            Verify([3], 4, "DDTREE", gen), False)
-    assert draft.tree_verify.kind == BLOCK and not draft.tree_verify.flashmla_prefix
+    assert draft.tree_verify.kind == BLOCK and draft.tree_verify.routes is None
 
 
 def test_flashmla_strategy_is_refused_at_startup_off_sm90_sm100(monkeypatch):
@@ -301,9 +300,7 @@ def _default_flashmla_backend(monkeypatch, cap, n, flash_mla_loads=True, draft=F
     """A DDTREE Triton backend with the strategy variable unset on a GPU of
     capability ``cap``; FlashMLA's scheduler returns placeholders and its runner is
     observed computing the reference (FlashMLA itself runs in tests/gpu)."""
-    from sglang.srt.layers.attention import tree_verify_hook
-    from sglang.srt.layers.attention.tree_verify import flashmla_split
-    from sglang.srt.layers.attention.tree_verify.upstream_extend import StrategyUnavailable
+    from sglang.srt.layers.attention.tree_verify import StrategyUnavailable, flashmla_split, policy
     from sglang.srt.utils import gpu_arch
 
     monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: cap)
@@ -315,7 +312,7 @@ def _default_flashmla_backend(monkeypatch, cap, n, flash_mla_loads=True, draft=F
 
     monkeypatch.setattr(flashmla_split, "_flash_mla", flash_mla)
     # 3 MLA heads here: a 9-node tree is "wide" (27 rows), a 4-node one is not.
-    monkeypatch.setattr(tree_verify_hook, "FLASHMLA_MIN_ROWS", 9 * SHAPES["mla"][0])
+    monkeypatch.setattr(policy, "FLASHMLA_MIN_ROWS", 9 * SHAPES["mla"][0])
     calls = _observe_flashmla_runner(monkeypatch)
     gen = torch.Generator().manual_seed(5)
     h, hkv, dqk, dv = SHAPES["mla"]
@@ -338,7 +335,8 @@ def _default_flashmla_backend(monkeypatch, cap, n, flash_mla_loads=True, draft=F
 def test_flashmla_is_the_default_for_wide_trees_on_sm90(monkeypatch):
     monkeypatch.delenv("SGLANG_DDTREE_VERIFY_STRATEGY", raising=False)
     be, forward, calls = _default_flashmla_backend(monkeypatch, (9, 0), n=9)
-    assert be.tree_verify.flashmla_by_default and not be.tree_verify.flashmla_prefix
+    routes = be.tree_verify.routes
+    assert routes.forced is None and routes.strategy(2, 9, SHAPES["mla"][0]) == "flashmla_split"
     forward()
     forward()
     assert len(calls) == 2 and calls[0]["staging"] is calls[1]["staging"]
@@ -368,7 +366,11 @@ def test_default_keeps_the_fused_kernel_where_flashmla_is_not_measured_or_not_wa
     be, forward, calls = _default_flashmla_backend(
         monkeypatch, cap, n=9, flash_mla_loads=loads, draft=draft, prefix_lens=prefix_lens
     )
-    assert not be.tree_verify.flashmla_by_default
+    routes = be.tree_verify.routes
+    if draft:
+        assert be.tree_verify.kind == BLOCK and routes is None
+    else:
+        assert routes.strategy(2, 9, SHAPES["mla"][0]) == "fused"
     if not draft:
         forward()
         assert calls == []
@@ -391,7 +393,8 @@ def test_default_flashmla_without_room_for_its_staging_falls_back_for_good(monke
     with caplog.at_level("WARNING"):
         forward()
         forward()
-    assert calls == [] and len(tries) == 1 and not be.tree_verify.flashmla_by_default
+    assert calls == [] and len(tries) == 1 and be.tree_verify.routes.flashmla_off
+    assert be.tree_verify.routes.strategy(2, 9, SHAPES["mla"][0]) == "fused"
     assert "FlashMLA verify off, the fused kernel serves it: no room for its page staging" in caplog.text
 
 

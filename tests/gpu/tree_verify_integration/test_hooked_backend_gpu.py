@@ -4,7 +4,7 @@ eager and under CUDA-graph capture/replay; the patched FlashInfer MHA and MLA
 backends' against dense attention.
 
 Run on the GPU host (patched sglang installed, see docs/GPU_HOST.md):
-    python3 -m pytest -q tests/gpu/tree_verify_integration
+    bash scripts/gpu_host/run_gpu_tier.sh --only tree_verify_integration
 """
 
 import os
@@ -14,9 +14,9 @@ import time
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
+sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "cpu", "tree_verify_integration"))
+from _gpu_host import require_cuda, require_flashinfer, require_flashmla  # noqa: E402
 from _setup import (  # noqa: E402
     Pool,
     Verify,
@@ -30,10 +30,15 @@ from _setup import (  # noqa: E402
     triton_backend,
 )
 
-from sglang.srt.layers.attention.tree_verify_hook import TREE  # noqa: E402
-from sglang.srt.layers.attention.tree_verify_hook import (  # noqa: E402
+from sglang.srt.layers.attention.tree_verify.backends import (  # noqa: E402
     triton_layer_unsupported as triton_tree_verify_layer_unsupported,
 )
+from sglang.srt.layers.attention.tree_verify.hook import BLOCK, TREE  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _cuda():
+    require_cuda()
 
 SHAPES = {
     "mla16": ("mla", 16, 1, 576, 512),
@@ -89,7 +94,7 @@ def test_flashinfer_mha_hook_matches_dense_attention(prefix, n):
     """The patched FlashInferAttnBackend (GQA 32/8/128) serves a DDTREE verify
     through the hook at real shapes: this step's K/V written by its
     forward_extend, the tree read from the bits."""
-    pytest.importorskip("flashinfer")
+    require_flashinfer()
     dtype = torch.bfloat16
     kind, h, hkv, dqk, dv = SHAPES["gqa"]
     gen = torch.Generator().manual_seed(5)
@@ -146,7 +151,6 @@ def test_draft_block_hook_matches_upstream(attn_type, algorithm):
     """The DFlash drafter's block (draft worker, TARGET_VERIFY) at a drafter's
     shape: non-causal layers see the whole block, causal ones the chain; eager
     and through a captured graph, against upstream's extend path."""
-    from sglang.srt.layers.attention.tree_verify_hook import BLOCK
     from sglang.srt.layers.radix_attention import AttentionType
 
     dtype = torch.bfloat16
@@ -188,15 +192,7 @@ def test_draft_block_hook_matches_upstream(attn_type, algorithm):
 
 def _flashmla_or_skip(monkeypatch):
     """SGLANG_DDTREE_VERIFY_STRATEGY=flashmla_split, where FlashMLA can run."""
-    from sglang.srt.layers.attention.tree_verify import StrategyUnavailable
-    from sglang.srt.layers.attention.tree_verify.flashmla_split import _flash_mla
-
-    if torch.cuda.get_device_capability()[0] not in (9, 10):
-        pytest.skip("FlashMLA runs on sm_90/sm_100 only")
-    try:
-        _flash_mla()
-    except StrategyUnavailable as e:
-        pytest.skip(str(e))
+    require_flashmla()
     monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "flashmla_split")
 
 
@@ -206,7 +202,7 @@ def test_flashmla_hook_matches_dense_attention(monkeypatch, prefix, n):
     over them, our tree tail, against the dense definition."""
     _flashmla_or_skip(monkeypatch)
     verify, pool, be, layer, x, dims = _setup("DDTREE", "mla16", prefix, n, 1, torch.bfloat16)
-    assert be.tree_verify.flashmla_prefix
+    assert be.tree_verify.routes.forced == "flashmla_split"
     out = _forward(be, verify, layer, x, dims)
     ref = dense_reference(verify, x[0].view(-1, dims[0], dims[1]), pool, layer.scaling)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)

@@ -150,21 +150,6 @@ SM12X_SUPPORT: Dict[str, Support] = {
 
 SUPPORT_BY_FAMILY: Dict[str, Dict[str, Support]] = {"sm12x": SM12X_SUPPORT}
 
-# Which backends can verify a DDTree token tree (a real ancestor mask over the
-# tree tokens plus the dense prefix), per arch family and model kind. The
-# tree-verify dispatcher owns this table; edit entries here as paths land.
-_EVERY_FAMILY = ("sm80", "sm90", "sm100", "sm12x")
-TREE_VERIFY_SUPPORT: Dict[str, Dict[str, FrozenSet[str]]] = {
-    # The fused tree-verify attention (layers/attention/tree_verify_hook.py,
-    # patch 0030); upstream's extend kernel with the dense mask as fallback.
-    "triton": {family: _only(MLA, MHA) for family in _EVERY_FAMILY},
-    # MHA: FlashInfer's paged prefill applies the dense custom mask. MLA: its
-    # FA2 MLA kernel takes no mask, so the fused tree-verify path serves the
-    # verify (patch 0031).
-    "flashinfer": {family: _only(MLA, MHA) for family in _EVERY_FAMILY},
-}
-
-
 def arch_family(cap: Tuple[int, int]) -> Optional[str]:
     """Family key of a capability, or None for one this module does not know."""
     if gpu_arch.is_sm12x(cap):
@@ -176,39 +161,6 @@ def arch_family(cap: Tuple[int, int]) -> Optional[str]:
     if cap[0] == 8:
         return "sm80"
     return None
-
-
-def supports_tree_verify(backend: str, cap: Tuple[int, int], kind: str) -> bool:
-    """Whether ``backend`` can verify a token tree on ``cap`` for ``kind``."""
-    family = arch_family(cap)
-    return kind in TREE_VERIFY_SUPPORT.get(backend, {}).get(family, NO_ROLES)
-
-
-def tree_verify_backends(kind: str, cap: Optional[Tuple[int, int]] = None) -> Tuple[str, ...]:
-    """Backends that verify a token tree for ``kind`` on ``cap`` (any known arch
-    when ``cap`` is None)."""
-    families = _EVERY_FAMILY if cap is None else (arch_family(cap),)
-    return tuple(
-        name
-        for name, per_family in TREE_VERIFY_SUPPORT.items()
-        if any(kind in per_family.get(f, NO_ROLES) for f in families)
-    )
-
-
-def check_tree_verify_backend(
-    backend: Optional[str], kind: str, cap: Optional[Tuple[int, int]] = None
-) -> None:
-    """Refuse a DDTREE verify backend that cannot apply the tree mask (it would
-    verify the tree causally). ``cap`` None judges by any known arch."""
-    if backend in tree_verify_backends(kind, cap):
-        return
-    where = "" if cap is None else f" on compute capability {cap[0]}.{cap[1]}"
-    works = ", ".join(tree_verify_backends(kind, cap)) or "none"
-    raise UnsupportedAttentionBackendError(
-        f"DDTREE needs a tree-masked verify attention; the verify backend "
-        f"{backend!r} has none for {kind.upper()} models{where}. Backends that "
-        f"verify trees here: {works}. Pass e.g. --attention-backend triton."
-    )
 
 
 def support_for(backend: str, cap: Tuple[int, int]) -> Optional[Support]:

@@ -15,7 +15,6 @@ than at the first forward.
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
@@ -70,10 +69,8 @@ def _choose_tree_verify_backend(server_args: ServerArgs) -> None:
     defaults. A backend the user asked for is left to ``_check_verify_backend``,
     which refuses it when it cannot verify trees."""
     from sglang.srt.arg_groups.overrides import resolved_view, run_post_process_pass
-    from sglang.srt.layers.attention.backend_support import (
-        MHA,
-        MLA,
-        _nvidia_capability,
+    from sglang.srt.layers.attention.backend_support import MHA, MLA, _nvidia_capability
+    from sglang.srt.layers.attention.tree_verify.support import (
         supports_tree_verify,
         tree_verify_backends,
     )
@@ -110,23 +107,22 @@ def _choose_tree_verify_backend(server_args: ServerArgs) -> None:
 
 def _check_verify_backend(server_args: ServerArgs, backend: Optional[str]) -> None:
     """The verify backend must apply the tree mask; the fork's support table
-    (``layers/attention/backend_support.py``) says which do, per arch and
+    (``layers/attention/tree_verify/support.py``) says which do, per arch and
     attention kind. FlashInfer serves MLA trees only through the fork's
     tree-verify hook, which the upstream-strategy switch turns off."""
-    from sglang.srt.layers.attention.backend_support import (
-        MHA,
-        MLA,
-        _nvidia_capability,
-        check_tree_verify_backend,
-    )
+    from sglang.srt.layers.attention.backend_support import MHA, MLA, _nvidia_capability
+    from sglang.srt.layers.attention.tree_verify.support import check_tree_verify_backend
 
     kind = MLA if server_args.use_mla_backend() else MHA
     check_tree_verify_backend(backend, kind, _nvidia_capability())
     if backend == "flashinfer" and kind == MLA:
-        from sglang.srt.layers.attention.tree_verify.dispatch import STRATEGY_ENV
-        from sglang.srt.layers.attention.tree_verify_hook import UPSTREAM_STRATEGY
+        from sglang.srt.layers.attention.tree_verify.policy import (
+            STRATEGY_ENV,
+            UPSTREAM_STRATEGY,
+            forced_strategy,
+        )
 
-        if os.environ.get(STRATEGY_ENV) == UPSTREAM_STRATEGY:
+        if forced_strategy() == UPSTREAM_STRATEGY:
             raise ValueError(
                 f"DDTREE on --attention-backend flashinfer with an MLA model needs the "
                 f"tree-verify hook, which {STRATEGY_ENV}={UPSTREAM_STRATEGY} turns off "

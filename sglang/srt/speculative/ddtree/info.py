@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.layers.attention.tree_verify_hook import innermost_attention_backend
+from sglang.srt.layers.attention.tree_verify.hook import innermost_attention_backend
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 from sglang.srt.speculative.ddtree.tree_compile import CompiledTree, tree_mask_to_dense
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput

@@ -17,14 +17,15 @@ records anything.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Dict, List, Optional
 
 import torch
 
+from sglang.srt.ddtree_environ import ddtree_envs
+
 logger = logging.getLogger(__name__)
 
-_DEFAULT_INTERVAL = int(os.environ.get("SGLANG_DDTREE_STATS_INTERVAL", "256"))
+_DEFAULT_INTERVAL = ddtree_envs.SGLANG_DDTREE_STATS_INTERVAL.get()
 
 # Depths are small integers (at most the draft block, at most the budget):
 # one bucket per depth up to 16, coarser above, up to the largest budget.

@@ -1,8 +1,12 @@
 """Tree-verify attention: every node of a speculative token tree attends to its
 request's committed prefix and to the tree nodes its ancestor bitmask allows.
 
-Public API: :func:`tree_verify_attention` (one dispatcher over the strategies)
-and :func:`causal_tree_mask` (the chain as a tree, for DFlash chain verify).
+Public API: :func:`tree_verify_attention` (one dispatcher over the strategies,
+``dispatch.py``), :class:`StrategyUnavailable`, and the bitmask helpers
+(``masks.py``; :func:`causal_tree_mask` is the chain as a tree). How a server
+uses it: ``hook.py`` (the per-backend path, built by ``backends.py`` from the
+patches), ``policy.py`` (which strategy serves which verify), ``support.py``
+(which attention backends verify trees).
 """
 
 from sglang.srt.layers.attention.tree_verify.dispatch import (

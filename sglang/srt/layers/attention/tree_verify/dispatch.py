@@ -1,15 +1,21 @@
 """One entry point over the tree-verify strategies.
 
-``fused`` (the prefix-split Triton kernels in this package) is the default on
-every arch: it needs no host work per step, so it replays in CUDA graphs under
-the overlap scheduler. On an H200, ``flashinfer_split`` is faster at most
-MLA shapes but plans on the host from the prefix lengths every step
-(docs/tree-verify.md, "Strategy choice"). The others stay selectable for
-measurement and as fallbacks: ``upstream_extend`` (upstream's Triton extend kernel with a
-dense mask), ``flashinfer_split`` (FlashInfer prefix pass + our tail + LSE
-merge), ``flashmla_split`` (the prefix copied into 64-token pages, FlashMLA over
-them, our tail, LSE merge; sm_90/sm_100), ``reference`` (plain torch, fp32). A strategy that cannot run here
-raises :class:`StrategyUnavailable` saying why.
+Every strategy computes the same attention (each tree node over its request's
+committed prefix and the tree nodes its ancestor bitmask allows):
+
+* ``fused``: the prefix-split Triton kernels in this package; every arch,
+  CUDA-graph capturable with no host work per step;
+* ``flashinfer_split``: FlashInfer's prefix pass, our tree tail, LSE merge;
+* ``flashmla_split``: the prefix copied into 64-token pages, FlashMLA over them,
+  our tree tail, LSE merge (sm_90 / sm_100 only);
+* ``upstream_extend``: upstream's Triton extend kernel with a dense mask
+  (the baseline);
+* ``reference``: plain torch in fp32 (the CPU default).
+
+Which one serves a server's verify is the policy's choice
+(``tree_verify/policy.py``); a caller that names none gets ``fused`` on a GPU
+and ``reference`` on the CPU. A strategy that cannot run here raises
+:class:`StrategyUnavailable` saying why.
 """
 
 from __future__ import annotations
@@ -21,23 +27,23 @@ import torch
 
 from sglang.srt.layers.attention.tree_verify.configs import select_config
 from sglang.srt.layers.attention.tree_verify.masks import MAX_TREE_SIZE, mask_words
-from sglang.srt.layers.attention.tree_verify.upstream_extend import (
-    StrategyUnavailable,
-)
-
-#: Forces a strategy for every call that does not name one (benchmarks, triage).
-STRATEGY_ENV = "SGLANG_DDTREE_VERIFY_STRATEGY"
-#: Names no strategy and ignores STRATEGY_ENV: the per-arch default (for callers that
-#: route the forced strategy themselves, like the tree-verify hook).
-AUTO_STRATEGY = "auto"
-
-STRATEGIES = ("fused", "upstream_extend", "flashinfer_split", "flashmla_split", "reference")
 
 
-def _kernel_arch(device: torch.device):
-    from sglang.srt.utils.gpu_arch import kernel_arch
+class StrategyUnavailable(RuntimeError):
+    """A tree-verify strategy cannot run here; the message says why."""
 
-    return kernel_arch(device)
+
+FUSED = "fused"
+UPSTREAM_EXTEND = "upstream_extend"
+FLASHINFER_SPLIT = "flashinfer_split"
+FLASHMLA_SPLIT = "flashmla_split"
+REFERENCE = "reference"
+STRATEGIES = (FUSED, UPSTREAM_EXTEND, FLASHINFER_SPLIT, FLASHMLA_SPLIT, REFERENCE)
+
+#: KV cache dtypes served next to q's own: scaled fp8 (dequantized in the kernel),
+#: by these strategies only.
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8_KV_STRATEGIES = (FUSED, REFERENCE)
 
 
 def _config(arch, q, k_buffer, v_buffer):
@@ -47,29 +53,39 @@ def _config(arch, q, k_buffer, v_buffer):
     return select_config(arch, q.shape[-1], v_buffer.shape[-1], share)
 
 
-def _run_fused(args, arch, kv_scales):
+# Each runner takes the validated call as keyword arguments (the names of
+# tree_verify_attention's), the kernel arch, the fp8 KV scales (or None) and the
+# strategy's own options.
+
+
+def _run_fused(*, arch, kv_scales, **call):
     from sglang.srt.layers.attention.tree_verify.prefix_split import tree_verify_fused
 
-    return tree_verify_fused(*args, config=_config(arch, *args[:3]), kv_scales=kv_scales)
+    return tree_verify_fused(
+        **call, config=_config(arch, call["q"], call["k_buffer"], call["v_buffer"]),
+        kv_scales=kv_scales,
+    )  # fmt: skip
 
 
-def _run_upstream(args, arch, kv_scales=None):
+def _run_upstream_extend(*, arch, kv_scales, **call):
     from sglang.srt.layers.attention.tree_verify.upstream_extend import (
         tree_verify_upstream_extend,
     )
 
-    return tree_verify_upstream_extend(*args)
+    return tree_verify_upstream_extend(**call)
 
 
-def _run_flashinfer(args, arch, kv_scales=None):
+def _run_flashinfer_split(*, arch, kv_scales, prefix_pass=None, **call):
     from sglang.srt.layers.attention.tree_verify.flashinfer_split import (
         tree_verify_flashinfer_split,
     )
 
-    return tree_verify_flashinfer_split(*args, config=_config(arch, *args[:3]))
+    config = _config(arch, call["q"], call["k_buffer"], call["v_buffer"])
+    return tree_verify_flashinfer_split(**call, config=config, prefix_pass=prefix_pass)
 
 
 def flashmla_arch_reason(arch) -> Optional[str]:
+    """Why FlashMLA has no kernels for ``arch`` (None: it has)."""
     if arch[0] in (9, 10):
         return None
     return (
@@ -78,7 +94,7 @@ def flashmla_arch_reason(arch) -> Optional[str]:
     )
 
 
-def _run_flashmla(args, arch, kv_scales=None, **options):
+def _run_flashmla_split(*, arch, kv_scales, staging=None, plan=None, max_prefix_len=None, **call):
     reason = flashmla_arch_reason(arch)
     if reason:
         raise StrategyUnavailable(reason)
@@ -86,36 +102,28 @@ def _run_flashmla(args, arch, kv_scales=None, **options):
         tree_verify_flashmla_split,
     )
 
-    return tree_verify_flashmla_split(*args, config=_config(arch, *args[:3]), **options)
+    config = _config(arch, call["q"], call["k_buffer"], call["v_buffer"])
+    return tree_verify_flashmla_split(
+        **call, config=config, staging=staging, plan=plan, max_prefix_len=max_prefix_len
+    )
 
 
-def _run_reference(args, arch, kv_scales):
+def _run_reference(*, arch, kv_scales, **call):
     from sglang.srt.layers.attention.tree_verify.reference import (
         tree_verify_attention_ref,
     )
 
-    return tree_verify_attention_ref(*args, kv_scales=kv_scales)
+    return tree_verify_attention_ref(**call, kv_scales=kv_scales)
 
 
 _RUNNERS: Dict[str, Callable] = {
-    "fused": _run_fused,
-    "upstream_extend": _run_upstream,
-    "flashinfer_split": _run_flashinfer,
-    "flashmla_split": _run_flashmla,
-    "reference": _run_reference,
+    FUSED: _run_fused,
+    UPSTREAM_EXTEND: _run_upstream_extend,
+    FLASHINFER_SPLIT: _run_flashinfer_split,
+    FLASHMLA_SPLIT: _run_flashmla_split,
+    REFERENCE: _run_reference,
 }
-
-#: KV cache dtypes served next to q's own: scaled fp8 (dequantized in the kernel),
-#: by these strategies only.
-FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-FP8_KV_STRATEGIES = ("fused", "reference")
-
-
-def default_strategy(arch, dqk: int, dv: int) -> str:
-    """Per-arch/shape choice: ``fused`` everywhere. It is the only fast path with
-    a tree mask on sm_12x; on sm_90 FlashInfer's prefix pass is faster at long
-    prefixes, but its host-side plan would sync every overlapped step."""
-    return "fused"
+assert tuple(_RUNNERS) == STRATEGIES
 
 
 def _validate(q, k_buffer, v_buffer, indptr, indices, tree_idx, tree_mask, out):
@@ -189,8 +197,11 @@ def tree_verify_attention(
     """Attention of every tree node over its request's committed prefix and
     its visible tree nodes; returns ``[bs*N, H, Dv]`` (``out`` when given).
 
-    ``strategy_options``: keyword arguments for the chosen strategy (flashmla_split:
-    ``max_prefix_len`` and ``staging``, which make it graph-capturable, and ``plan``).
+    ``strategy``: one of :data:`STRATEGIES`; None is ``fused`` on a GPU and
+    ``reference`` on the CPU. ``strategy_options``: keyword arguments for that
+    strategy (flashinfer_split: ``prefix_pass``, planned ahead; flashmla_split:
+    ``staging`` and ``plan`` or ``max_prefix_len``, which make it
+    graph-capturable).
 
     An fp8 KV cache holds ``K / k_scale`` and ``V / v_scale`` (upstream's
     per-layer scales); the scales are ignored for a KV cache in q's dtype.
@@ -203,25 +214,16 @@ def tree_verify_attention(
     tree_mask = tree_mask.contiguous()
     _validate(q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
               tree_kv_indices, tree_mask, out)  # fmt: skip
-    if strategy == AUTO_STRATEGY:
-        strategy = None
-    else:
-        strategy = strategy or os.environ.get(STRATEGY_ENV) or None
     arch = _kernel_arch(q.device) if q.is_cuda else None
     if strategy is None:
-        if arch is None:
-            strategy = "reference"
-        else:
-            strategy = default_strategy(arch, q.shape[-1], v_buffer.shape[-1])
+        strategy = REFERENCE if arch is None else FUSED
     if strategy not in _RUNNERS:
         raise ValueError(f"unknown tree-verify strategy {strategy!r}; choose from {STRATEGIES}")
-    if arch is None and strategy != "reference" and not _interpreting():
+    if arch is None and strategy != REFERENCE and not _interpreting():
         raise StrategyUnavailable(
             f"strategy {strategy!r} needs a CUDA device (q is on {q.device}); "
             "use strategy='reference' on CPU"
         )
-    args = (q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
-            tree_kv_indices, tree_mask, float(sm_scale), out, float(logit_cap))  # fmt: skip
     kv_scales = None
     if k_buffer.dtype != q.dtype:
         if strategy not in FP8_KV_STRATEGIES:
@@ -229,7 +231,19 @@ def tree_verify_attention(
                 f"{strategy}: an fp8 KV cache is served by the fused and reference strategies only"
             )
         kv_scales = (float(k_scale), float(v_scale))
-    return _RUNNERS[strategy](args, arch or (8, 0), kv_scales, **(strategy_options or {}))
+    return _RUNNERS[strategy](
+        q=q, k_buffer=k_buffer, v_buffer=v_buffer,
+        prefix_kv_indptr=prefix_kv_indptr, prefix_kv_indices=prefix_kv_indices,
+        tree_kv_indices=tree_kv_indices, tree_mask=tree_mask,
+        sm_scale=float(sm_scale), out=out, logit_cap=float(logit_cap),
+        arch=arch or (8, 0), kv_scales=kv_scales, **(strategy_options or {}),
+    )  # fmt: skip
+
+
+def _kernel_arch(device: torch.device):
+    from sglang.srt.utils.gpu_arch import kernel_arch
+
+    return kernel_arch(device)
 
 
 def _interpreting() -> bool:

@@ -3,25 +3,35 @@
 The prefix is plain attention with no mask, which FlashInfer serves well
 (MLA: ``BatchMLAPagedAttentionWrapper``, FA2 on sm_80/sm_120, FA3 on sm_90;
 GQA/MHA: ``BatchPrefillWithPagedKVCacheWrapper``). Both return a base-2 LSE,
-the base our combine kernel uses. The wrapper's ``plan`` reads prefix lengths
-on the host, so this strategy syncs once per call unless the caller plans a
-``FlashInferPrefixPass`` ahead, outside any CUDA graph, the way upstream's
-FlashInfer backends plan before the forward.
+the base our combine kernel uses.
+
+The wrapper's ``plan`` runs on the host over the prefix lengths, and the kernels
+take each request's length from it, so the plan needs the exact lengths. A server
+plans once per forward, outside any CUDA graph, where upstream's FlashInfer
+backends plan (``init_forward_metadata``); a pass made for CUDA graphs
+(:meth:`FlashInferPrefixPass.create`) keeps its index buffers at fixed addresses,
+so a captured graph replays with each new plan. A call without a planned pass
+plans one itself.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from sglang.srt.layers.attention.tree_verify.configs import TreeVerifyConfig
+from sglang.srt.layers.attention.tree_verify.dispatch import StrategyUnavailable
 from sglang.srt.layers.attention.tree_verify.prefix_split import merge_external_prefix
-from sglang.srt.layers.attention.tree_verify.upstream_extend import (
-    StrategyUnavailable,
-)
 
 _WORKSPACE_BYTES = 128 * 1024 * 1024
+#: Absorbed MLA: latent + rope per key, value width, KV heads.
+_MLA_DIMS = (576, 512, 1)
+#: FlashInfer's MLA kernels this module asks for: "auto" (FA3 on sm_90a, FA2
+#: elsewhere) or "fa2", the kernel an sm_120 GPU runs.
+MLA_BACKENDS = ("auto", "fa2")
 
 
 def _flashinfer():
@@ -32,52 +42,167 @@ def _flashinfer():
     return flashinfer
 
 
+def flashinfer_reason() -> Optional[str]:
+    """Why FlashInfer cannot be loaded here (None: it can)."""
+    try:
+        _flashinfer()
+    except StrategyUnavailable as e:
+        return str(e)
+    return None
+
+
 @functools.lru_cache(maxsize=8)
 def _workspace(device: str) -> torch.Tensor:
     return torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
 
+@dataclass(frozen=True)
+class PrefixPassShape:
+    """What a plan depends on besides the prefix lengths."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim_qk: int
+    head_dim_v: int
+    width: int  # tree nodes per request
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+    sm_scale: float
+
+    @property
+    def mla(self) -> bool:
+        return (self.head_dim_qk, self.head_dim_v, self.num_kv_heads) == _MLA_DIMS
+
+    def check(self) -> None:
+        if not self.mla and self.head_dim_qk != self.head_dim_v:
+            raise StrategyUnavailable(
+                f"flashinfer_split supports absorbed MLA (576/512, 1 KV head) and "
+                f"Dqk == Dv; got Dqk={self.head_dim_qk}, Dv={self.head_dim_v}, "
+                f"Hkv={self.num_kv_heads}"
+            )
+        if self.kv_dtype != self.q_dtype:
+            raise StrategyUnavailable(
+                f"flashinfer_split needs the KV cache in q's dtype {self.q_dtype}, "
+                f"got {self.kv_dtype} (fp8 KV: use the fused strategy)"
+            )
+
+
 class FlashInferPrefixPass:
     """FlashInfer attention of every tree query over its prefix only.
 
-    Construction plans the wrapper (host work: it reads the prefix lengths), the
-    way upstream's FlashInfer backends plan in ``init_forward_metadata``; ``run``
-    launches only device work, so it can be captured in a CUDA graph and replayed
-    while the planned layout holds."""
+    Planning (host work over the prefix lengths) is separate from :meth:`run`,
+    which launches device work only, so a planned pass can run inside a CUDA
+    graph. ``FlashInferPrefixPass(q, k_buffer, v_buffer, indptr, indices, n,
+    sm_scale)`` plans at once for those inputs."""
 
-    def __init__(self, q, k_buffer, v_buffer, indptr, indices, n, sm_scale):
+    def __init__(
+        self, q, k_buffer, v_buffer, indptr, indices, n, sm_scale, *,
+        backend: str = "auto", prefix_lens: Optional[torch.Tensor] = None,
+    ):  # fmt: skip
+        shape = PrefixPassShape(
+            num_heads=q.shape[1], num_kv_heads=k_buffer.shape[1],
+            head_dim_qk=q.shape[2], head_dim_v=v_buffer.shape[2], width=n,
+            q_dtype=q.dtype, kv_dtype=k_buffer.dtype, sm_scale=float(sm_scale),
+        )  # fmt: skip
+        self._setup(shape, indptr.numel() - 1, q.device, backend, graph_buffers=None)
+        self.plan(indptr, indices, prefix_lens)
+
+    @classmethod
+    def create(
+        cls, shape: PrefixPassShape, bs: int, device, backend: str = "auto",
+        graph_prefix_indices: Optional[torch.Tensor] = None,
+    ) -> "FlashInferPrefixPass":  # fmt: skip
+        """A pass for batches of ``bs`` requests, to :meth:`plan` before each run.
+        With ``graph_prefix_indices`` (the caller's persistent prefix-slot buffer)
+        it is made for CUDA graphs: its index buffers keep their addresses and
+        each plan before a replay only refreshes them."""
+        self = cls.__new__(cls)
+        buffers = None
+        if graph_prefix_indices is not None:
+            buffers = dict(
+                qo_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=device),
+                kv_indptr=torch.zeros(bs + 1, dtype=torch.int32, device=device),
+                kv_indices=graph_prefix_indices,
+                kv_len=torch.zeros(bs, dtype=torch.int32, device=device),
+            )
+        self._setup(shape, bs, device, backend, graph_buffers=buffers)
+        return self
+
+    def _setup(self, shape: PrefixPassShape, bs: int, device, backend: str, graph_buffers):
+        if backend not in MLA_BACKENDS:
+            raise ValueError(f"FlashInfer backend {backend!r}: choose from {MLA_BACKENDS}")
+        shape.check()
         fi = _flashinfer()
-        bs = indptr.numel() - 1
-        h, dqk = q.shape[1], q.shape[2]
-        hkv, dv = k_buffer.shape[1], v_buffer.shape[2]
-        ws = _workspace(str(q.device))
-        qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=q.device)
-        self.mla = (dqk, dv, hkv) == (576, 512, 1)
-        if self.mla:
-            self.wrapper = fi.mla.BatchMLAPagedAttentionWrapper(ws)
-            kv_len = (indptr[1:] - indptr[:-1]).to(torch.int32)
+        self.shape, self.bs, self.device = shape, bs, torch.device(device)
+        self.graph_buffers = graph_buffers
+        self.planned = False
+        ws = _workspace(str(self.device))
+        graph = graph_buffers is not None
+        if shape.mla:
+            kw = {}
+            if graph:
+                kw = dict(
+                    use_cuda_graph=True, qo_indptr=graph_buffers["qo_indptr"],
+                    kv_indptr=graph_buffers["kv_indptr"], kv_indices=graph_buffers["kv_indices"],
+                    kv_len_arr=graph_buffers["kv_len"],
+                )  # fmt: skip
+            self.wrapper = fi.mla.BatchMLAPagedAttentionWrapper(ws, backend=backend, **kw)
+        else:
+            kw = {}
+            if graph:
+                graph_buffers["last_page"] = torch.ones(bs, dtype=torch.int32, device=self.device)
+                kw = dict(
+                    use_cuda_graph=True, qo_indptr_buf=graph_buffers["qo_indptr"],
+                    paged_kv_indptr_buf=graph_buffers["kv_indptr"],
+                    paged_kv_indices_buf=graph_buffers["kv_indices"],
+                    paged_kv_last_page_len_buf=graph_buffers["last_page"],
+                )  # fmt: skip
+            self.wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", **kw)
+
+    def plan(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        prefix_lens: Optional[torch.Tensor] = None,
+    ) -> None:
+        """Plan for this batch: ``indptr``/``indices`` the prefix CSR (int32, on the
+        device). Without ``prefix_lens`` FlashInfer's planner copies the lengths to
+        the host (a sync); ``prefix_lens``, the exact lengths already on the host
+        (``[bs]``), spares it. A pass made for graphs reads the slots from its own
+        buffer, which must hold them."""
+        bs, n, s = self.bs, self.shape.width, self.shape
+        if indptr.numel() - 1 != bs:
+            raise ValueError(f"this pass is for batch size {bs}, got {indptr.numel() - 1} requests")
+        if prefix_lens is not None:
+            lens = prefix_lens[:bs].to(device="cpu", dtype=torch.int32)
+            kv_indptr = torch.zeros(bs + 1, dtype=torch.int32)
+            kv_indptr[1:] = torch.cumsum(lens, 0)
+            qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32)
+        else:
+            lens = (indptr[1:] - indptr[:-1]).to(torch.int32)
+            kv_indptr = indptr
+            qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=indptr.device)
+        # A graph pass already reads the slots from its buffer: hand none to copy.
+        slots = indices[:0] if self.graph_buffers is not None else indices
+        if s.mla:
             self.wrapper.plan(
-                qo_indptr, indptr, indices, kv_len, h, 512, 64, 1, False, sm_scale,
-                q.dtype, k_buffer.dtype,
-            )  # fmt: skip
-        elif dqk == dv:
-            self.wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD")
-            last_page = torch.ones(bs, dtype=torch.int32, device=q.device)
-            self.wrapper.plan(
-                qo_indptr, indptr, indices, last_page, h, hkv, dqk, 1,
-                causal=False, sm_scale=sm_scale, q_data_type=q.dtype,
-                kv_data_type=k_buffer.dtype,
+                qo_indptr, kv_indptr, slots, lens, s.num_heads, _MLA_DIMS[1],
+                _MLA_DIMS[0] - _MLA_DIMS[1], 1, False, s.sm_scale, s.q_dtype, s.kv_dtype,
             )  # fmt: skip
         else:
-            raise StrategyUnavailable(
-                f"flashinfer_split supports absorbed MLA (576/512, 1 KV head) and "
-                f"Dqk == Dv; got Dqk={dqk}, Dv={dv}, Hkv={hkv}"
-            )
-        self.bs, self.n = bs, n
+            last_page = torch.ones(bs, dtype=torch.int32, device=kv_indptr.device)
+            self.wrapper.plan(
+                qo_indptr, kv_indptr, slots, last_page, s.num_heads, s.num_kv_heads,
+                s.head_dim_qk, 1, causal=False, sm_scale=s.sm_scale, q_data_type=s.q_dtype,
+                kv_data_type=s.kv_dtype,
+            )  # fmt: skip
+        self.planned = True
 
     def run(self, q, k_buffer, v_buffer):
         """``(o [bs, N, H, Dv], lse [bs, N, H])``, the LSE base 2."""
-        if self.mla:
+        if not self.planned:
+            raise RuntimeError("FlashInferPrefixPass.run before plan")
+        if self.shape.mla:
             o, lse = self.wrapper.run(
                 q[..., :512], q[..., 512:], k_buffer[:, :, :512], k_buffer[:, :, 512:],
                 return_lse=True,
@@ -87,7 +212,7 @@ class FlashInferPrefixPass:
                 q, (k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)), return_lse=True
             )
         h = q.shape[1]
-        return o.view(self.bs, self.n, h, -1), lse.float().view(self.bs, self.n, h)
+        return o.view(self.bs, self.shape.width, h, -1), lse.float().view(self.bs, self.shape.width, h)
 
 
 def tree_verify_flashinfer_split(

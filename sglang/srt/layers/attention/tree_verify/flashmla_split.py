@@ -1,9 +1,7 @@
 """FlashMLA prefix pass + our masked tree tail, merged in the tail's epilogue (sm_90 / sm_100).
 
 FlashMLA runs the prefix of a wide tree at several times our Triton tile's rate on
-Hopper (0.077 against 0.210 ms at H=16, N=65, P=16K on the H200:
-``../shared/reference/flashmla_prefix_only_h200.jsonl``, ``docs/tree-verify.md``), but it
-reads the KV cache in 64-token pages through a block table, and tree verify gets
+Hopper (measurements in docs/tree-verify.md), but it reads the KV cache in 64-token pages through a block table, and tree verify gets
 page_size-1 slot indices. So the pass first copies each request's prefix rows into
 page-contiguous staging: one read and one write of the prefix, a small cost next to
 the attention once the tree is wide. The requests' pages follow each other in the
@@ -13,9 +11,7 @@ tensors; with a host bound on the prefix length and a preallocated staging buffe
 whole call replays in a CUDA graph with no host work per step.
 
 Two things take FlashMLA's split-KV combine and our tail's latency off a lone request's
-critical path (per layer at H=16 N=65 P=16K they took 0.012 ms, the server profile in
-``e2e_step_h200_s8_merge_b.json``, and 0.020 ms, ``flashmla_split_parts_s8.json``, after
-FlashMLA's 0.077):
+critical path (``benchmarks/flashmla_split_parts.py`` times each part):
 
 - **KV chunks as requests.** FlashMLA cuts the keys of a lone wide request into
   splits over its SM parts and merges them in a second kernel. Handing it the
@@ -44,9 +40,7 @@ from sglang.srt.layers.attention.tree_verify.prefix_split import (
     merge_external_prefix,
     tail_partials,
 )
-from sglang.srt.layers.attention.tree_verify.upstream_extend import (
-    StrategyUnavailable,
-)
+from sglang.srt.layers.attention.tree_verify.dispatch import StrategyUnavailable
 
 #: FlashMLA's page size (``page_block_size``); the staging is laid out in such pages.
 PAGE = 64
@@ -197,8 +191,8 @@ def sm_parts(num_sms: int, n: int, num_heads: int) -> int:
 def kv_chunks(bs: int, parts: int) -> int:
     """Requests FlashMLA sees per real one: a lone request in ``parts`` equal chunks,
     so its scheduler gives each part one whole chunk and splits nothing. A batch
-    stays whole: its chunks would need a query copy each and still be split
-    (``flashmla_split_parts_s9.json``: slower at bs 2)."""
+    stays whole: its chunks would need a query copy each and still be split, which
+    measured slower from two requests on (docs/tree-verify.md)."""
     return max(1, parts) if bs == 1 else 1
 
 
@@ -277,7 +271,7 @@ def flashmla_prefix_pass(
     [bs * chunks, N, H, 512], lse [bs * chunks, N, H])`` as it returns them (the LSE
     natural-log, a head-major view, undefined for an empty chunk). A lone request's
     chunks read its queries through a zero batch stride (bit-identical to a copy per
-    chunk on the H200, and 0.010 ms a layer faster); a batch's chunks need copies."""
+    chunk, and faster: docs/tree-verify.md); a batch's chunks need copies."""
     flash_mla_with_kvcache, _ = _flash_mla()
     h, d = q.shape[1], q.shape[2]
     bs = prefix_kv_indptr.numel() - 1
@@ -427,8 +421,7 @@ def tree_verify_flashmla_split(
     With KV chunks (a lone request, ``plan.chunks > 1``) the tail runs on a side
     stream during FlashMLA (``overlap``, CUDA only) and ``merge_chunks`` merges. A
     whole request is merged in the tail kernel's epilogue instead: there FlashMLA
-    fills the GPU and the side stream only delays it (``flashmla_split_parts_s9``:
-    0.626 against 0.604 ms at bs 8, 0.488 against 0.475 at H=128)."""
+    fills the GPU and the side stream only delays it (docs/tree-verify.md)."""
     check_supported(q, k_buffer, v_buffer, logit_cap)
     bs, n = tree_kv_indices.shape
     h, dv = q.shape[1], v_buffer.shape[2]

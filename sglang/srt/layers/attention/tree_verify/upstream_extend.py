@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from sglang.srt.layers.attention.tree_verify.dispatch import StrategyUnavailable
 from sglang.srt.layers.attention.tree_verify.masks import unpack_tree_mask
-
-
-class StrategyUnavailable(RuntimeError):
-    """A tree-verify strategy cannot run here; the message says why."""
-
 
 def _extend_attention_fwd():
     try:

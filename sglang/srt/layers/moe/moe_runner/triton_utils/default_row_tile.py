@@ -15,14 +15,15 @@ one on sm_120 (few tuned configs ship for it).
 from __future__ import annotations
 
 import math
-import os
+
+from sglang.srt.ddtree_environ import ddtree_envs
 
 TILE_RULE_ENV = "SGLANG_MOE_DEFAULT_TILE_RULE"
 TILE_RULES = ("rows_per_expert", "upstream")
 
 
 def tile_rule_from_env() -> str:
-    rule = os.environ.get(TILE_RULE_ENV, "").strip() or TILE_RULES[0]
+    rule = (ddtree_envs.SGLANG_MOE_DEFAULT_TILE_RULE.get() or "").strip() or TILE_RULES[0]
     if rule not in TILE_RULES:
         raise ValueError(
             f"{TILE_RULE_ENV}={rule!r} is not a tile rule; use one of {', '.join(TILE_RULES)}"

@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""The measured table the verify-strategy policy chooses from, one arch family per run.
+
+Per shape of the MLA matrix (``verify_attention.full_matrix``: H 16/128, N 17/65/129,
+P 1K-64K, bs 1/8, and N=4 at 64K) it times each serving strategy the way a server runs
+it, as CUDA-graph replays (median): ``fused`` with this policy's tiles,
+``flashinfer_split`` with its FlashInfer pass made for graphs and planned ahead from
+host lengths (as the hook plans it outside the graph every forward), ``flashmla_split``
+with its staging and plan made ahead. It also times the FlashInfer plan itself on the
+host (``plan_ms``: the per-forward cost a server pays outside the graph, the lengths
+copied from the device as the hook does, here with the GPU idle; ``plan_from_host_ms``
+without that copy), checks every
+strategy against the fp32 reference at the shapes small enough, and then applies the
+policy (``tree_verify/policy.py``) to the measured rows: which strategy it chooses per
+shape, and how that compares with the fused kernel, the route before the table.
+
+``--sm120-proxy`` measures the sm_12x family on another GPU (SGLANG_DDTREE_SM120_PROXY=1:
+sm_120 tiles, FlashInfer's fa2 kernels, no FlashMLA). ``--table PATH`` writes the run's
+section into a strategy table (replacing that family's section); the shipped one is
+``sglang/srt/layers/attention/tree_verify/strategy_table.json``.
+
+GPU host (``source scripts/gpu_host/env.sh``):
+  python3 benchmarks/verify_strategy_table.py --sm120-proxy --tag h200_sm120_proxy --out-dir $OUT \\
+      --table $OUT/strategy_table.json
+  python3 benchmarks/verify_strategy_table.py --tag h200 --out-dir $OUT --table $OUT/strategy_table.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+SHIPPED_TABLE = REPO / "sglang" / "srt" / "layers" / "attention" / "tree_verify" / "strategy_table.json"
+#: The targets the sm_12x route is held to (H, N, P, bs) -> ms, measured as the proxy.
+SM12X_TARGETS = {(16, 65, 16384, 1): 0.22, (128, 65, 65536, 1): 4.6}
+PLAN_CALLS = 50
+
+
+def section_from_rows(rows: list[dict], family: str, meta: dict, command: str) -> dict:
+    """The table section of a run: per shape, the median ms of each strategy that ran."""
+    out = []
+    for r in rows:
+        ms = {k: round(v, 5) for k, v in r.get("ms", {}).items()}
+        if ms:
+            out.append({"kind": "mla", "H": r["H"], "N": r["N"], "P": r["P"], "bs": r["bs"], "ms": ms})
+    hardware = (f"{meta['gpu']} ({meta['sms']} SMs, compute capability {meta['capability'][0]}."
+                f"{meta['capability'][1]}), torch {meta['torch']}, triton {meta['triton']}, "
+                f"flashinfer {meta['flashinfer']}")  # fmt: skip
+    return {"arch": family, "date": meta["date"], "hardware": hardware, "proxy": meta["sm120_proxy"],
+            "command": command, "rows": out}  # fmt: skip
+
+
+def merge_section(table: dict, section: dict) -> dict:
+    """``table`` with ``section`` replacing the section of the same family (and proxy flag)."""
+    keep = [s for s in table.get("sections", [])
+            if (s["arch"], bool(s.get("proxy", False))) != (section["arch"], section["proxy"])]  # fmt: skip
+    return {**table, "sections": keep + [section]}
+
+
+def apply_policy(rows: list[dict], family: str, arch) -> list[dict]:
+    """Per shape: the policy's choice from this run's rows (a server's choice: over all
+    prefix lengths of the nearest point) and the per-length optimum, against fused."""
+    from sglang.srt.layers.attention.tree_verify.policy import (
+        StrategyTable,
+        VerifyShape,
+        choose_strategy,
+    )
+
+    meta = {"date": "x", "hardware": "x", "command": "x"}
+    table = StrategyTable.from_json({"sections": [{"arch": family, **meta, "rows": [
+        {"kind": "mla", "H": r["H"], "N": r["N"], "P": r["P"], "bs": r["bs"], "ms": r["ms"]} for r in rows if r.get("ms")
+    ]}]})  # fmt: skip
+    out = []
+    for r in rows:
+        if "fused" not in r.get("ms", {}):
+            continue
+        measured = set(r["ms"])
+        served = choose_strategy(arch, VerifyShape(r["H"], r["N"], r["bs"]), measured, table)
+        best = min(r["ms"], key=r["ms"].get)
+        rec = {"H": r["H"], "N": r["N"], "P": r["P"], "bs": r["bs"], "chosen": served,
+               "chosen_ms": r["ms"].get(served), "fused_ms": r["ms"]["fused"], "fastest": best}  # fmt: skip
+        if rec["chosen_ms"] is not None:
+            rec["chosen_over_fused"] = rec["chosen_ms"] / rec["fused_ms"]
+        out.append(rec)
+    return out
+
+
+def _time_plan(prefix_pass, indptr, indices, lens=None) -> float:
+    """Median host ms of one FlashInfer plan (from the device's lengths when ``lens`` is
+    None, as the hook plans; the GPU is idle, so the copy waits on nothing)."""
+    import torch
+
+    times = []
+    for _ in range(PLAN_CALLS):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        prefix_pass.plan(indptr, indices, lens)
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def measure(shapes, strategies, proxy: bool) -> list[dict]:
+    import torch
+
+    from gpu_timing import bench
+    from verify_attention import check, make_inputs
+
+    from sglang.srt.layers.attention.tree_verify import StrategyUnavailable, tree_verify_attention
+    from sglang.srt.layers.attention.tree_verify.flashinfer_split import (
+        FlashInferPrefixPass,
+        PrefixPassShape,
+    )
+    from sglang.srt.layers.attention.tree_verify.flashmla_split import (
+        new_staging,
+        plan_flashmla,
+        staging_pages,
+    )
+    from sglang.srt.layers.attention.tree_verify.policy import flashinfer_backend
+
+    rows = []
+    for h, n, p, bs in shapes:
+        args = make_inputs(h, n, p, bs)
+        q, k, v, indptr, indices, tidx, mask, scale = args
+        row = {"H": h, "N": n, "P": p, "bs": bs, "ms": {}, "errors": {}, "max_err": {}}
+        for name in strategies:
+            options = {}
+            try:
+                if name == "flashinfer_split":
+                    shape = PrefixPassShape(h, 1, 576, 512, n, q.dtype, k.dtype, scale)
+                    prefix_pass = FlashInferPrefixPass.create(
+                        shape, bs, q.device, backend=flashinfer_backend(), graph_prefix_indices=indices
+                    )
+                    row["plan_from_host_ms"] = _time_plan(prefix_pass, indptr, indices, (indptr[1:] - indptr[:-1]).cpu())
+                    row["plan_ms"] = _time_plan(prefix_pass, indptr, indices)
+                    row["flashinfer_backend"] = prefix_pass.wrapper._backend
+                    options = {"prefix_pass": prefix_pass}
+                elif name == "flashmla_split":
+                    staging = new_staging(staging_pages(bs, indices.numel()), k)
+                    options = {"staging": staging, "plan": plan_flashmla(indptr, n, h, p, staging.shape[0])}
+
+                def fn(name=name, options=options):
+                    return tree_verify_attention(*args, strategy=name, strategy_options=options)
+
+                out = fn()
+                err = check(out, args, h, n, p, bs)
+                if err is not None:
+                    row["max_err"][name] = err
+                    if not err < 5e-2:
+                        raise AssertionError(f"max error {err} against the reference")
+                row["ms"][name] = bench(fn)
+            except (StrategyUnavailable, ImportError) as e:
+                row["errors"][name] = f"unavailable: {e}"
+            except Exception as e:  # one strategy failing must not lose the rest of the matrix
+                row["errors"][name] = f"{type(e).__name__}: {e}"[:500]
+                torch.cuda.synchronize()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del args
+        torch.cuda.empty_cache()
+    return rows
+
+
+def plot(result: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+        return
+    rows = [r for r in result["rows"] if r.get("ms")]
+    if not rows:
+        return
+    labels = [f"H{r['H']} N{r['N']} P{r['P'] // 1024}K bs{r['bs']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(10, len(rows) * 0.3), 5))
+    for name, style in (("fused", "rs"), ("flashinfer_split", "bo"), ("flashmla_split", "k^")):
+        pts = [(i, r["ms"][name]) for i, r in enumerate(rows) if name in r["ms"]]
+        if pts:
+            ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=name, markersize=4)
+    chosen = {(c["H"], c["N"], c["P"], c["bs"]): c for c in result.get("policy", [])}
+    pts = [(i, chosen[(r["H"], r["N"], r["P"], r["bs"])]["chosen_ms"]) for i, r in enumerate(rows)
+           if chosen.get((r["H"], r["N"], r["P"], r["bs"]), {}).get("chosen_ms")]  # fmt: skip
+    if pts:
+        ax.plot([x for x, _ in pts], [y for _, y in pts], "g_", markersize=12, label="policy's choice")
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(rows)), labels, rotation=90, fontsize=6)
+    ax.set_ylabel("ms per layer (CUDA-graph replay, median)")
+    meta = result["meta"]
+    label = "sm_120 proxy on " if meta["sm120_proxy"] else ""
+    ax.set_title(f"tree-verify strategies, {label}{meta['gpu']}, {meta['date']}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sm120-proxy", action="store_true",
+                    help="measure the sm_12x family on this GPU (sm_120 tiles, FlashInfer fa2, no FlashMLA)")
+    ap.add_argument("--strategies", default="fused,flashinfer_split,flashmla_split")
+    ap.add_argument("--shapes", default="", help="H:N:P:bs,... instead of the matrix")
+    ap.add_argument("--tag", default=time.strftime("%Y%m%d-%H%M%S"))
+    ap.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
+    ap.add_argument("--table", type=Path, default=None,
+                    help="write this run's section into this strategy table (created from the shipped one)")
+    args = ap.parse_args(argv)
+    strategies = [s for s in args.strategies.split(",") if s]
+    unknown = set(strategies) - {"fused", "flashinfer_split", "flashmla_split"}
+    if unknown:
+        ap.error(f"not serving strategies: {sorted(unknown)}")
+    try:
+        shapes = [tuple(int(x) for x in v.split(":")) for v in args.shapes.split(",") if v]
+    except ValueError:
+        shapes = None
+    if shapes is None or any(len(s) != 4 for s in shapes):
+        ap.error(f"--shapes takes H:N:P:bs,... (e.g. 16:65:16384:1), got {args.shapes!r}")
+    if args.sm120_proxy:
+        os.environ["SGLANG_DDTREE_SM120_PROXY"] = "1"
+        strategies = [s for s in strategies if s != "flashmla_split"]
+
+    import torch
+    import triton
+
+    from verify_attention import full_matrix
+
+    from sglang.srt.layers.attention.tree_verify.support import arch_family
+    from sglang.srt.utils.gpu_arch import device_capability, policy_arch
+
+    try:
+        import flashinfer
+
+        fi_version = flashinfer.__version__
+    except ImportError:
+        fi_version = "missing"
+    arch = policy_arch()
+    family = arch_family(arch)
+    meta = dict(
+        date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(),
+        capability=list(device_capability()), sms=torch.cuda.get_device_properties(0).multi_processor_count,
+        torch=torch.__version__, triton=triton.__version__, flashinfer=fi_version,
+        python=platform.python_version(), sm120_proxy=bool(args.sm120_proxy), policy_family=family,
+        timing="cuda_graph_replay, median; plan_ms: host time of one FlashInfer plan from the device's lengths",
+    )  # fmt: skip
+    print(json.dumps(meta), flush=True)
+    rows = measure(shapes or full_matrix(), strategies, args.sm120_proxy)
+    result = {"meta": meta, "rows": rows, "policy": apply_policy(rows, family, arch)}
+    command = "python3 benchmarks/verify_strategy_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    result["section"] = section_from_rows(rows, family, meta, command)
+    slower = [c for c in result["policy"] if c.get("chosen_over_fused", 1.0) > 1.0]
+    result["slower_than_fused"] = slower
+    if args.sm120_proxy:
+        result["targets"] = [
+            {"H": h, "N": n, "P": p, "bs": bs, "target_ms": t,
+             "chosen_ms": next((c["chosen_ms"] for c in result["policy"] if (c["H"], c["N"], c["P"], c["bs"]) == (h, n, p, bs)), None)}
+            for (h, n, p, bs), t in SM12X_TARGETS.items()
+        ]  # fmt: skip
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"verify_strategy_table_{args.tag}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, out.with_suffix(".png"))
+    if args.table is not None:
+        base = json.loads((args.table if args.table.exists() else SHIPPED_TABLE).read_text())
+        args.table.write_text(json.dumps(merge_section(base, result["section"]), indent=1) + "\n")
+        print(f"wrote the {family} section into {args.table}")
+    for c in result["policy"]:
+        print(f"H{c['H']:>4} N{c['N']:>4} P{c['P']:>6} bs{c['bs']:>2}: {c['chosen']:<17} "
+              f"{c['chosen_ms'] or float('nan'):8.4f} ms, fused {c['fused_ms']:8.4f} ms, fastest here {c['fastest']}")
+    for t in result.get("targets", []):
+        print(f"target H{t['H']} N{t['N']} P{t['P']} bs{t['bs']}: {t['chosen_ms']} ms (<= {t['target_ms']})")
+    print(f"{len(slower)} shapes where the policy's choice is slower than the fused kernel")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The environment variables this fork reads, declared the way upstream declares its own.
+
+Upstream lists every ``SGLANG_*`` variable once, as a typed field of ``Envs`` in
+``sglang.srt.environ``, and code reads ``envs.NAME.get()``. The fork's variables are
+declared here with the same field types, so they parse, default and override
+(``ddtree_envs.NAME.override(value)``) exactly like upstream's, and nothing else in
+the fork reads ``os.environ`` for them.
+
+Upstream closes field declaration once its own ``Envs`` exists (so that aliasing a
+field inside a class body, ``a = envs.A``, is caught); the fork's class body reopens
+it for its own declarations only.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from sglang.srt.environ import EnvBool, EnvField, EnvInt, EnvStr
+
+
+@contextmanager
+def _declaring_fields():
+    allowed = EnvField._allow_set_name
+    EnvField._allow_set_name = True
+    try:
+        yield
+    finally:
+        EnvField._allow_set_name = allowed
+
+
+with _declaring_fields():
+
+    class DDTreeEnvs:
+        # Tree-verify attention (layers/attention/tree_verify/).
+        # A strategy name forces that strategy for the target's verify (benchmarks,
+        # A/B runs); "upstream_extend" turns the tree-verify hook off. Unset: the
+        # per-arch policy (tree_verify/policy.py).
+        SGLANG_DDTREE_VERIFY_STRATEGY = EnvStr("")
+        # An fp8 KV cache is read by the fused kernels; False hands it back to
+        # upstream's dense-mask verify path.
+        SGLANG_DDTREE_FP8_KV_VERIFY = EnvBool(True)
+        # Compute capability whose kernel tile configurations to use ("12.0",
+        # "sm_120"): runs sm_120 tiles on another GPU. Tiles only.
+        SGLANG_DDTREE_KERNEL_ARCH = EnvStr("")
+        # Serve as an sm_120 GPU would: sm_120 tiles, the sm_12x strategy policy,
+        # no FlashMLA, FlashInfer's fa2 kernels (measurement on other GPUs).
+        SGLANG_DDTREE_SM120_PROXY = EnvBool(False)
+        # A measured strategy table to use instead of the one shipped with the
+        # policy (tree_verify/strategy_table.json's format).
+        SGLANG_DDTREE_STRATEGY_TABLE = EnvStr("")
+
+        # DDTree metrics: verify steps between two logged summaries.
+        SGLANG_DDTREE_STATS_INTERVAL = EnvInt(256)
+
+        # Fused-MoE default row tile (patch 0060): "rows_per_expert" (the fork's
+        # rule, default) or "upstream" (upstream's M <= E switch).
+        SGLANG_MOE_DEFAULT_TILE_RULE = EnvStr("")
+
+
+ddtree_envs = DDTreeEnvs()

@@ -1,0 +1,467 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Serve speculative TARGET_VERIFY attention through the tree-verify strategies.
+
+An attention backend owns one :class:`TreeVerifyHook` (``backends.py`` builds it
+for each hooked backend). Per forward the hook decides whether this
+TARGET_VERIFY is
+
+* a DDTREE tree verify (``TREE``): the verify input carries ``tree_mask_bits``
+  (``int32 [bs, N, ceil(N/32)]``); the backend sets ``consumes_tree_mask_bits``
+  so the DDTree worker builds no dense mask;
+* a DFLASH chain verify (``CHAIN``): the block is causal, served with a cached
+  causal bitmask;
+* on the draft worker of DFLASH / DDTREE, the DFlash drafter's block forward
+  (``BLOCK``, also run as TARGET_VERIFY): its non-causal layers see the whole
+  block (an all-ones bitmask), causal ones the chain;
+
+and gathers what :func:`tree_verify_attention` needs: the committed prefix as an
+``int32`` CSR (the backend's own ``kv_indptr`` is reused when it has one), the
+tree's KV slots (``out_cache_loc`` viewed ``[bs, N]``) and the mask. Everything
+that depends on the batch is prepared outside the forward (:meth:`prepare`), in
+persistent buffers when CUDA graphs are captured, so the captured kernels read
+fixed addresses and launch with fixed shapes. Which strategy serves the
+target's verify, and what it plans per forward, is :class:`VerifyRoutes`'.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from sglang.srt.layers.attention.tree_verify.masks import (
+    causal_tree_mask,
+    full_tree_mask,
+    mask_words,
+)
+from sglang.srt.layers.attention.tree_verify.policy import (
+    STRATEGY_ENV,
+    UPSTREAM_STRATEGY,
+    forced_strategy,
+)
+from sglang.srt.layers.attention.tree_verify.routes import TargetAttention, VerifyRoutes
+
+logger = logging.getLogger(__name__)
+
+TREE = "tree"
+CHAIN = "chain"
+BLOCK = "block"  # the DFlash drafter's block on the draft worker
+
+#: The backend-side reason a layer gives for non-causal self-attention; the
+#: draft block serves such layers (with the all-ones mask), verify does not.
+NON_CAUSAL = "non-causal attention"
+
+FP8_KV_ENV = "SGLANG_DDTREE_FP8_KV_VERIFY"
+
+
+def fp8_kv_enabled() -> bool:
+    """Whether the fused kernels read an fp8 KV cache (``SGLANG_DDTREE_FP8_KV_VERIFY``)."""
+    from sglang.srt.ddtree_environ import ddtree_envs
+
+    return bool(ddtree_envs.SGLANG_DDTREE_FP8_KV_VERIFY.get())
+
+
+def is_fp8(dtype: Any) -> bool:
+    return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+class TreeVerifyUnavailable(RuntimeError):
+    """A tree verify reached a backend that cannot apply its mask."""
+
+
+def static_verify_kind(spec_algorithm: Any) -> Optional[str]:
+    """TREE for DDTREE, CHAIN for DFLASH, None for every other algorithm."""
+    if spec_algorithm is None:
+        return None
+    if getattr(spec_algorithm, "verify_uses_tree_mask", False):
+        return TREE
+    is_dflash = getattr(spec_algorithm, "is_dflash", None)
+    if callable(is_dflash) and is_dflash():
+        return CHAIN
+    return None
+
+
+def innermost_attention_backend(attn_backend: Any) -> Any:
+    """The backend that runs full attention, below hybrid/wrapper backends."""
+    backend = attn_backend
+    for _ in range(4):
+        inner = getattr(backend, "full_attn_backend", None)
+        if inner is None:
+            break
+        backend = inner
+    return backend
+
+
+def active_hook(attn_backend: Any) -> Optional["TreeVerifyHook"]:
+    """The backend's hook when it serves TARGET_VERIFY itself, else None."""
+    hook = getattr(innermost_attention_backend(attn_backend), "tree_verify", None)
+    if isinstance(hook, TreeVerifyHook) and hook.kind is not None:
+        return hook
+    return None
+
+
+@dataclass
+class TreeVerifyMetadata:
+    kind: str
+    prefix_kv_indptr: torch.Tensor  # int32 [bs + 1]
+    prefix_kv_indices: torch.Tensor  # int32, >= prefix_kv_indptr[-1] entries
+    tree_kv_indices: torch.Tensor  # int32 [bs, N]
+    tree_mask: torch.Tensor  # int32 [bs, N, ceil(N/32)]
+    # BLOCK only: the mask of the drafter's causal layers (tree_mask is the
+    # all-ones mask of its non-causal ones).
+    causal_mask: Optional[torch.Tensor] = None
+
+
+def fill_prefix_indices(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    indptr: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """``out[indptr[b] : indptr[b+1]] = req_to_token[req_pool_indices[b], :seq_lens[b]]``
+    as int32, without reading a device value on the host."""
+    bs = req_pool_indices.shape[0]
+    if bs == 0 or out.numel() == 0:
+        return out
+    if out.is_cuda:
+        from sglang.kernels.ops.kvcache.kv_indices import (
+            create_flashinfer_kv_indices_triton,
+        )
+
+        create_flashinfer_kv_indices_triton[(bs,)](
+            req_to_token, req_pool_indices, seq_lens, indptr, None, out,
+            req_to_token.stride(0),
+        )  # fmt: skip
+        return out
+    pos = torch.arange(out.numel(), device=out.device)
+    row = torch.searchsorted(indptr[1:].long(), pos, right=True).clamp_max(bs - 1)
+    col = pos - indptr[row].long()
+    valid = pos < indptr[bs].long()
+    src = req_to_token[req_pool_indices.long()[row], col.clamp(0, req_to_token.shape[1] - 1)]
+    out.copy_(torch.where(valid, src.to(out.dtype), out))
+    return out
+
+
+class TreeVerifyHook:
+    """The tree-verify path of one attention backend.
+
+    ``kind`` is what this backend serves (TREE, CHAIN, BLOCK or None = nothing,
+    in which case every call is a no-op and upstream's path runs). It is fixed
+    at construction from the speculative algorithm, so the CUDA graphs
+    captured for TARGET_VERIFY know which path they record.
+    """
+
+    def __init__(
+        self,
+        *,
+        spec_algorithm: Any,
+        is_draft_worker: bool,
+        req_to_token: torch.Tensor,
+        max_context_len: int,
+        num_draft_tokens: Optional[int],
+        device: Any,
+        backend_name: str,
+        target: Optional[TargetAttention] = None,
+        serves_chain: bool = True,
+        serves_draft_block: bool = False,
+        draft_window: Optional[int] = None,
+        unsupported: Optional[str] = None,
+        require_for_tree: bool = False,
+        dense_mask_fallback: bool = True,
+    ):
+        self.backend_name = backend_name
+        # Whether upstream's path of this backend applies a dense custom mask
+        # (so a layer the hook cannot serve may fall back to it).
+        self.dense_mask_fallback = dense_mask_fallback
+        self.req_to_token = req_to_token
+        self.max_context_len = int(max_context_len)
+        self.num_draft_tokens = num_draft_tokens
+        self.device = device
+        self.fp8_kv = fp8_kv_enabled()
+        forced = forced_strategy()
+        wanted = static_verify_kind(spec_algorithm)
+        if is_draft_worker:
+            wanted = BLOCK if wanted is not None and serves_draft_block else None
+        if wanted == CHAIN and not serves_chain:
+            wanted = None
+        reason = None
+        if forced == UPSTREAM_STRATEGY:
+            reason = f"{STRATEGY_ENV}={UPSTREAM_STRATEGY} keeps upstream's verify path"
+        elif unsupported:
+            reason = unsupported
+        elif wanted == BLOCK and draft_window is not None:
+            reason = "draft sliding window (compact draft KV cache)"
+        self.kind = wanted if reason is None else None
+        if wanted is not None and reason is not None:
+            if wanted == TREE and require_for_tree:
+                raise TreeVerifyUnavailable(
+                    f"DDTREE verify on {backend_name} needs the tree-verify path, "
+                    f"which is off: {reason}. {backend_name} has no other way to "
+                    f"apply a tree mask; use --attention-backend triton."
+                )
+            logger.info("Tree-verify path off on %s: %s.", backend_name, reason)
+        elif self.kind is not None:
+            logger.info("%s serves %s verify through the tree-verify path.", backend_name, self.kind)
+        # The target's verify takes the policy's strategy; the drafter's block
+        # always runs the fused kernel (its shape is the drafter's, not measured).
+        self.routes: Optional[VerifyRoutes] = None
+        if self.kind in (TREE, CHAIN):
+            self.routes = VerifyRoutes(
+                backend_name=backend_name, device=device, target=target, forced=forced,
+                pool_requests=int(req_to_token.shape[0]) if req_to_token is not None else 0,
+                max_context_len=self.max_context_len,
+            )  # fmt: skip
+        self.metadata: Optional[TreeVerifyMetadata] = None
+        # Eager-mode chain / all-ones masks, built once per (kind, bs, N).
+        self._masks: Dict[Tuple[Any, int, int], torch.Tensor] = {}
+        self._graph: Optional[Dict[str, torch.Tensor]] = None
+
+    @property
+    def consumes_tree_mask_bits(self) -> bool:
+        return self.kind == TREE
+
+    # ------------------------------------------------------------ metadata
+
+    def init_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        """Persistent buffers the captured TARGET_VERIFY graphs read."""
+        if self.kind is None:
+            return
+        n = self.num_draft_tokens or max(1, max_num_tokens // max(1, max_bs))
+        if self.kind == BLOCK:
+            # The drafter's block, which DDTREE keeps narrower than its verify.
+            n = max(1, max_num_tokens // max(1, max_bs))
+        words = mask_words(n)
+        self._graph = {
+            "indptr": torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device),
+            "prefix": torch.zeros(
+                max_bs * self.max_context_len, dtype=torch.int32, device=self.device
+            ),
+            "tree": torch.zeros(max_num_tokens, dtype=torch.int32, device=self.device),
+            # Capture runs with a chain; a tree replay overwrites its rows.
+            "mask": causal_tree_mask(max_bs, n, self.device),
+        }
+        if self.kind == BLOCK:
+            self._graph["causal"] = self._graph["mask"]
+            self._graph["mask"] = full_tree_mask(max_bs, n, self.device)
+        assert self._graph["mask"].shape[-1] == words
+
+    def _verify_kind(self, forward_batch: Any, graph: bool) -> Optional[str]:
+        if self.kind is None or not forward_batch.forward_mode.is_target_verify():
+            return None
+        if graph:
+            return self.kind
+        spec_info = forward_batch.spec_info
+        if spec_info is None or getattr(spec_info, "ragged_verify_layout", None) is not None:
+            return None
+        if self.kind == TREE:
+            return TREE if getattr(spec_info, "tree_mask_bits", None) is not None else None
+        from sglang.srt.speculative.spec_info import SpecInputType
+
+        if getattr(spec_info, "spec_input_type", None) != SpecInputType.DFLASH_VERIFY:
+            return None
+        return self.kind  # CHAIN, or BLOCK on the draft worker
+
+    def _width(self, forward_batch: Any, bs: int) -> int:
+        n = getattr(forward_batch.spec_info, "draft_token_num", None)
+        if n is None and self.kind != BLOCK:  # the draft block is not the verify width
+            n = self.num_draft_tokens
+        if n is None:
+            n = forward_batch.out_cache_loc.shape[0] // max(1, bs)
+        return int(n)
+
+    def _static_mask(self, build, bs: int, n: int) -> torch.Tensor:
+        key = (build, bs, n)
+        if key not in self._masks:
+            self._masks[key] = build(bs, n, self.device)
+        return self._masks[key]
+
+    def prepare(
+        self,
+        forward_batch: Any,
+        kv_indptr: Optional[torch.Tensor] = None,
+        graph: bool = False,
+    ) -> Optional[TreeVerifyMetadata]:
+        """Per-forward metadata, built outside the forward (eager, capture, replay).
+
+        ``kv_indptr``: the backend's prefix CSR row pointers (int32, at least
+        ``bs + 1`` long, ``cumsum(seq_lens)``) when it already built them for
+        this verify.
+        ``graph``: fill the persistent capture buffers (capture and replay).
+        """
+        kind = self._verify_kind(forward_batch, graph)
+        self.metadata = None
+        causal = None
+        if kind is None:
+            return None
+        bs = int(forward_batch.req_pool_indices.shape[0])
+        n = self._width(forward_batch, bs)
+        seq_lens = forward_batch.seq_lens[:bs]
+        req_pool_indices = forward_batch.req_pool_indices[:bs]
+        out_cache_loc = forward_batch.out_cache_loc
+        bits = getattr(forward_batch.spec_info, "tree_mask_bits", None)
+        if kv_indptr is not None:
+            kv_indptr = kv_indptr[: bs + 1]
+        if graph:
+            buf = self._graph
+            if buf is None:
+                raise RuntimeError("TreeVerifyHook.init_graph_state was not called")
+            if kv_indptr is None:
+                kv_indptr = buf["indptr"][: bs + 1]
+                kv_indptr[1:] = torch.cumsum(seq_lens, 0)
+            indices = buf["prefix"][: bs * self.max_context_len]
+            tree = buf["tree"][: bs * n]
+            rows = out_cache_loc.shape[0]
+            tree[:rows].copy_(out_cache_loc)
+            tree[rows:].zero_()
+            if kind == TREE:
+                mask = buf["mask"][:bs]
+                if mask.shape[1] != n:
+                    raise ValueError(
+                        f"tree width {n} differs from the captured width {mask.shape[1]}"
+                    )
+                if bits is not None:
+                    mask[: bits.shape[0]].copy_(bits)
+            elif kind == BLOCK:
+                width = buf["mask"].shape[1]
+                if n > width:
+                    raise ValueError(f"draft block {n} is wider than the captured {width}")
+                words = mask_words(n)
+                mask = buf["mask"][:bs, :n, :words]
+                causal = buf["causal"][:bs, :n, :words]
+            else:
+                mask = buf["mask"][:bs]
+        else:
+            if kv_indptr is None:
+                kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=seq_lens.device)
+                kv_indptr[1:] = torch.cumsum(seq_lens, 0)
+            total = forward_batch.seq_lens_sum
+            if total is None:
+                total = bs * self.max_context_len
+            indices = torch.empty(int(total), dtype=torch.int32, device=seq_lens.device)
+            tree = out_cache_loc.to(torch.int32)
+            if kind == TREE:
+                mask = bits
+            elif kind == BLOCK:
+                mask = self._static_mask(full_tree_mask, bs, n)
+                causal = self._static_mask(causal_tree_mask, bs, n)
+            else:
+                mask = self._static_mask(causal_tree_mask, bs, n)
+        fill_prefix_indices(self.req_to_token, req_pool_indices, seq_lens, kv_indptr, indices)
+        self.metadata = TreeVerifyMetadata(
+            kind=kind,
+            prefix_kv_indptr=kv_indptr,
+            prefix_kv_indices=indices,
+            tree_kv_indices=tree.view(bs, n),
+            tree_mask=mask,
+            causal_mask=causal,
+        )
+        if self.routes is not None:
+            self.routes.prepare(self.metadata, graph)
+        return self.metadata
+
+    # ------------------------------------------------------------ forward
+
+    def _layer_unsupported(
+        self, layer: Any, q: torch.Tensor, k_buffer: torch.Tensor, extra: Optional[str]
+    ) -> Optional[str]:
+        if extra:
+            return extra
+        if getattr(layer, "sliding_window_size", -1) not in (None, -1):
+            return "sliding-window layer"
+        fp8 = is_fp8(k_buffer.dtype) and self.fp8_kv
+        if getattr(layer, "k_scale", None) is not None and not fp8:
+            return "scaled (fp8) KV cache"
+        if getattr(layer, "xai_temperature_len", -1) not in (None, -1):
+            return "xai temperature scaling"
+        if k_buffer.dtype != q.dtype and not fp8:
+            return f"KV cache dtype {k_buffer.dtype} differs from the query dtype {q.dtype}"
+        return None
+
+    def run(
+        self,
+        q: torch.Tensor,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        layer: Any,
+        forward_batch: Any,
+        out: Optional[torch.Tensor] = None,
+        logit_cap: float = 0.0,
+        unsupported: Optional[str] = None,
+    ) -> Optional[torch.Tensor]:
+        """Attention of this TARGET_VERIFY layer, or None when the hook does not
+        serve it (upstream's path then runs). The tree's KV must already be in
+        the pool. ``q``: ``[bs*N, H, Dqk]``; returns ``[bs*N, H, Dv]``.
+
+        ``unsupported``: a backend-side reason this layer cannot take the
+        path (sinks, score_mod, non-causal...).
+        """
+        meta = self.metadata
+        if meta is None or not forward_batch.forward_mode.is_target_verify():
+            return None
+        mask = meta.tree_mask
+        if meta.kind == BLOCK:
+            if unsupported == NON_CAUSAL:
+                unsupported = None  # the block sees itself whole: all-ones mask
+            else:
+                mask = meta.causal_mask
+        reason = self._layer_unsupported(layer, q, k_buffer, unsupported)
+        if reason is not None:
+            has_dense = getattr(forward_batch.spec_info, "custom_mask", None) is not None
+            if meta.kind == TREE and not (self.dense_mask_fallback and has_dense):
+                raise TreeVerifyUnavailable(
+                    f"DDTREE verify on {self.backend_name}, layer "
+                    f"{getattr(layer, 'layer_id', '?')}: the tree-verify path cannot "
+                    f"serve it ({reason}) and no dense mask applies. Use "
+                    f"--attention-backend triton with {STRATEGY_ENV}={UPSTREAM_STRATEGY} "
+                    f"for the dense-mask path."
+                )
+            return None
+        from sglang.srt.layers.attention.tree_verify.dispatch import tree_verify_attention
+
+        logit_cap = float(logit_cap or 0.0)
+        strategy, options = None, None  # the dispatcher's default: fused on a GPU
+        if self.routes is not None and meta.kind in (TREE, CHAIN):
+            strategy, options = self.routes.for_layer(
+                meta, q, k_buffer, v_buffer, layer, logit_cap
+            )
+        return tree_verify_attention(
+            q,
+            k_buffer,
+            v_buffer,
+            meta.prefix_kv_indptr,
+            meta.prefix_kv_indices,
+            meta.tree_kv_indices,
+            mask,
+            layer.scaling,
+            out=out,
+            logit_cap=logit_cap,
+            k_scale=float(getattr(layer, "k_scale_float", None) or 1.0),
+            v_scale=float(getattr(layer, "v_scale_float", None) or 1.0),
+            strategy=strategy,
+            strategy_options=options,
+        )
+
+
+def check_runtime_tree_verify(attn_backend: Any) -> None:
+    """Raise unless ``attn_backend`` applies a DDTree tree mask in TARGET_VERIFY,
+    either through its hook (reads ``tree_mask_bits``) or upstream's dense mask.
+
+    The startup check (``support.check_tree_verify_backend``) refuses such
+    servers first; this guards paths that did not go through ServerArgs.
+    """
+    backend = innermost_attention_backend(attn_backend)
+    hook = active_hook(backend)
+    if hook is not None and hook.kind == TREE:
+        return
+    if getattr(backend, "tree_verify", None) is not None and hook is None:
+        if getattr(backend.tree_verify, "dense_mask_fallback", False):
+            return  # the hook is off; upstream's path applies the dense mask
+    name = type(backend).__name__
+    raise TreeVerifyUnavailable(
+        f"DDTREE verify needs a tree mask, and the attention backend {name} "
+        f"applies none in TARGET_VERIFY (it would verify the tree causally). "
+        f"Use --attention-backend triton (or flashinfer)."
+    )
