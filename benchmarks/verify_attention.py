@@ -15,12 +15,14 @@ over prefix + tree with the dense custom mask. Writes JSON and a PNG plot to
     python benchmarks/verify_attention.py --quick       # the issue's target shapes
     python benchmarks/verify_attention.py --attn gqa    # GQA matrix, FlashInfer's path included
     python benchmarks/verify_attention.py --tune        # sweep MLA tile configs / splits
+    python benchmarks/verify_attention.py --tune --tune-set sm12x --one-per-sm   # the 99 KiB tiles
     python benchmarks/verify_attention.py --from-log run.log --tag T   # JSON + PNG from stdout
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -120,6 +122,10 @@ def flops_bytes(h, n, p, bs, heads=MLA):
 
 def run_strategy(name, inputs, config_arch=None, heads=MLA):
     args = inputs
+    if name == "fused_sm120_prev":
+        if not heads.shared_kv:
+            raise StrategyUnavailable("fused_sm120_prev: the previous sm_12x tile is an absorbed-MLA tile")
+        return lambda: tree_verify_fused(*args, None, 0.0, SM12X_PREV), SM12X_PREV
     if name.startswith("fused"):
         cfg = select_config(config_arch, heads.dqk, heads.dv, heads.shared_kv)
         return lambda: tree_verify_fused(*args, None, 0.0, cfg), cfg
@@ -221,15 +227,18 @@ def run_matrix(shapes, strategies, peaks, arch, verbose=True, heads=MLA, dtype=t
         base_ms = None
         for name in strategies:
             rec = dict(H=h, N=n, P=p, bs=bs, strategy=name)
+            # "<strategy>@1sm": the split kernels launched one program per SM (one_program_per_sm)
+            base, _, mode = name.partition("@")
             try:
-                cfg_arch = (12, 0) if name == "fused_sm120" else arch
-                fn, cfg = run_strategy(name, inputs, cfg_arch, heads)
+                cfg_arch = (12, 0) if base == "fused_sm120" else arch
+                fn, cfg = run_strategy(base, inputs, cfg_arch, heads)
                 if cfg is not None:
                     rec["config"] = cfg.__dict__
                     rec["num_splits"] = num_splits_for(inputs[0], inputs[1], inputs[2], inputs[4], bs, n, cfg)
                 out = fn()
                 rec["max_err"] = check(out, inputs, h, n, p, bs)
-                ms = bench(fn, slow=name == "upstream_extend", graph=GRAPH[0])
+                with one_program_per_sm(mode == "1sm"):
+                    ms = bench(fn, slow=base == "upstream_extend", graph=GRAPH[0])
             except (StrategyUnavailable, ImportError) as e:
                 rec["unavailable"] = str(e)
                 rows.append(rec)
@@ -290,15 +299,81 @@ TUNE_CONFIGS = [
 ]
 
 
-def tune_configs(match: str = ""):
-    """The default first, then the sweep's configs whose repr contains ``match``."""
-    return [TUNE_CONFIGS[0]] + [c for c in TUNE_CONFIGS[1:] if match in repr(c)]
+# The sm_12x MLA tile (99 KiB of shared memory per block) selected until 2026-12-02:
+# the baseline the sm_12x candidates and the matrix's ``fused_sm120_prev`` rows are
+# measured against.
+SM12X_PREV = TreeVerifyConfig(32, 32, 4, 2, q_as_b=True)
+
+# Tiles that fit sm_120's 101,376 B per block (tests/cpu/tree_verify/test_aot_sm120.py
+# compiles the selected one; benchmarks/results/ has the sweep). The current default first.
+SM12X_CONFIGS = [
+    select_config((12, 0), DQK, DV),
+    SM12X_PREV,
+    # 16-key tiles: the query tile + three KV stages fit, so the gathers are pipelined
+    TreeVerifyConfig(32, 16, 4, 4, q_as_b=True),
+    # the head dims in column chunks: independent score MMA chains
+    TreeVerifyConfig(32, 16, 4, 4, q_as_b=True, d_chunks=4),
+    TreeVerifyConfig(32, 16, 4, 3, q_as_b=True, d_chunks=4),
+    TreeVerifyConfig(32, 16, 4, 4, q_as_b=True, d_chunks=8),
+    TreeVerifyConfig(32, 32, 4, 2, q_as_b=True, d_chunks=4),
+    # 64 rows over 8 warps (two per scheduler), one KV buffer: the next tile in registers
+    TreeVerifyConfig(64, 16, 8, 1, q_as_b=True, register_prefetch=True),
+    TreeVerifyConfig(64, 16, 8, 1, q_as_b=True, d_chunks=4, register_prefetch=True),
+    TreeVerifyConfig(64, 16, 8, 2, q_as_b=True, d_chunks=4),
+]
+
+TUNE_SETS = {"sm90": TUNE_CONFIGS, "sm12x": SM12X_CONFIGS}
 
 
-def tune(peaks, configs=TUNE_CONFIGS, shapes=None, split_factors=(1,)):
+def tune_configs(match: str = "", tune_set: str = "sm90"):
+    """The set's default first, then its configs whose repr contains ``match``."""
+    configs = TUNE_SETS[tune_set]
+    return [configs[0]] + [c for c in configs[1:] if match in repr(c)]
+
+
+@contextlib.contextmanager
+def one_program_per_sm(enabled: bool = True):
+    """Launch the split kernels compiled so far with their dynamic shared memory
+    padded past half of an SM's, so that one program runs per SM as on sm_120
+    (about 100 KB per SM): on an H200 (228 KB) two 75 KB programs would share an
+    SM, which the RTX PRO 6000 cannot do. Only the launch reserves more; the
+    kernels are the same. Call the kernel once before (to compile it) and capture
+    graphs inside."""
+    from sglang.srt.layers.attention.tree_verify import prefix_split
+
+    if not enabled:
+        yield
+        return
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    pad = props.shared_memory_per_multiprocessor // 2 + 1024
+    cache = prefix_split._tree_verify_split_kernel.device_caches[torch.cuda.current_device()][0]
+    saved = {}
+    for key, kernel in cache.items():
+        warps, ctas, shared = kernel.packed_metadata
+        if shared < pad:
+            saved[key] = kernel.packed_metadata
+            kernel.packed_metadata = (warps, ctas, pad)
+    try:
+        yield
+    finally:
+        for key, packed in saved.items():
+            cache[key].packed_metadata = packed
+
+
+def config_name(c: dict) -> str:
+    return f"{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['num_stages']}" + (
+        "qb" if c["q_as_b"] else "") + ("ahead" if c.get("qk_ahead") else "") + (
+        f"dv{c['dv_split']}" if c.get("dv_split", 1) > 1 else "") + (
+        "scratch" if c.get("scores_via_scratch") else "") + (
+        f"c{c['d_chunks']}" if c.get("d_chunks", 1) > 1 else "") + (
+        "rp" if c.get("register_prefetch") else "")  # fmt: skip
+
+
+def tune(peaks, configs=TUNE_CONFIGS, shapes=None, split_factors=(1,), one_per_sm=(False,)):
     """Sweep MLA tile configs (and split counts, as factors of the model's
     choice) on the target shapes; each row carries the max error where
-    ``check`` can afford the reference."""
+    ``check`` can afford the reference. ``one_per_sm``: the occupancy modes to
+    time each config in (True: one program per SM, see ``one_program_per_sm``)."""
     rows = []
     for h, n, p, bs in shapes or TARGET_SHAPES:
         inputs = make_inputs(h, n, p, bs)
@@ -309,21 +384,47 @@ def tune(peaks, configs=TUNE_CONFIGS, shapes=None, split_factors=(1,)):
             if cfg in configs[:i]:
                 continue  # the default again
             for s in sorted({max(1, int(auto * f)) for f in factors}):
-                try:
-                    fn = lambda: tree_verify_fused(*inputs, None, 0.0, cfg, num_splits=s)  # noqa: E731
-                    err = check(fn(), inputs, h, n, p, bs)
-                    ms = bench(fn)
-                except Exception as e:  # a config that fails to compile is data here
-                    print("FAIL", h, n, p, bs, cfg, str(e)[:200], flush=True)
-                    break
-                rec = dict(H=h, N=n, P=p, bs=bs, cfg=cfg.__dict__, splits=s, auto=s == auto,
-                           ms=round(ms, 4), tflops=round(flops / ms / 1e9, 1),
-                           gbps=round(nbytes / ms / 1e6, 1), max_err=err)  # fmt: skip
-                rows.append(rec)
-                print(json.dumps(rec), flush=True)
+                for single in one_per_sm:
+                    try:
+                        fn = lambda: tree_verify_fused(*inputs, None, 0.0, cfg, num_splits=s)  # noqa: E731
+                        err = check(fn(), inputs, h, n, p, bs)
+                        with one_program_per_sm(single):
+                            ms = bench(fn)
+                    except Exception as e:  # a config that fails to compile is data here
+                        print("FAIL", h, n, p, bs, cfg, str(e)[:200], flush=True)
+                        break
+                    rec = dict(H=h, N=n, P=p, bs=bs, cfg=cfg.__dict__, splits=s, auto=s == auto,
+                               one_per_sm=single, ms=round(ms, 4), tflops=round(flops / ms / 1e9, 1),
+                               gbps=round(nbytes / ms / 1e6, 1), max_err=err)  # fmt: skip
+                    rows.append(rec)
+                    print(json.dumps(rec), flush=True)
         del inputs
         torch.cuda.empty_cache()
     return rows
+
+
+def precompile(configs, shapes, workers: int):
+    """Compile the sweep's kernels in ``workers`` processes first (they share
+    Triton's on-disk cache, so the timed process only loads them): the kernel
+    takes seconds to compile per specialization and the device has many cores."""
+    import multiprocessing as mp
+
+    jobs = [(cfg, shape) for shape in shapes for cfg in configs]
+    with mp.get_context("spawn").Pool(workers) as pool:
+        for line in pool.imap_unordered(_compile_one, jobs):
+            if line:
+                print(line, flush=True)
+
+
+def _compile_one(job):
+    cfg, (h, n, p, bs) = job
+    try:
+        inputs = make_inputs(h, n, p, bs)
+        tree_verify_fused(*inputs, None, 0.0, cfg)
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:  # reported again, with the shape, by the timed sweep
+        return f"precompile FAIL {h} {n} {p} {bs} {config_name(cfg.__dict__)}: {str(e)[:200]}"
 
 
 def plot(rows, path, heads=MLA):
@@ -400,6 +501,13 @@ def main():
     ap.add_argument("--split-factors", default="1", help="--tune: split counts as factors of the model's")
     ap.add_argument("--tune-match", default="",
                     help="--tune: only the configs whose repr contains this (e.g. dv_split=2), besides the default")
+    ap.add_argument("--tune-set", choices=list(TUNE_SETS), default="sm90",
+                    help="--tune: the sm_90 MLA tiles or the ones that fit sm_12x's 99 KiB")
+    ap.add_argument("--one-per-sm", action="store_true",
+                    help="--tune: also time each config with one program per SM, as sm_120 runs "
+                         "the 99 KiB tiles (the launch reserves more than half an SM's shared memory)")
+    ap.add_argument("--precompile", type=int, default=0,
+                    help="--tune: compile the sweep's kernels in this many processes first")
     ap.add_argument("--from-log", default=None, help="rebuild JSON + PNG from a run's stdout, measure nothing")
     args = ap.parse_args()
     if args.from_log:
@@ -432,6 +540,7 @@ def main():
         peak_bf16_tflops=round(peaks[0], 1),
         hbm_copy_gbps=round(peaks[1], 1),
         timing="cuda_graph_replay" if GRAPH[0] else "eager",
+        disable_mma_v3=os.environ.get("DISABLE_MMA_V3", ""),
         attn=dataclasses.asdict(heads),
     )
     print(json.dumps(meta), flush=True)
@@ -441,14 +550,14 @@ def main():
         if args.shapes:
             shapes = [tuple(int(x) for x in v.split(":")) for v in args.shapes.split(",")]
         factors = tuple(float(f) for f in args.split_factors.split(","))
-        rows = tune(peaks, configs=tune_configs(args.tune_match), shapes=shapes, split_factors=factors)
+        configs = tune_configs(args.tune_match, args.tune_set)
+        if args.precompile:
+            precompile(configs, shapes or TARGET_SHAPES, args.precompile)
+        rows = tune(peaks, configs=configs, shapes=shapes, split_factors=factors,
+                    one_per_sm=(False, True) if args.one_per_sm else (False,))  # fmt: skip
         for r in rows:
-            c = r["cfg"]
-            name = f"{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['num_stages']}" + (
-                "qb" if c["q_as_b"] else "") + ("ahead" if c.get("qk_ahead") else "") + (
-                f"dv{c['dv_split']}" if c.get("dv_split", 1) > 1 else "") + (
-                "scratch" if c.get("scores_via_scratch") else "")
-            print(f"H{r['H']} N{r['N']} P{r['P']} bs{r['bs']} {name:<16} splits {r['splits']:>3} "
+            name = config_name(r["cfg"]) + (" 1/SM" if r.get("one_per_sm") else "")
+            print(f"H{r['H']} N{r['N']} P{r['P']} bs{r['bs']} {name:<22} splits {r['splits']:>3} "
                   f"{r['ms']:.4f} ms {r['tflops']:6.1f} TF/s {r['gbps']:7.1f} GB/s err {r['max_err']}")
         with open(os.path.join(args.out, stem + "_tune.json"), "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)

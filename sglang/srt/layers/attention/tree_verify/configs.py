@@ -47,8 +47,31 @@ class TreeVerifyConfig:
     # (prefix_split.check_scores_via_scratch); q_as_b then applies to the
     # tree tail only. The sm_90 MLA default since the H200 run of 2026-11-30.
     scores_via_scratch: bool = False
+    # Prefix slices: load the next KV tile into registers while the current
+    # one is computed, keeping one KV tile in shared memory (see
+    # prefix_split._prefix_slice_register_prefetch). For 99 KiB parts, where
+    # the query tile and two pipelined KV stages do not fit.
+    register_prefetch: bool = False
+    # The main head dims as this many column chunks: a score product per chunk
+    # (independent MMA chains instead of one dependent chain over all dims,
+    # which is what limits mma.sync), and a value accumulator per chunk (see
+    # prefix_split._attend_chunks). Applies with one program per row tile and
+    # power-of-two main dims equal to Dv (prefix_split.d_chunks_for).
+    d_chunks: int = 1
 
     def __post_init__(self):
+        if self.d_chunks > 1 and (self.scores_via_scratch or self.qk_ahead or self.dv_split > 1):
+            raise ValueError(
+                "d_chunks > 1 has a prefix loop of its own: it cannot be combined with "
+                "scores_via_scratch, qk_ahead or dv_split > 1"
+            )
+        if self.register_prefetch and (
+            self.scores_via_scratch or self.qk_ahead or self.dv_split > 1
+        ):
+            raise ValueError(
+                "register_prefetch replaces the prefix loop: it cannot be combined "
+                "with scores_via_scratch, qk_ahead or dv_split > 1"
+            )
         if self.scores_via_scratch:
             if self.block_n != 64:
                 raise ValueError(

@@ -70,79 +70,82 @@ def _online_softmax_step(m_i, l_i, s):
 
 
 @triton.jit
-def _attend_tile(
-    acc,
-    m_i,
-    l_i,
-    q,
-    qb,
-    qpe,
-    K,
-    V,
-    slots,
-    key_ok,
-    visible,
-    kvh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    qk_scale,
-    logit_cap,
-    offs_d,
-    offs_db,
-    offs_dpe,
-    offs_dv,
-    D_MAIN: tl.constexpr,
-    D_PE: tl.constexpr,
-    D_V: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_DPE: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    SHARE_KV: tl.constexpr,
-    HAS_CAP: tl.constexpr,
-    Q_AS_B: tl.constexpr,
-    DV_SPLIT: tl.constexpr,
-    KV_CAST: tl.constexpr,
-    MASKED: tl.constexpr,
-):
-    """One online-softmax step of a query tile over one KV tile.
-
-    With ``DV_SPLIT == 2`` the main head dims come in two halves: ``offs_d``
-    is the half of the value columns this program owns, ``offs_db`` the other
-    one (only needed for the scores), and the V tile is the first half's K tile.
-    ``KV_CAST``: an fp8 KV cache, converted to q's dtype after the load (its
-    scales are folded into ``qk_scale`` and the output by the caller).
-    """
+def _load_kv_tile(
+    K, V, slots, key_ok, kvh, stride_kt, stride_kh, stride_vt, stride_vh,
+    offs_d, offs_db, offs_dpe, offs_dv,
+    D_MAIN: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SHARE_KV: tl.constexpr, DV_SPLIT: tl.constexpr,
+):  # fmt: skip
+    """The gathered K tile of keys ``slots`` (``k``, with ``DV_SPLIT == 2`` also
+    the other half ``kb``), its rope part ``kpe`` and the V tile, in the cache's
+    dtype; rows past ``key_ok`` are 0. With ``SHARE_KV`` the V tile is ``k``."""
     k_row = K + slots[:, None] * stride_kt + kvh * stride_kh
     if DV_SPLIT > 1:
         k = tl.load(k_row + offs_d[None, :], mask=key_ok[:, None], other=0.0)
         kb = tl.load(k_row + offs_db[None, :], mask=key_ok[:, None], other=0.0)
     elif D_MAIN == BLOCK_D:
         k = tl.load(k_row + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+        kb = k
     else:
         k = tl.load(
             k_row + offs_d[None, :],
             mask=key_ok[:, None] & (offs_d[None, :] < D_MAIN),
             other=0.0,
         )
+        kb = k
+    if BLOCK_DPE > 0:
+        kpe = tl.load(
+            k_row + D_MAIN + offs_dpe[None, :],
+            mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
+            other=0.0,
+        )
+    else:
+        kpe = k
+    if SHARE_KV:
+        v = k
+    else:
+        v_row = V + slots[:, None] * stride_vt + kvh * stride_vh
+        if D_V == BLOCK_DV:
+            v = tl.load(v_row + offs_dv[None, :], mask=key_ok[:, None], other=0.0)
+        else:
+            v = tl.load(
+                v_row + offs_dv[None, :],
+                mask=key_ok[:, None] & (offs_dv[None, :] < D_V),
+                other=0.0,
+            )
+    return k, kb, kpe, v
+
+
+@triton.jit
+def _attend_kv(
+    acc, m_i, l_i, q, qb, qpe, k, kb, kpe, v, key_ok, visible, qk_scale, logit_cap,
+    BLOCK_DPE: tl.constexpr, SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr,
+    Q_AS_B: tl.constexpr, DV_SPLIT: tl.constexpr, KV_CAST: tl.constexpr,
+    MASKED: tl.constexpr,
+):  # fmt: skip
+    """One online-softmax step of a query tile over one loaded KV tile
+    (``_load_kv_tile``'s tiles).
+
+    With ``DV_SPLIT == 2`` the main head dims come in two halves: ``k`` is the
+    half of the value columns this program owns, ``kb`` the other one (only
+    needed for the scores), and the V tile is the first half's K tile.
+    ``KV_CAST``: an fp8 KV cache, converted to q's dtype here (its scales are
+    folded into ``qk_scale`` and the output by the caller).
+    """
     if KV_CAST:
         k = k.to(q.dtype)
-        if DV_SPLIT > 1:
-            kb = kb.to(q.dtype)
+        kb = kb.to(q.dtype)
+        kpe = kpe.to(q.dtype)
+        v = v.to(q.dtype)
+    if SHARE_KV:
+        v = k
     if Q_AS_B:
         # K . Q^T keeps the query tile a shared-memory operand (wgmma takes
         # its B operand from shared memory only); a register-resident 576-wide
         # query tile would not leave room for the 512-wide accumulator.
         qk_t = tl.dot(k, tl.trans(q))
         if BLOCK_DPE > 0:
-            kpe = tl.load(
-                k_row + D_MAIN + offs_dpe[None, :],
-                mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
-                other=0.0,
-            )
-            if KV_CAST:
-                kpe = kpe.to(q.dtype)
             qk_t = tl.dot(kpe, tl.trans(qpe), qk_t)
         qk = tl.trans(qk_t)
     else:
@@ -150,13 +153,6 @@ def _attend_tile(
         if DV_SPLIT > 1:
             qk = tl.dot(qb, tl.trans(kb), qk)
         if BLOCK_DPE > 0:
-            kpe = tl.load(
-                k_row + D_MAIN + offs_dpe[None, :],
-                mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
-                other=0.0,
-            )
-            if KV_CAST:
-                kpe = kpe.to(q.dtype)
             qk = tl.dot(qpe, tl.trans(kpe), qk)
 
     if HAS_CAP:
@@ -172,24 +168,245 @@ def _attend_tile(
         s = tl.where(key_ok[None, :], s, float("-inf"))
 
     m_new, alpha, p, l_i = _online_softmax_step(m_i, l_i, s)
-
-    if SHARE_KV:
-        v = k
-    else:
-        v_row = V + slots[:, None] * stride_vt + kvh * stride_vh
-        if D_V == BLOCK_DV:
-            v = tl.load(v_row + offs_dv[None, :], mask=key_ok[:, None], other=0.0)
-        else:
-            v = tl.load(
-                v_row + offs_dv[None, :],
-                mask=key_ok[:, None] & (offs_dv[None, :] < D_V),
-                other=0.0,
-            )
-        if KV_CAST:
-            v = v.to(q.dtype)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _attend_tile(
+    acc, m_i, l_i, q, qb, qpe, K, V, slots, key_ok, visible,
+    kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
+    offs_d, offs_db, offs_dpe, offs_dv,
+    D_MAIN: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr, Q_AS_B: tl.constexpr,
+    DV_SPLIT: tl.constexpr, KV_CAST: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """Load one KV tile and take one online-softmax step over it."""
+    k, kb, kpe, v = _load_kv_tile(
+        K, V, slots, key_ok, kvh, stride_kt, stride_kh, stride_vt, stride_vh,
+        offs_d, offs_db, offs_dpe, offs_dv,
+        D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, DV_SPLIT,
+    )  # fmt: skip
+    return _attend_kv(
+        acc, m_i, l_i, q, qb, qpe, k, kb, kpe, v, key_ok, visible, qk_scale, logit_cap,
+        BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, DV_SPLIT, KV_CAST, MASKED,
+    )  # fmt: skip
+
+
+@triton.jit
+def _prefix_slice_register_prefetch(
+    acc, m_i, l_i, q, qb, qpe, K, V, prefix_indices, kv_start, lo, hi,
+    kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
+    offs_d, offs_dpe, offs_dv,
+    D_MAIN: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr, Q_AS_B: tl.constexpr,
+    KV_CAST: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """A prefix slice whose next KV tile is loaded into registers while the
+    current one is computed (``register_prefetch``).
+
+    For shared memory of 99 KiB per block (sm_120): the query tile and one
+    576-wide KV tile fill three quarters of it, so Triton's own pipelining gets
+    a single KV buffer and waits for every tile's copy before its compute.
+    Here the loads of tile i + 1 are issued before the products of tile i and
+    land in registers, the tile is stored to the one shared buffer when its
+    turn comes, and the gather latency overlaps a whole tile of compute. Slot
+    ids run one tile further ahead, so the KV loads never wait on them.
+    """
+    offs_k = tl.arange(0, BLOCK_N)
+    ok = lo + offs_k < hi
+    slots = tl.load(prefix_indices + kv_start + lo + offs_k, mask=ok, other=0)
+    k, kb, kpe, v = _load_kv_tile(
+        K, V, slots.to(tl.int64), ok, kvh, stride_kt, stride_kh, stride_vt, stride_vh,
+        offs_d, offs_d, offs_dpe, offs_dv,
+        D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, 1,
+    )  # fmt: skip
+    offs_n = lo + BLOCK_N + offs_k
+    slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
+    for start in tl.range(lo, hi, BLOCK_N, num_stages=1):
+        key_ok = start + offs_k < hi
+        k_cur = k
+        kpe_cur = kpe
+        v_cur = v
+        offs_n = start + BLOCK_N + offs_k
+        k, kb, kpe, v = _load_kv_tile(
+            K, V, slots_next.to(tl.int64), offs_n < hi, kvh, stride_kt, stride_kh,
+            stride_vt, stride_vh, offs_d, offs_d, offs_dpe, offs_dv,
+            D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, 1,
+        )  # fmt: skip
+        offs_n = start + 2 * BLOCK_N + offs_k
+        slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
+        acc, m_i, l_i = _attend_kv(
+            acc, m_i, l_i, q, q, qpe, k_cur, k_cur, kpe_cur, v_cur, key_ok, key_ok[None, :],
+            qk_scale, logit_cap, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, 1, KV_CAST, False,
+        )  # fmt: skip
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _load_chunks(row_ptr, row_ok, D_CHUNKS: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Columns ``[c * BLOCK_C, (c + 1) * BLOCK_C)`` of rows ``row_ptr`` ([R, 1]
+    pointers) for each chunk c, as a tuple; rows past ``row_ok`` are 0."""
+    offs = tl.arange(0, BLOCK_C)
+    chunks = ()
+    for c in tl.static_range(D_CHUNKS):
+        chunks = chunks + (
+            tl.load(row_ptr + c * BLOCK_C + offs[None, :], mask=row_ok[:, None], other=0.0),
+        )
+    return chunks
+
+
+@triton.jit
+def _load_kv_chunks(
+    K, V, slots, key_ok, kvh, stride_kt, stride_kh, stride_vt, stride_vh, offs_dpe,
+    D_MAIN: tl.constexpr, D_PE: tl.constexpr, BLOCK_DPE: tl.constexpr,
+    SHARE_KV: tl.constexpr, D_CHUNKS: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """The K tile of keys ``slots`` as ``D_CHUNKS`` column chunks, its rope
+    part, and the V tile's chunks (the K chunks with ``SHARE_KV``)."""
+    k_row = K + slots[:, None] * stride_kt + kvh * stride_kh
+    ks = _load_chunks(k_row, key_ok, D_CHUNKS, BLOCK_C)
+    if BLOCK_DPE > 0:
+        kpe = tl.load(
+            k_row + D_MAIN + offs_dpe[None, :],
+            mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
+            other=0.0,
+        )
+    else:
+        kpe = ks[0]
+    if SHARE_KV:
+        vs = ks
+    else:
+        vs = _load_chunks(V + slots[:, None] * stride_vt + kvh * stride_vh, key_ok, D_CHUNKS, BLOCK_C)
+    return ks, kpe, vs
+
+
+@triton.jit
+def _attend_chunks(
+    acc, m_i, l_i, qs, qpe, ks, kpe, vs, key_ok, visible, qk_scale, logit_cap,
+    BLOCK_DPE: tl.constexpr, SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr,
+    Q_AS_B: tl.constexpr, KV_CAST: tl.constexpr, MASKED: tl.constexpr,
+    D_CHUNKS: tl.constexpr,
+):  # fmt: skip
+    """``_attend_kv`` with the main head dims in ``D_CHUNKS`` column chunks:
+    ``acc`` is a tuple of one accumulator per value chunk.
+
+    Each chunk's score product is a dot of its own, scaled, then added (an add
+    of a plain dot result would be folded back into one accumulating dot). On
+    mma.sync a dot over 576 dims is one chain of 36 dependent MMAs per 16 x 8
+    output tile; separate chunks give the scheduler independent chains.
+    """
+    if KV_CAST:
+        cast = ()
+        for c in tl.static_range(D_CHUNKS):
+            cast = cast + (ks[c].to(qpe.dtype),)
+        ks = cast
+        kpe = kpe.to(qpe.dtype)
+        if SHARE_KV:
+            vs = ks
+        else:
+            cast = ()
+            for c in tl.static_range(D_CHUNKS):
+                cast = cast + (vs[c].to(qpe.dtype),)
+            vs = cast
+    if Q_AS_B:
+        st = tl.dot(ks[0], tl.trans(qs[0])) * qk_scale
+        for c in tl.static_range(1, D_CHUNKS):
+            st += tl.dot(ks[c], tl.trans(qs[c])) * qk_scale
+        if BLOCK_DPE > 0:
+            st += tl.dot(kpe, tl.trans(qpe)) * qk_scale
+        s = tl.trans(st)
+    else:
+        s = tl.dot(qs[0], tl.trans(ks[0])) * qk_scale
+        for c in tl.static_range(1, D_CHUNKS):
+            s += tl.dot(qs[c], tl.trans(ks[c])) * qk_scale
+        if BLOCK_DPE > 0:
+            s += tl.dot(qpe, tl.trans(kpe)) * qk_scale
+    if HAS_CAP:
+        # cap * tanh(s / cap), tanh written through sigmoid.
+        s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
+        s = s * 1.4426950408889634
+    if MASKED:
+        s = tl.where(visible & key_ok[None, :], s, float("-inf"))
+    else:
+        s = tl.where(key_ok[None, :], s, float("-inf"))
+    m_new, alpha, p, l_i = _online_softmax_step(m_i, l_i, s)
+    p = p.to(qpe.dtype)
+    new = ()
+    for c in tl.static_range(D_CHUNKS):
+        new = new + (tl.dot(p, vs[c], acc[c] * alpha[:, None]),)
+    return new, m_new, l_i
+
+
+@triton.jit
+def _prefix_slice_chunked(
+    acc, m_i, l_i, qs, qpe, K, V, prefix_indices, kv_start, lo, hi,
+    kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap, offs_dpe,
+    D_MAIN: tl.constexpr, D_PE: tl.constexpr, BLOCK_DPE: tl.constexpr,
+    SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr, Q_AS_B: tl.constexpr,
+    KV_CAST: tl.constexpr, REGISTER_PREFETCH: tl.constexpr,
+    D_CHUNKS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):  # fmt: skip
+    """A prefix slice with chunked head dims (``d_chunks``): Triton's
+    pipelined loads, or with ``REGISTER_PREFETCH`` the next tile loaded into
+    registers while the current one is computed (see
+    ``_prefix_slice_register_prefetch``)."""
+    offs_k = tl.arange(0, BLOCK_N)
+    if REGISTER_PREFETCH:
+        ok = lo + offs_k < hi
+        slots = tl.load(prefix_indices + kv_start + lo + offs_k, mask=ok, other=0)
+        ks, kpe, vs = _load_kv_chunks(
+            K, V, slots.to(tl.int64), ok, kvh, stride_kt, stride_kh, stride_vt, stride_vh,
+            offs_dpe, D_MAIN, D_PE, BLOCK_DPE, SHARE_KV, D_CHUNKS, BLOCK_C,
+        )  # fmt: skip
+        offs_n = lo + BLOCK_N + offs_k
+        slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
+        for start in tl.range(lo, hi, BLOCK_N, num_stages=1):
+            key_ok = start + offs_k < hi
+            ks_cur = ks
+            kpe_cur = kpe
+            vs_cur = vs
+            offs_n = start + BLOCK_N + offs_k
+            ks, kpe, vs = _load_kv_chunks(
+                K, V, slots_next.to(tl.int64), offs_n < hi, kvh, stride_kt, stride_kh,
+                stride_vt, stride_vh, offs_dpe, D_MAIN, D_PE, BLOCK_DPE, SHARE_KV, D_CHUNKS,
+                BLOCK_C,
+            )  # fmt: skip
+            offs_n = start + 2 * BLOCK_N + offs_k
+            slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
+            acc, m_i, l_i = _attend_chunks(
+                acc, m_i, l_i, qs, qpe, ks_cur, kpe_cur, vs_cur, key_ok, key_ok[None, :],
+                qk_scale, logit_cap, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, KV_CAST, False,
+                D_CHUNKS,
+            )  # fmt: skip
+    else:
+        offs_n = lo + offs_k
+        slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
+        for start in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
+            offs_n = start + offs_k
+            key_ok = offs_n < hi
+            # Slot ids one tile ahead: the KV loads are direct loads to the
+            # pipeliner (see the default loop in _tree_verify_split_kernel).
+            slots = slots_next
+            slots_next = tl.load(
+                prefix_indices + kv_start + offs_n + BLOCK_N,
+                mask=offs_n + BLOCK_N < hi,
+                other=0,
+            )
+            ks, kpe, vs = _load_kv_chunks(
+                K, V, slots.to(tl.int64), key_ok, kvh, stride_kt, stride_kh, stride_vt,
+                stride_vh, offs_dpe, D_MAIN, D_PE, BLOCK_DPE, SHARE_KV, D_CHUNKS, BLOCK_C,
+            )  # fmt: skip
+            acc, m_i, l_i = _attend_chunks(
+                acc, m_i, l_i, qs, qpe, ks, kpe, vs, key_ok, key_ok[None, :],
+                qk_scale, logit_cap, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, KV_CAST, False,
+                D_CHUNKS,
+            )  # fmt: skip
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -420,10 +637,12 @@ def _tree_verify_split_kernel(
     Q_AS_B: tl.constexpr,
     QK_AHEAD: tl.constexpr,
     SCORES_VIA_SCRATCH: tl.constexpr,  # P through P_scratch / A_scratch (MLA, shared KV)
+    REGISTER_PREFETCH: tl.constexpr,  # the next prefix KV tile loaded into registers ahead
     DV_SPLIT: tl.constexpr,
     KV_CAST: tl.constexpr,  # fp8 KV cache: tiles converted to q's dtype
     MERGE_EXT: tl.constexpr,  # merge Ext_o/Ext_lse into the tail and write the output
     BLOCK_DV_PROG: tl.constexpr,  # value columns per program: BLOCK_DV / DV_SPLIT
+    D_CHUNKS: tl.constexpr,  # main head dims as this many column chunks (d_chunks)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
@@ -445,7 +664,16 @@ def _tree_verify_split_kernel(
     tok = b * num_nodes + node
 
     q_row = Q + tok[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh
-    if DV_SPLIT > 1:
+    BLOCK_C: tl.constexpr = BLOCK_D // D_CHUNKS
+    if D_CHUNKS > 1:
+        # Tuples of column chunks (Q and the accumulator); see _attend_chunks.
+        qs = _load_chunks(q_row, row_ok, D_CHUNKS, BLOCK_C)
+        offs_d = tl.arange(0, BLOCK_C)
+        offs_db = offs_d
+        offs_dv = offs_d
+        q = qs[0]
+        qb = q
+    elif DV_SPLIT > 1:
         # Main dims in two halves, this program's value half first; the
         # scores are the same sum in either order.
         offs_d = half * BLOCK_DV_PROG + tl.arange(0, BLOCK_DV_PROG)
@@ -474,7 +702,12 @@ def _tree_verify_split_kernel(
         offs_dpe = offs_d
         qpe = q
 
-    acc = tl.zeros([BLOCK_M, BLOCK_DV_PROG], dtype=tl.float32)
+    if D_CHUNKS > 1:
+        acc = ()
+        for c in tl.static_range(D_CHUNKS):
+            acc = acc + (tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32),)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_DV_PROG], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
@@ -485,7 +718,14 @@ def _tree_verify_split_kernel(
         chunk = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
         lo = pid_s * chunk
         hi = tl.minimum(lo + chunk, prefix_len)
-        if SCORES_VIA_SCRATCH:
+        if D_CHUNKS > 1:
+            acc, m_i, l_i = _prefix_slice_chunked(
+                acc, m_i, l_i, qs, qpe, K, V, prefix_indices, kv_start, lo, hi,
+                kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap, offs_dpe,
+                D_MAIN, D_PE, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, KV_CAST,
+                REGISTER_PREFETCH, D_CHUNKS, BLOCK_C, BLOCK_N, NUM_STAGES,
+            )  # fmt: skip
+        elif SCORES_VIA_SCRATCH:
             # One scratch region per program of the launch grid.
             prog = tl.program_id(0) + tl.num_programs(0) * (
                 pid_s + tl.num_programs(1) * pid_bk
@@ -498,6 +738,14 @@ def _tree_verify_split_kernel(
                 offs_d, offs_dpe,
                 D_MAIN, D_PE, BLOCK_D, BLOCK_DPE, HAS_CAP, KV_CAST,
                 BLOCK_M, BLOCK_N, NUM_STAGES,
+            )  # fmt: skip
+        elif REGISTER_PREFETCH:
+            acc, m_i, l_i = _prefix_slice_register_prefetch(
+                acc, m_i, l_i, q, qb, qpe, K, V, prefix_indices, kv_start, lo, hi,
+                kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
+                offs_d, offs_dpe, offs_dv,
+                D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP,
+                Q_AS_B, KV_CAST, BLOCK_N,
             )  # fmt: skip
         elif QK_AHEAD:
             acc, m_i, l_i = _prefix_slice_qk_ahead(
@@ -546,16 +794,54 @@ def _tree_verify_split_kernel(
                 other=0,
             )
             visible = ((words >> (offs_n % 32)[None, :]) & 1) != 0
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, qb, qpe, K, V, slots.to(tl.int64), key_ok, visible,
-                kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
-                offs_d, offs_db, offs_dpe, offs_dv,
-                D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP, Q_AS_B,
-                DV_SPLIT, KV_CAST, MASKED=True,
-            )  # fmt: skip
+            if D_CHUNKS > 1:
+                ks, kpe, vs = _load_kv_chunks(
+                    K, V, slots.to(tl.int64), key_ok, kvh, stride_kt, stride_kh, stride_vt,
+                    stride_vh, offs_dpe, D_MAIN, D_PE, BLOCK_DPE, SHARE_KV, D_CHUNKS, BLOCK_C,
+                )  # fmt: skip
+                acc, m_i, l_i = _attend_chunks(
+                    acc, m_i, l_i, qs, qpe, ks, kpe, vs, key_ok, visible, qk_scale, logit_cap,
+                    BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, KV_CAST, True, D_CHUNKS,
+                )  # fmt: skip
+            else:
+                acc, m_i, l_i = _attend_tile(
+                    acc, m_i, l_i, q, qb, qpe, K, V, slots.to(tl.int64), key_ok, visible,
+                    kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
+                    offs_d, offs_db, offs_dpe, offs_dv,
+                    D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP,
+                    Q_AS_B, DV_SPLIT, KV_CAST, MASKED=True,
+                )  # fmt: skip
 
     seen = l_i > 0.0
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    o_row = O_part + pid_s * stride_ps + tok[:, None].to(tl.int64) * stride_pt + head[:, None] * stride_ph
+    if D_CHUNKS > 1:
+        o_scale = (v_scale / tl.where(seen, l_i, 1.0))[:, None]
+        for c in tl.static_range(D_CHUNKS):
+            tl.store(
+                o_row + c * BLOCK_C + offs_dv[None, :],
+                (acc[c] * o_scale).to(O_part.dtype.element_ty),
+                mask=row_ok[:, None],
+            )
+    else:
+        _store_partial(
+            acc, l_i, lse, v_scale, seen, o_row, Ext_o, Ext_lse, ext_lse_scale, prefix_indptr, b,
+            node, head, row_ok, offs_dv, stride_eob, stride_eoq, stride_eoh, stride_elb,
+            stride_elq, stride_elh, D_V, MERGE_EXT,
+        )  # fmt: skip
+    if not MERGE_EXT:
+        out_row = (tok * num_heads + head).to(tl.int64)
+        tl.store(Lse_part + pid_s * stride_ls + out_row, lse, mask=row_ok & (half == 0))
+
+
+@triton.jit
+def _store_partial(
+    acc, l_i, lse, v_scale, seen, o_row, Ext_o, Ext_lse, ext_lse_scale, prefix_indptr, b,
+    node, head, row_ok, offs_dv, stride_eob, stride_eoq, stride_eoh, stride_elb,
+    stride_elq, stride_elh, D_V: tl.constexpr, MERGE_EXT: tl.constexpr,
+):  # fmt: skip
+    """Store a program's normalised output at ``o_row + column``; with
+    ``MERGE_EXT`` first merged with the external prefix pass by the LSEs."""
     o = acc * (v_scale / tl.where(seen, l_i, 1.0))[:, None]
     col_ok = row_ok[:, None] & (offs_dv[None, :] < D_V)
     if MERGE_EXT:
@@ -581,15 +867,7 @@ def _tree_verify_split_kernel(
         w_ext = tl.math.exp2(ext_lse - m)
         den = w_tail + w_ext
         o = (o * w_tail[:, None] + ext_o * w_ext[:, None]) / tl.where(den > 0.0, den, 1.0)[:, None]
-    tl.store(
-        O_part + pid_s * stride_ps + tok[:, None].to(tl.int64) * stride_pt
-        + head[:, None] * stride_ph + offs_dv[None, :],
-        o.to(O_part.dtype.element_ty),
-        mask=col_ok,
-    )
-    if not MERGE_EXT:
-        out_row = (tok * num_heads + head).to(tl.int64)
-        tl.store(Lse_part + pid_s * stride_ls + out_row, lse, mask=row_ok & (half == 0))
+    tl.store(o_row + offs_dv[None, :], o.to(o_row.dtype.element_ty), mask=col_ok)
 
 
 @triton.jit
@@ -706,6 +984,17 @@ def dv_split_for(config: TreeVerifyConfig, dqk: int, dv: int, share_kv: bool) ->
         and not config.qk_ahead
     )
     return config.dv_split if ok else 1
+
+
+def d_chunks_for(config: TreeVerifyConfig, dqk: int, dv: int, share_kv: bool) -> int:
+    """Column chunks of the main head dims (``TreeVerifyConfig.d_chunks``) where
+    the chunked loop applies: one program owning all value columns, main dims
+    a power of two equal to Dv, chunks of at least 16 columns; 1 elsewhere."""
+    if config.d_chunks <= 1 or dv_split_for(config, dqk, dv, share_kv) > 1:
+        return 1
+    d_main, _, block_d, _, block_dv = head_dim_blocks(dqk, dv)
+    ok = d_main == dv == block_d == block_dv and block_d % (16 * config.d_chunks) == 0
+    return config.d_chunks if ok else 1
 
 
 def check_scores_via_scratch(config: TreeVerifyConfig, dqk: int, dv: int, share_kv: bool) -> None:
@@ -835,7 +1124,9 @@ def _launch_split(
         BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=block_dv,
         SHARE_KV=share_kv, HAS_CAP=has_cap, Q_AS_B=config.q_as_b,
         QK_AHEAD=config.qk_ahead, SCORES_VIA_SCRATCH=via_scratch,
+        REGISTER_PREFETCH=config.register_prefetch,
         DV_SPLIT=dv_split, BLOCK_DV_PROG=block_dv // dv_split,
+        D_CHUNKS=d_chunks_for(config, dqk, dv, share_kv),
         KV_CAST=k_buffer.dtype != q.dtype, MERGE_EXT=external is not None,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
@@ -881,7 +1172,7 @@ def tail_only_config(config: TreeVerifyConfig) -> TreeVerifyConfig:
     of 8 tiles at every shape measured."""
     return dataclasses.replace(
         config, block_m=32, num_warps=4, num_stages=1, dv_split=2, q_as_b=False,
-        qk_ahead=False, scores_via_scratch=False,
+        qk_ahead=False, scores_via_scratch=False, register_prefetch=False, d_chunks=1,
     )  # fmt: skip
 
 
