@@ -7,7 +7,10 @@ the fraction of the roofline and the speedup over ``upstream_extend``. The
 roofline uses the bf16 matmul rate and the HBM copy bandwidth measured in the
 same run. ``fused`` runs with the current arch's configs and, as
 ``fused_sm120``, with the 12.x configs forced (what an RTX PRO 6000 would
-select). ``flashinfer_dense`` (GQA) is upstream's FlashInfer MHA verify: FA2
+select). The sliding-window families (``--attn gptoss_swa`` etc.: gpt-oss-20B
+and Gemma-4-31B layer shapes, with their windows and gpt-oss's attention sinks)
+compare the fused kernels with upstream's dense-mask fallback (its Triton extend
+kernel given the window and the sinks, as its backend runs a verify). ``flashinfer_dense`` (GQA) is upstream's FlashInfer MHA verify: FA2
 over prefix + tree with the dense custom mask. Writes JSON and a PNG plot to
 ``benchmarks/results/``.
 
@@ -30,8 +33,12 @@ import os
 import platform
 import sys
 
+from typing import Optional
+
 import torch
 import triton
+import triton.language as tl
+import triton.testing
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_timing import bench, measure_peaks  # noqa: E402
@@ -62,11 +69,22 @@ class Heads:
     dv: int
     shared_kv: bool
     query_heads: tuple  # H values of the full matrix
+    window: Optional[int] = None  # upstream's sliding_window_size (config.sliding_window - 1)
+    sinks: bool = False  # per-head attention sinks (gpt-oss)
 
 
 MLA = Heads("mla", 1, 576, 512, True, (16, 128))
 GQA = Heads("gqa", 8, 128, 128, False, (32,))
-HEADS = {h.name: h for h in (MLA, GQA)}
+# gpt-oss-20B/120B (64 query heads, 8 KV heads of 64, sinks on every layer; a
+# 128-token window on alternating layers) and Gemma-4-31B (sliding layers: 32
+# query heads, 16 KV heads of 256, a 1,024-token window; full layers: 4 KV heads
+# of 512), one GPU. Windows as upstream's models set them (sliding_window - 1).
+GPTOSS_SWA = Heads("gptoss_swa", 8, 64, 64, False, (64,), window=127, sinks=True)
+GPTOSS_FULL = Heads("gptoss_full", 8, 64, 64, False, (64,), sinks=True)
+GEMMA4_SWA = Heads("gemma4_swa", 16, 256, 256, False, (32,), window=1023)
+GEMMA4_FULL = Heads("gemma4_full", 4, 512, 512, False, (32,))
+WINDOWED = (GPTOSS_SWA, GPTOSS_FULL, GEMMA4_SWA, GEMMA4_FULL)
+HEADS = {h.name: h for h in (MLA, GQA, *WINDOWED)}
 DQK, DV = MLA.dqk, MLA.dv
 DEVICE = "cuda"
 GRAPH = [True]  # time CUDA-graph replays (--no-graph: eager calls)
@@ -80,6 +98,9 @@ GQA_QUICK_SHAPES = [(32, 65, 16384, 1), (32, 17, 65536, 1), (32, 65, 16384, 8)]
 
 
 def full_matrix(heads=MLA):
+    if heads in WINDOWED:
+        return [(heads.query_heads[0], n, p, bs) for bs in (1, 8) for n in (17, 65)
+                for p in (1024, 16384, 65536)]  # fmt: skip
     shapes = [
         (h, n, p, bs)
         for bs in (1, 8)
@@ -112,8 +133,51 @@ def make_inputs(h, n, p, bs, dtype=torch.bfloat16, seed=0, heads=MLA):
     return (q, k, v, indptr, prefix_idx, tree_idx, mask, heads.dqk**-0.5)
 
 
+@triton.jit
+def _matmul_kernel(A, B, C, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k in range(0, K, BK):
+        a = tl.load(A + rm[:, None] * K + (k + rk)[None, :])
+        b = tl.load(B + (k + rk)[:, None] * N + rn[None, :])
+        acc = tl.dot(a, b, acc)
+    tl.store(C + rm[:, None] * N + rn[None, :], acc.to(tl.bfloat16))
+
+
+def measure_triton_matmul_tflops(n: int = 8192) -> float:
+    """A plain Triton bf16 matmul (128 x 128 x 64 tiles, 8 warps, 3 stages): with
+    DISABLE_MMA_V3=1 it runs mma.sync on sm_90, the rate the sm_12x tiles can
+    reach there at best; without it, wgmma."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty_like(a)
+    grid = (n // 128, n // 128)
+    fn = lambda: _matmul_kernel[grid](a, b, c, n, n, n, BM=128, BN=128, BK=64,  # noqa: E731
+                                      num_warps=8, num_stages=3)  # fmt: skip
+    ms = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+    return 2 * n**3 / ms / 1e9
+
+
+def window_sink_args(heads, h):
+    """The ``sliding_window`` / ``sinks`` keyword arguments of the family (seeded sinks)."""
+    extra = {}
+    if heads.window is not None:
+        extra["sliding_window"] = heads.window
+    if heads.sinks:
+        g = torch.Generator(device=DEVICE).manual_seed(7)
+        extra["sinks"] = torch.randn(h, device=DEVICE, generator=g).to(torch.bfloat16)
+    return extra
+
+
 def flops_bytes(h, n, p, bs, heads=MLA):
-    """Score and value products; the KV read once (V inside K for MLA) plus Q and O."""
+    """Score and value products; the KV read once (V inside K for MLA) plus Q and O.
+    With a window, the prefix keys inside it (what each node may see at most)."""
+    if heads.window is not None:
+        p = min(p, heads.window)
     flops = 2 * bs * n * h * (p + n) * (heads.dqk + heads.dv)
     kv_width = heads.dqk + (0 if heads.shared_kv else heads.dv)
     nbytes = 2 * (bs * (p + n) * heads.hkv * kv_width + bs * n * h * (heads.dqk + heads.dv))
@@ -122,6 +186,9 @@ def flops_bytes(h, n, p, bs, heads=MLA):
 
 def run_strategy(name, inputs, config_arch=None, heads=MLA):
     args = inputs
+    extra = window_sink_args(heads, inputs[0].shape[1])
+    if extra:
+        return run_windowed(name, inputs, config_arch, heads, extra)
     if name == "fused_sm120_prev":
         if not heads.shared_kv:
             raise StrategyUnavailable("fused_sm120_prev: the previous sm_12x tile is an absorbed-MLA tile")
@@ -174,6 +241,54 @@ def run_strategy(name, inputs, config_arch=None, heads=MLA):
     return lambda: tree_verify_attention(*args, strategy=name), None
 
 
+def run_windowed(name, inputs, config_arch, heads, extra):
+    """A sliding-window / sink layer: the fused kernels given the window and the
+    sinks, or upstream's dense-mask fallback as its Triton backend runs a verify on
+    such a layer (the window's part of each prefix, ``window_kv_offsets``, the
+    dense tree mask over the whole prefix, ``sliding_window_size`` and ``sinks``)."""
+    args = inputs
+    if name.startswith("fused"):
+        cfg = select_config(config_arch, heads.dqk, heads.dv, heads.shared_kv)
+        return lambda: tree_verify_fused(*args, None, 0.0, cfg, **extra), cfg
+    if name == "reference":
+        return lambda: tree_verify_attention(*args, strategy="reference", **extra), None
+    if name != "upstream_extend":
+        raise StrategyUnavailable(f"{name}: no sliding window / sinks")
+    from sglang.srt.layers.attention.tree_verify.upstream_extend import (
+        _extend_attention_fwd,
+        dense_custom_mask,
+    )
+
+    extend = _extend_attention_fwd()
+    q, k, v, indptr, prefix_idx, tree_idx, mask, scale = args
+    bs, n = tree_idx.shape
+    plens = (indptr[1:] - indptr[:-1]).long()
+    window = extra.get("sliding_window", -1)
+    keep = torch.minimum(plens, torch.tensor(window)) if window >= 0 else plens
+    w_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=q.device)
+    w_indptr[1:] = torch.cumsum(keep, 0)
+    starts, lens = indptr[:-1].tolist(), plens.tolist()
+    w_idx = torch.cat([prefix_idx[s + l - kk : s + l] for s, l, kk in zip(starts, lens, keep.tolist())])
+    offsets = (plens - keep).to(torch.int32)
+    custom_mask = dense_custom_mask(indptr, mask, n)  # over the whole prefix, as upstream builds it
+    mask_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=q.device)
+    mask_indptr[1:] = torch.cumsum(n * (plens + n), 0)
+    qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=q.device)
+    out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+    flat = tree_idx.reshape(-1).long()
+
+    def run():
+        extend(
+            q, k[flat].contiguous(), v[flat].contiguous(), out, k, v, qo_indptr, w_indptr, w_idx,
+            custom_mask, False, mask_indptr, n, 1.0, 1.0, sm_scale=scale, logit_cap=0.0,
+            skip_prefix_custom_mask=True, sliding_window_size=window, sinks=extra.get("sinks"),
+            window_kv_offsets=offsets if window >= 0 else None,
+        )  # fmt: skip
+        return out
+
+    return run, None
+
+
 def flashinfer_dense_mask(inputs, heads):
     """Upstream's FlashInfer MHA verify (``FlashInferAttnBackend`` TARGET_VERIFY):
     FA2 paged prefill over each request's prefix + tree slots with the dense
@@ -206,14 +321,15 @@ def flashinfer_dense_mask(inputs, heads):
     return lambda: wrapper.run(q, paged)
 
 
-def check(out, inputs, h, n, p, bs):
+def check(out, inputs, h, n, p, bs, heads=MLA):
     """Max abs error vs the fp32 reference on request 0 (kept small to stay fast)."""
     if p > 16384 or h * n * p > 128 * 65 * 16384:
         return None
     q, k, v, indptr, pidx, tidx, mask, scale = inputs
     ref = tree_verify_attention_ref(
-        q[:n], k, v, indptr[:2], pidx[: p], tidx[:1], mask[:1], scale
-    ).float()
+        q[:n], k, v, indptr[:2], pidx[: p], tidx[:1], mask[:1], scale,
+        **window_sink_args(heads, h),
+    ).float()  # fmt: skip
     return (out[:n].float() - ref).abs().max().item()
 
 
@@ -234,9 +350,11 @@ def run_matrix(shapes, strategies, peaks, arch, verbose=True, heads=MLA, dtype=t
                 fn, cfg = run_strategy(base, inputs, cfg_arch, heads)
                 if cfg is not None:
                     rec["config"] = cfg.__dict__
-                    rec["num_splits"] = num_splits_for(inputs[0], inputs[1], inputs[2], inputs[4], bs, n, cfg)
+                    rec["num_splits"] = num_splits_for(
+                        inputs[0], inputs[1], inputs[2], inputs[4], bs, n, cfg, heads.window
+                    )
                 out = fn()
-                rec["max_err"] = check(out, inputs, h, n, p, bs)
+                rec["max_err"] = check(out, inputs, h, n, p, bs, heads)
                 with one_program_per_sm(mode == "1sm"):
                     ms = bench(fn, slow=base == "upstream_extend", graph=GRAPH[0])
             except (StrategyUnavailable, ImportError) as e:
@@ -416,6 +534,31 @@ def precompile(configs, shapes, workers: int):
                 print(line, flush=True)
 
 
+def precompile_matrix(shapes, strategies, arch, heads, workers: int):
+    """``precompile`` for the matrix: each (strategy, shape) run once in a worker."""
+    import multiprocessing as mp
+
+    jobs = [(name.partition("@")[0], shape, arch, heads.name) for shape in shapes for name in strategies
+            if name.partition("@")[0] not in ("reference", "flashinfer_dense")]  # fmt: skip
+    with mp.get_context("spawn").Pool(workers) as pool:
+        for line in pool.imap_unordered(_run_once, jobs):
+            if line:
+                print(line, flush=True)
+
+
+def _run_once(job):
+    name, (h, n, p, bs), arch, heads_name = job
+    heads = HEADS[heads_name]
+    try:
+        inputs = make_inputs(h, n, p, bs, heads=heads)
+        fn, _ = run_strategy(name, inputs, (12, 0) if name == "fused_sm120" else arch, heads)
+        fn()
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:  # reported again by the timed matrix
+        return f"precompile FAIL {name} {h} {n} {p} {bs}: {str(e)[:200]}"
+
+
 def _compile_one(job):
     cfg, (h, n, p, bs) = job
     try:
@@ -506,8 +649,10 @@ def main():
     ap.add_argument("--one-per-sm", action="store_true",
                     help="--tune: also time each config with one program per SM, as sm_120 runs "
                          "the 99 KiB tiles (the launch reserves more than half an SM's shared memory)")
+    ap.add_argument("--triton-matmul", action="store_true",
+                    help="also measure a plain Triton bf16 matmul's rate (mma.sync with DISABLE_MMA_V3=1)")
     ap.add_argument("--precompile", type=int, default=0,
-                    help="--tune: compile the sweep's kernels in this many processes first")
+                    help="compile the run's kernels in this many processes first")
     ap.add_argument("--from-log", default=None, help="rebuild JSON + PNG from a run's stdout, measure nothing")
     args = ap.parse_args()
     if args.from_log:
@@ -521,8 +666,9 @@ def main():
     heads = HEADS[args.attn]
     if args.tune and heads is not MLA:
         ap.error("--tune sweeps the MLA tile configurations only")
-    strategies = args.strategies or "upstream_extend,fused,fused_sm120,flashinfer_split" + (
-        ",flashmla_split" if heads is MLA else ",flashinfer_dense")
+    strategies = args.strategies or "upstream_extend,fused,fused_sm120" + (
+        ",flashinfer_split,flashmla_split" if heads is MLA else
+        ",flashinfer_split,flashinfer_dense" if heads is GQA else "")  # fmt: skip
 
     from sglang.srt.utils.gpu_arch import device_capability, kernel_arch
 
@@ -541,6 +687,7 @@ def main():
         hbm_copy_gbps=round(peaks[1], 1),
         timing="cuda_graph_replay" if GRAPH[0] else "eager",
         disable_mma_v3=os.environ.get("DISABLE_MMA_V3", ""),
+        triton_matmul_tflops=round(measure_triton_matmul_tflops(), 1) if args.triton_matmul else None,
         attn=dataclasses.asdict(heads),
     )
     print(json.dumps(meta), flush=True)
@@ -566,6 +713,8 @@ def main():
     shapes = quick if args.quick else full_matrix(heads)
     if args.shapes:
         shapes = [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
+    if args.precompile:
+        precompile_matrix(shapes, strategies.split(","), kernel_arch(), heads, args.precompile)
     rows = run_matrix(shapes, strategies.split(","), peaks, kernel_arch(), heads=heads)
     write_results(meta, rows, args.out, args.tag, heads)
     print_table(rows)

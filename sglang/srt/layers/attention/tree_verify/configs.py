@@ -135,12 +135,18 @@ _SM90 = {
 _SM80 = {**_SM90, MLA: _C(block_m=64, block_n=32, num_warps=8, num_stages=3)}
 
 # Workstation Blackwell, Ada, GA10x: 99 KiB smem per block, mma.sync.
-# MLA: 32 rows x 32 keys, K.Q^T keeps the query tile in shared memory
-# (75,776 B compiled for sm_120: one program per SM there). In the H200 sweep
-# of 2026-11-29 (forced on sm_90, 32-row tiles are mma.sync there too) it beat
-# the 16-key/4-stage tile by 1.2-1.7x and the value-column split by 1.5-1.8x.
+# MLA: 64 rows x 16 keys over 8 warps (two per scheduler), K.Q^T with the
+# query tile in shared memory, the head dims in 4 column chunks (independent
+# score MMA chains) and the next KV tile loaded into registers while the
+# current one is computed (one KV buffer: 92,416 B compiled for sm_120). The
+# 32 x 32 tile it replaced (75,776 B) had room for one KV stage only and waited
+# for every tile's gather. docs/verify-kernels.md has the sweep
+# (benchmarks/results/verify_attention_sm12x_sweep_h200_2026-12-02.json).
 _SM12X = {
-    MLA: _C(block_m=32, block_n=32, num_warps=4, num_stages=2, q_as_b=True),
+    MLA: _C(
+        block_m=64, block_n=16, num_warps=8, num_stages=1, q_as_b=True, d_chunks=4,
+        register_prefetch=True,
+    ),  # fmt: skip
     # Separate V: 2 stages (3 need 107,520 B with the V tiles, over the limit).
     MLA_SEPARATE_V: _C(block_m=32, block_n=16, num_warps=4, num_stages=2, q_as_b=True),
     "d64": _C(block_m=64, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=2),

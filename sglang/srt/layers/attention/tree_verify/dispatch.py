@@ -47,10 +47,12 @@ def _config(arch, q, k_buffer, v_buffer):
     return select_config(arch, q.shape[-1], v_buffer.shape[-1], share)
 
 
-def _run_fused(args, arch, kv_scales):
+def _run_fused(args, arch, kv_scales, **window_and_sinks):
     from sglang.srt.layers.attention.tree_verify.prefix_split import tree_verify_fused
 
-    return tree_verify_fused(*args, config=_config(arch, *args[:3]), kv_scales=kv_scales)
+    return tree_verify_fused(
+        *args, config=_config(arch, *args[:3]), kv_scales=kv_scales, **window_and_sinks
+    )
 
 
 def _run_upstream(args, arch, kv_scales=None):
@@ -89,12 +91,12 @@ def _run_flashmla(args, arch, kv_scales=None, **options):
     return tree_verify_flashmla_split(*args, config=_config(arch, *args[:3]), **options)
 
 
-def _run_reference(args, arch, kv_scales):
+def _run_reference(args, arch, kv_scales, **window_and_sinks):
     from sglang.srt.layers.attention.tree_verify.reference import (
         tree_verify_attention_ref,
     )
 
-    return tree_verify_attention_ref(*args, kv_scales=kv_scales)
+    return tree_verify_attention_ref(*args, kv_scales=kv_scales, **window_and_sinks)
 
 
 _RUNNERS: Dict[str, Callable] = {
@@ -109,6 +111,8 @@ _RUNNERS: Dict[str, Callable] = {
 #: by these strategies only.
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 FP8_KV_STRATEGIES = ("fused", "reference")
+#: Strategies that apply a sliding window and attention sinks.
+WINDOW_SINK_STRATEGIES = ("fused", "reference")
 
 
 def default_strategy(arch, dqk: int, dv: int) -> str:
@@ -185,9 +189,18 @@ def tree_verify_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     strategy_options: Optional[dict] = None,
+    sliding_window: Optional[int] = None,
+    sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Attention of every tree node over its request's committed prefix and
     its visible tree nodes; returns ``[bs*N, H, Dv]`` (``out`` when given).
+
+    ``sliding_window`` (upstream's ``layer.sliding_window_size``; None: full
+    attention): a node sees keys at most this many positions before its own.
+    Node i sits at ``prefix_len + depth(i)``, prefix key t at ``t``: the prefix
+    passed is the request's last ``prefix_len`` committed tokens. ``sinks``:
+    ``[H]`` per-head sink logits (gpt-oss), added to each softmax denominator.
+    Both: ``fused`` and ``reference`` only.
 
     ``strategy_options``: keyword arguments for the chosen strategy (flashmla_split:
     ``max_prefix_len`` and ``staging``, which make it graph-capturable, and ``plan``).
@@ -203,6 +216,7 @@ def tree_verify_attention(
     tree_mask = tree_mask.contiguous()
     _validate(q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
               tree_kv_indices, tree_mask, out)  # fmt: skip
+    window_and_sinks = _validate_window_and_sinks(q, sliding_window, sinks)
     if strategy == AUTO_STRATEGY:
         strategy = None
     else:
@@ -229,7 +243,35 @@ def tree_verify_attention(
                 f"{strategy}: an fp8 KV cache is served by the fused and reference strategies only"
             )
         kv_scales = (float(k_scale), float(v_scale))
+    if window_and_sinks:
+        if strategy not in WINDOW_SINK_STRATEGIES:
+            raise StrategyUnavailable(
+                f"{strategy}: sliding windows and attention sinks are served by the fused "
+                "and reference strategies only"
+            )
+        return _RUNNERS[strategy](args, arch or (8, 0), kv_scales, **window_and_sinks)
     return _RUNNERS[strategy](args, arch or (8, 0), kv_scales, **(strategy_options or {}))
+
+
+def _validate_window_and_sinks(q, sliding_window, sinks) -> dict:
+    """The window/sink keyword arguments for the strategy (empty when neither)."""
+    extra = {}
+    if sliding_window is not None:
+        if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 0:
+            raise ValueError(
+                f"sliding_window must be an int >= 0 (None for full attention), got {sliding_window!r}"
+            )
+        extra["sliding_window"] = sliding_window
+    if sinks is not None:
+        if sinks.shape != (q.shape[1],) or sinks.device != q.device:
+            raise ValueError(
+                f"sinks must be [H] = [{q.shape[1]}] on {q.device}, got "
+                f"{tuple(sinks.shape)} on {sinks.device}"
+            )
+        if not sinks.is_floating_point():
+            raise TypeError(f"sinks must be a floating-point tensor, got {sinks.dtype}")
+        extra["sinks"] = sinks.contiguous()
+    return extra
 
 
 def _interpreting() -> bool:

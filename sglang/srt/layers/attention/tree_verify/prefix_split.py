@@ -57,6 +57,27 @@ def _cta_barrier(x):
 
 
 @triton.jit
+def _popcount32(x):
+    """Set bits of each int32 (SWAR bit counting on the unsigned bits)."""
+    x = x.to(tl.uint32, bitcast=True)
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) >> 24).to(tl.int32)
+
+
+@triton.jit
+def _tree_depth(mask_rows, ok, num_nodes):
+    """Depth of the tree nodes whose packed ancestor masks start at ``mask_rows``:
+    a row holds the node's ancestors and itself, so depth = set bits - 1 (the
+    root, depth 0, sees itself only). Position = committed length + depth."""
+    bits = tl.zeros(mask_rows.shape, dtype=tl.int32)
+    for w in range(0, tl.cdiv(num_nodes, 32)):
+        bits += _popcount32(tl.load(mask_rows + w, mask=ok, other=0))
+    return bits - 1
+
+
+@triton.jit
 def _online_softmax_step(m_i, l_i, s):
     """Running max, rescale factor, probabilities and running sum after the
     base-2 scores ``s`` of one more KV tile."""
@@ -199,11 +220,11 @@ def _attend_tile(
 def _prefix_slice_register_prefetch(
     acc, m_i, l_i, q, qb, qpe, K, V, prefix_indices, kv_start, lo, hi,
     kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
-    offs_d, offs_dpe, offs_dv,
+    offs_d, offs_dpe, offs_dv, win_lo,
     D_MAIN: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
     SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr, Q_AS_B: tl.constexpr,
-    KV_CAST: tl.constexpr, BLOCK_N: tl.constexpr,
+    KV_CAST: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
 ):  # fmt: skip
     """A prefix slice whose next KV tile is loaded into registers while the
     current one is computed (``register_prefetch``).
@@ -240,8 +261,9 @@ def _prefix_slice_register_prefetch(
         offs_n = start + 2 * BLOCK_N + offs_k
         slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
         acc, m_i, l_i = _attend_kv(
-            acc, m_i, l_i, q, q, qpe, k_cur, k_cur, kpe_cur, v_cur, key_ok, key_ok[None, :],
-            qk_scale, logit_cap, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, 1, KV_CAST, False,
+            acc, m_i, l_i, q, q, qpe, k_cur, k_cur, kpe_cur, v_cur, key_ok,
+            (start + offs_k)[None, :] >= win_lo[:, None],
+            qk_scale, logit_cap, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, 1, KV_CAST, SLIDING,
         )  # fmt: skip
     return acc, m_i, l_i
 
@@ -344,17 +366,18 @@ def _attend_chunks(
 @triton.jit
 def _prefix_slice_chunked(
     acc, m_i, l_i, qs, qpe, K, V, prefix_indices, kv_start, lo, hi,
-    kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap, offs_dpe,
+    kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap, offs_dpe, win_lo,
     D_MAIN: tl.constexpr, D_PE: tl.constexpr, BLOCK_DPE: tl.constexpr,
     SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr, Q_AS_B: tl.constexpr,
     KV_CAST: tl.constexpr, REGISTER_PREFETCH: tl.constexpr,
     D_CHUNKS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    NUM_STAGES: tl.constexpr, SLIDING: tl.constexpr,
 ):  # fmt: skip
     """A prefix slice with chunked head dims (``d_chunks``): Triton's
     pipelined loads, or with ``REGISTER_PREFETCH`` the next tile loaded into
     registers while the current one is computed (see
-    ``_prefix_slice_register_prefetch``)."""
+    ``_prefix_slice_register_prefetch``). ``SLIDING``: row r sees prefix keys
+    from ``win_lo[r]`` on."""
     offs_k = tl.arange(0, BLOCK_N)
     if REGISTER_PREFETCH:
         ok = lo + offs_k < hi
@@ -379,8 +402,9 @@ def _prefix_slice_chunked(
             offs_n = start + 2 * BLOCK_N + offs_k
             slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
             acc, m_i, l_i = _attend_chunks(
-                acc, m_i, l_i, qs, qpe, ks_cur, kpe_cur, vs_cur, key_ok, key_ok[None, :],
-                qk_scale, logit_cap, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, KV_CAST, False,
+                acc, m_i, l_i, qs, qpe, ks_cur, kpe_cur, vs_cur, key_ok,
+                (start + offs_k)[None, :] >= win_lo[:, None],
+                qk_scale, logit_cap, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, KV_CAST, SLIDING,
                 D_CHUNKS,
             )  # fmt: skip
     else:
@@ -402,8 +426,8 @@ def _prefix_slice_chunked(
                 stride_vh, offs_dpe, D_MAIN, D_PE, BLOCK_DPE, SHARE_KV, D_CHUNKS, BLOCK_C,
             )  # fmt: skip
             acc, m_i, l_i = _attend_chunks(
-                acc, m_i, l_i, qs, qpe, ks, kpe, vs, key_ok, key_ok[None, :],
-                qk_scale, logit_cap, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, KV_CAST, False,
+                acc, m_i, l_i, qs, qpe, ks, kpe, vs, key_ok, offs_n[None, :] >= win_lo[:, None],
+                qk_scale, logit_cap, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, KV_CAST, SLIDING,
                 D_CHUNKS,
             )  # fmt: skip
     return acc, m_i, l_i
@@ -602,6 +626,7 @@ def _tree_verify_split_kernel(
     logit_cap,
     v_scale,
     ext_lse_scale,
+    window,
     num_nodes,
     group,
     num_heads,
@@ -643,6 +668,7 @@ def _tree_verify_split_kernel(
     MERGE_EXT: tl.constexpr,  # merge Ext_o/Ext_lse into the tail and write the output
     BLOCK_DV_PROG: tl.constexpr,  # value columns per program: BLOCK_DV / DV_SPLIT
     D_CHUNKS: tl.constexpr,  # main head dims as this many column chunks (d_chunks)
+    SLIDING: tl.constexpr,  # a key at distance > window (in positions) is not seen
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
@@ -711,21 +737,38 @@ def _tree_verify_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
+    if SLIDING:
+        # Node i sits at position prefix_len + depth(i): with the window it sees
+        # prefix key t iff prefix_len + depth(i) - t <= window, tree node j iff
+        # depth(i) - depth(j) <= window (and j is an ancestor or i itself).
+        # Prefix key t is at position t of the prefix passed, which is the last
+        # prefix_len committed tokens (all of them, or a window's worth).
+        depth = _tree_depth(tree_mask + b * stride_mb + node * stride_mn, row_ok, num_nodes)
+    else:
+        depth = tl.zeros([BLOCK_M], dtype=tl.int32)
     if pid_s < num_splits:
-        # A slice of the committed prefix: no mask, every row sees every key.
+        # A slice of the committed prefix: no mask (but the window), every row
+        # sees every key.
         kv_start = tl.load(prefix_indptr + b)
         prefix_len = tl.load(prefix_indptr + b + 1) - kv_start
-        chunk = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
-        lo = pid_s * chunk
+        if SLIDING:
+            # Keys before prefix_len - window are out of every row's window.
+            base = tl.maximum(prefix_len - window, 0)
+        else:
+            base = 0
+        win_lo = prefix_len + depth - window
+        chunk = tl.cdiv(tl.cdiv(prefix_len - base, num_splits), BLOCK_N) * BLOCK_N
+        lo = base + pid_s * chunk
         hi = tl.minimum(lo + chunk, prefix_len)
         if D_CHUNKS > 1:
             acc, m_i, l_i = _prefix_slice_chunked(
                 acc, m_i, l_i, qs, qpe, K, V, prefix_indices, kv_start, lo, hi,
                 kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap, offs_dpe,
-                D_MAIN, D_PE, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, KV_CAST,
-                REGISTER_PREFETCH, D_CHUNKS, BLOCK_C, BLOCK_N, NUM_STAGES,
+                win_lo, D_MAIN, D_PE, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, KV_CAST,
+                REGISTER_PREFETCH, D_CHUNKS, BLOCK_C, BLOCK_N, NUM_STAGES, SLIDING,
             )  # fmt: skip
         elif SCORES_VIA_SCRATCH:
+            tl.static_assert(not SLIDING, "sliding windows: not with scores_via_scratch")
             # One scratch region per program of the launch grid.
             prog = tl.program_id(0) + tl.num_programs(0) * (
                 pid_s + tl.num_programs(1) * pid_bk
@@ -743,11 +786,12 @@ def _tree_verify_split_kernel(
             acc, m_i, l_i = _prefix_slice_register_prefetch(
                 acc, m_i, l_i, q, qb, qpe, K, V, prefix_indices, kv_start, lo, hi,
                 kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
-                offs_d, offs_dpe, offs_dv,
+                offs_d, offs_dpe, offs_dv, win_lo,
                 D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP,
-                Q_AS_B, KV_CAST, BLOCK_N,
+                Q_AS_B, KV_CAST, BLOCK_N, SLIDING,
             )  # fmt: skip
         elif QK_AHEAD:
+            tl.static_assert(not SLIDING, "sliding windows: not with qk_ahead")
             acc, m_i, l_i = _prefix_slice_qk_ahead(
                 acc, m_i, l_i, q, qpe, K, V, prefix_indices, kv_start, lo, hi,
                 kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
@@ -773,11 +817,12 @@ def _tree_verify_split_kernel(
                     other=0,
                 )
                 acc, m_i, l_i = _attend_tile(
-                    acc, m_i, l_i, q, qb, qpe, K, V, slots.to(tl.int64), key_ok, row_ok[:, None],
+                    acc, m_i, l_i, q, qb, qpe, K, V, slots.to(tl.int64), key_ok,
+                    offs_n[None, :] >= win_lo[:, None],
                     kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
                     offs_d, offs_db, offs_dpe, offs_dv,
                     D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP,
-                    Q_AS_B, DV_SPLIT, KV_CAST, MASKED=False,
+                    Q_AS_B, DV_SPLIT, KV_CAST, MASKED=SLIDING,
                 )  # fmt: skip
     if pid_s == tl.maximum(num_splits, 1) - 1:
         # The tree tail: node i sees node j iff bit j of its ancestor mask is set.
@@ -794,6 +839,11 @@ def _tree_verify_split_kernel(
                 other=0,
             )
             visible = ((words >> (offs_n % 32)[None, :]) & 1) != 0
+            if SLIDING:
+                key_depth = _tree_depth(
+                    tree_mask + b * stride_mb + offs_n * stride_mn, key_ok, num_nodes
+                )
+                visible &= (depth[:, None] - key_depth[None, :]) <= window
             if D_CHUNKS > 1:
                 ks, kpe, vs = _load_kv_chunks(
                     K, V, slots.to(tl.int64), key_ok, kvh, stride_kt, stride_kh, stride_vt,
@@ -875,6 +925,7 @@ def _tree_verify_combine_kernel(
     O_part,
     Lse_part,
     Out,
+    Sinks,
     total_rows,
     num_parts,
     num_heads,
@@ -887,19 +938,27 @@ def _tree_verify_combine_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     PARTS_PER_STEP: tl.constexpr,
+    HAS_SINK: tl.constexpr,
 ):
     """Merge every split's partial output of one row (one ``BLOCK_DV`` slice)
     by its log-sum-exp and write ``Out``. All LSEs of the row are read at once,
     and the partial outputs stream in ``PARTS_PER_STEP x BLOCK_DV`` tiles, so
-    a row with many splits keeps many loads in flight."""
+    a row with many splits keeps many loads in flight. ``HAS_SINK``: the head's
+    sink logit (natural log, ``Sinks[head]``) joins the softmax denominator
+    with no value (gpt-oss attention sinks)."""
     row = tl.program_id(0)
     offs_d = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     d_ok = offs_d < D_V
     offs_p = tl.arange(0, BLOCK_P)
     lse = tl.load(Lse_part + offs_p * stride_ls + row, mask=offs_p < num_parts, other=float("-inf"))
     m = tl.max(lse, 0)
+    if HAS_SINK:
+        sink = tl.load(Sinks + row % num_heads).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
     m = tl.where(m == float("-inf"), 0.0, m)
     den = tl.sum(tl.math.exp2(lse - m), 0)
+    if HAS_SINK:
+        den += tl.math.exp2(sink - m)
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
     part_row = O_part + row.to(tl.int64) * stride_pr
     for s0 in tl.range(0, num_parts, PARTS_PER_STEP, num_stages=2):
@@ -997,6 +1056,21 @@ def d_chunks_for(config: TreeVerifyConfig, dqk: int, dv: int, share_kv: bool) ->
     return config.d_chunks if ok else 1
 
 
+def check_sliding_window(config: TreeVerifyConfig, sliding_window: Optional[int]) -> None:
+    """A window is applied by the default prefix loop, the register prefetch and
+    the chunked loop; the absorbed-MLA loops (scores via scratch, qk_ahead) have
+    none (no MLA model has sliding-window layers). Raises ``ValueError``."""
+    if sliding_window is None:
+        return
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 0:
+        raise ValueError(f"sliding_window must be an int >= 0 (None: no window), got {sliding_window!r}")
+    if config.scores_via_scratch or config.qk_ahead:
+        raise ValueError(
+            "sliding_window: the scores_via_scratch and qk_ahead prefix loops apply no window; "
+            f"got {config}"
+        )
+
+
 def check_scores_via_scratch(config: TreeVerifyConfig, dqk: int, dv: int, share_kv: bool) -> None:
     """``scores_via_scratch`` is written for absorbed MLA only: a power-of-two
     latent part plus rope dims (576 = 512 + 64), V = K[..., :512] (the K tile
@@ -1046,6 +1120,7 @@ def split_partials(
     config: TreeVerifyConfig,
     num_splits: int,
     kv_scales: Optional[Tuple[float, float]] = None,
+    sliding_window: Optional[int] = None,
 ):
     """Run the split kernel: ``num_splits`` prefix slices plus the tree tail.
 
@@ -1053,6 +1128,7 @@ def split_partials(
     ``[parts, bs*N*H]`` (fp32, base-2 LSE), ``parts = max(num_splits, 1)``;
     the tail is folded into the last split (part 0 when ``num_splits`` is 0).
     ``kv_scales``: ``(k_scale, v_scale)`` of an fp8 KV cache (None otherwise).
+    ``sliding_window``: see ``tree_verify_fused``.
     """
     bs, n = tree_kv_indices.shape
     h, dv = q.shape[1], v_buffer.shape[2]
@@ -1063,6 +1139,7 @@ def split_partials(
         q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
         tree_mask, sm_scale, logit_cap, config, num_splits, kv_scales,
         o_part, (o_part.stride(0), o_part.stride(1) * h, o_part.stride(1)), lse_part,
+        sliding_window=sliding_window,
     )  # fmt: skip
     return o_part, lse_part
 
@@ -1070,11 +1147,12 @@ def split_partials(
 def _launch_split(
     q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
     tree_mask, sm_scale, logit_cap, config, num_splits, kv_scales,
-    o_out, o_strides, lse_part, external=None,
+    o_out, o_strides, lse_part, external=None, sliding_window=None,
 ):  # fmt: skip
     """``o_out`` is written at ``part * o_strides[0] + token * o_strides[1] +
     head * o_strides[2]``: the fp32 partials, or with ``external = (o, lse,
     lse_scale)`` (a prefix pass merged in the epilogue; num_splits 0) the output."""
+    check_sliding_window(config, sliding_window)
     bs, n = tree_kv_indices.shape
     h, dqk = q.shape[1], q.shape[2]
     hkv = k_buffer.shape[1]
@@ -1112,6 +1190,7 @@ def _launch_split(
         prefix_kv_indptr, prefix_kv_indices, tree_kv_indices, tree_mask,
         p_scratch, a_scratch, ext_o, ext_lse,
         qk_scale, float(logit_cap), float(v_scale), float(ext_lse_scale),
+        int(sliding_window) if sliding_window is not None else 0,
         n, group, h, hkv, num_splits,
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1),
@@ -1127,6 +1206,7 @@ def _launch_split(
         REGISTER_PREFETCH=config.register_prefetch,
         DV_SPLIT=dv_split, BLOCK_DV_PROG=block_dv // dv_split,
         D_CHUNKS=d_chunks_for(config, dqk, dv, share_kv),
+        SLIDING=sliding_window is not None,
         KV_CAST=k_buffer.dtype != q.dtype, MERGE_EXT=external is not None,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
@@ -1145,20 +1225,25 @@ def combine_tiles(dv: int, parts: int):
 
 
 def combine_partials(
-    o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor
+    o_part: torch.Tensor,
+    lse_part: torch.Tensor,
+    out: torch.Tensor,
+    sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Merge ``[parts, rows, Dv]`` partials by their base-2 LSE into ``out``
-    (``[tokens, H, Dv]``, rows = tokens * H)."""
+    (``[tokens, H, Dv]``, rows = tokens * H); ``sinks``: ``[H]`` sink logits
+    (natural log) added to each head's softmax denominator."""
     parts, total_rows, dv = o_part.shape
     if total_rows == 0:
         return out
     block_dv, parts_per_step, warps = combine_tiles(dv, parts)
     _tree_verify_combine_kernel[(total_rows, triton.cdiv(dv, block_dv))](
-        o_part, lse_part, out, total_rows, parts, out.shape[1],
+        o_part, lse_part, out, sinks if sinks is not None else lse_part,
+        total_rows, parts, out.shape[1],
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         out.stride(0), out.stride(1),
         D_V=dv, BLOCK_P=triton.next_power_of_2(parts), BLOCK_DV=block_dv,
-        PARTS_PER_STEP=parts_per_step, num_warps=warps,
+        PARTS_PER_STEP=parts_per_step, HAS_SINK=sinks is not None, num_warps=warps,
     )  # fmt: skip
     return out
 
@@ -1251,7 +1336,10 @@ def num_splits_for(
     bs: int,
     n: int,
     config: TreeVerifyConfig,
+    sliding_window: Optional[int] = None,
 ) -> int:
+    """The split count for this launch (``choose_num_splits``); with a sliding
+    window only the window's keys of each prefix are split."""
     hkv = k_buffer.shape[1]
     group = q.shape[1] // hkv
     dv_split = dv_split_for(
@@ -1259,9 +1347,10 @@ def num_splits_for(
     )
     row_tiles = triton.cdiv(n * group, config.block_m) * dv_split
     sms = _num_sms(q.device.index or 0) if q.is_cuda else 132
-    return choose_num_splits(
-        row_tiles * bs * hkv, prefix_kv_indices.numel(), bs, config, sms
-    )
+    keys = prefix_kv_indices.numel()
+    if sliding_window is not None:
+        keys = min(keys, bs * (sliding_window + 1))
+    return choose_num_splits(row_tiles * bs * hkv, keys, bs, config, sms)
 
 
 def tree_verify_fused(
@@ -1278,18 +1367,30 @@ def tree_verify_fused(
     config: TreeVerifyConfig,
     num_splits: Optional[int] = None,
     kv_scales: Optional[Tuple[float, float]] = None,
+    sliding_window: Optional[int] = None,
+    sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Split kernel then combine kernel. Inputs are validated by the
     dispatcher; ``num_splits`` overrides the heuristic (tests, tuning);
-    ``kv_scales`` = ``(k_scale, v_scale)`` of an fp8 KV cache."""
+    ``kv_scales`` = ``(k_scale, v_scale)`` of an fp8 KV cache.
+
+    ``sliding_window`` (upstream's ``layer.sliding_window_size``): a node at
+    position p sees keys at positions >= p - sliding_window only. Node i sits
+    at ``prefix_len + depth(i)`` (depth from its ancestor mask), prefix key t at
+    ``t``: the prefix passed must be the last ``prefix_len`` committed tokens of
+    the request (the whole prefix, or the part inside the window).
+    ``sinks``: ``[H]`` per-head sink logits (natural log), one more term of each
+    row's softmax denominator with no value."""
     bs, n = tree_kv_indices.shape
     if num_splits is None:
-        num_splits = num_splits_for(q, k_buffer, v_buffer, prefix_kv_indices, bs, n, config)
+        num_splits = num_splits_for(
+            q, k_buffer, v_buffer, prefix_kv_indices, bs, n, config, sliding_window
+        )
     if out is None:
         out = q.new_empty(bs * n, q.shape[1], v_buffer.shape[2])
     o_part, lse_part = split_partials(
         q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
         tree_kv_indices, tree_mask, sm_scale, logit_cap, config, num_splits,
-        kv_scales=kv_scales,
+        kv_scales=kv_scales, sliding_window=sliding_window,
     )  # fmt: skip
-    return combine_partials(o_part, lse_part, out)
+    return combine_partials(o_part, lse_part, out, sinks)
