@@ -100,7 +100,7 @@ GQA_QUICK_SHAPES = [(32, 65, 16384, 1), (32, 17, 65536, 1), (32, 65, 16384, 8)]
 def full_matrix(heads=MLA):
     if heads in WINDOWED:
         return [(heads.query_heads[0], n, p, bs) for bs in (1, 8) for n in (17, 65)
-                for p in (1024, 16384, 65536)]  # fmt: skip
+                for p in (4096, 65536)]  # fmt: skip
     shapes = [
         (h, n, p, bs)
         for bs in (1, 8)
@@ -268,7 +268,12 @@ def run_windowed(name, inputs, config_arch, heads, extra):
     w_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=q.device)
     w_indptr[1:] = torch.cumsum(keep, 0)
     starts, lens = indptr[:-1].tolist(), plens.tolist()
-    w_idx = torch.cat([prefix_idx[s + l - kk : s + l] for s, l, kk in zip(starts, lens, keep.tolist())])
+    # int64, as upstream's backend builds window_kv_indices: the kernel multiplies the
+    # slot by the row stride in the indices' type, and a pool of 2^31 elements
+    # (Gemma-4 sliding layers, 8 x 64K tokens here) overflows int32.
+    w_idx = torch.cat(
+        [prefix_idx[s + l - kk : s + l] for s, l, kk in zip(starts, lens, keep.tolist())]
+    ).long()
     offsets = (plens - keep).to(torch.int32)
     custom_mask = dense_custom_mask(indptr, mask, n)  # over the whole prefix, as upstream builds it
     mask_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=q.device)
@@ -534,12 +539,13 @@ def precompile(configs, shapes, workers: int):
                 print(line, flush=True)
 
 
-def precompile_matrix(shapes, strategies, arch, heads, workers: int):
-    """``precompile`` for the matrix: each (strategy, shape) run once in a worker."""
+def precompile_matrix(family_shapes, strategies, arch, workers: int):
+    """``precompile`` for the matrix: each (strategy, family, shape) run once in a worker."""
     import multiprocessing as mp
 
-    jobs = [(name.partition("@")[0], shape, arch, heads.name) for shape in shapes for name in strategies
-            if name.partition("@")[0] not in ("reference", "flashinfer_dense")]  # fmt: skip
+    jobs = [(name, shape, arch, fam.name) for fam, shape in family_shapes
+            for name in dict.fromkeys(n.partition("@")[0] for n in strategies)
+            if name not in ("reference", "flashinfer_dense")]  # fmt: skip
     with mp.get_context("spawn").Pool(workers) as pool:
         for line in pool.imap_unordered(_run_once, jobs):
             if line:
@@ -633,7 +639,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="only the issue's target shapes")
     ap.add_argument("--tune", action="store_true", help="sweep tile configs and splits")
-    ap.add_argument("--attn", choices=list(HEADS), default="mla", help="KV layout of the shapes")
+    ap.add_argument("--attn", default="mla",
+                    help=f"KV layout of the shapes, or a comma list of them: {', '.join(HEADS)}")
     ap.add_argument("--strategies", default=None,
                     help="comma list (default: upstream_extend,fused,fused_sm120,flashinfer_split"
                          " and flashmla_split for mla, flashinfer_dense for gqa)")
@@ -663,8 +670,11 @@ def main():
         write_results(meta, rows, args.out, args.tag, HEADS[meta["attn"]["name"]])
         print_table(rows)
         return
-    heads = HEADS[args.attn]
-    if args.tune and heads is not MLA:
+    families = [HEADS[name] for name in args.attn.split(",") if name in HEADS]
+    if len(families) != len(args.attn.split(",")):
+        ap.error(f"--attn: choose from {', '.join(HEADS)}; got {args.attn!r}")
+    heads = families[0]
+    if args.tune and (heads is not MLA or len(families) > 1):
         ap.error("--tune sweeps the MLA tile configurations only")
     strategies = args.strategies or "upstream_extend,fused,fused_sm120" + (
         ",flashinfer_split,flashmla_split" if heads is MLA else
@@ -709,15 +719,23 @@ def main():
         with open(os.path.join(args.out, stem + "_tune.json"), "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         return
-    quick = TARGET_SHAPES if heads is MLA else GQA_QUICK_SHAPES
-    shapes = quick if args.quick else full_matrix(heads)
-    if args.shapes:
-        shapes = [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
+    def shapes_of(fam):
+        if args.shapes:
+            return [tuple(int(x) for x in v.split(":")) for v in args.shapes.split(",")]
+        quick = TARGET_SHAPES if fam is MLA else GQA_QUICK_SHAPES
+        return quick if args.quick else full_matrix(fam)
+
+    names = strategies.split(",")
     if args.precompile:
-        precompile_matrix(shapes, strategies.split(","), kernel_arch(), heads, args.precompile)
-    rows = run_matrix(shapes, strategies.split(","), peaks, kernel_arch(), heads=heads)
-    write_results(meta, rows, args.out, args.tag, heads)
-    print_table(rows)
+        precompile_matrix([(fam, shape) for fam in families for shape in shapes_of(fam)],
+                          names, kernel_arch(), args.precompile)  # fmt: skip
+    for fam in families:
+        if fam is not heads:
+            meta = dict(meta, attn=dataclasses.asdict(fam))
+            print(json.dumps(meta), flush=True)
+        rows = run_matrix(shapes_of(fam), names, peaks, kernel_arch(), heads=fam)
+        write_results(meta, rows, args.out, args.tag, fam)
+        print_table(rows)
 
 
 def print_table(rows):
