@@ -7,7 +7,10 @@ the fraction of the roofline and the speedup over ``upstream_extend``. The
 roofline uses the bf16 matmul rate and the HBM copy bandwidth measured in the
 same run. ``fused`` runs with the current arch's configs and, as
 ``fused_sm120``, with the 12.x configs forced (what an RTX PRO 6000 would
-select). ``flashinfer_dense`` (GQA) is upstream's FlashInfer MHA verify: FA2
+select). The sliding-window families (``--attn gptoss_swa`` etc.: gpt-oss-20B
+and Gemma-4-31B layer shapes, with their windows and gpt-oss's attention sinks)
+compare the fused kernels with upstream's dense-mask fallback (its Triton extend
+kernel given the window and the sinks, as its backend runs a verify). ``flashinfer_dense`` (GQA) is upstream's FlashInfer MHA verify: FA2
 over prefix + tree with the dense custom mask. Writes JSON and a PNG plot to
 ``benchmarks/results/``.
 
@@ -15,12 +18,14 @@ over prefix + tree with the dense custom mask. Writes JSON and a PNG plot to
     python benchmarks/verify_attention.py --quick       # the issue's target shapes
     python benchmarks/verify_attention.py --attn gqa    # GQA matrix, FlashInfer's path included
     python benchmarks/verify_attention.py --tune        # sweep MLA tile configs / splits
+    python benchmarks/verify_attention.py --tune --tune-set sm12x --one-per-sm   # the 99 KiB tiles
     python benchmarks/verify_attention.py --from-log run.log --tag T   # JSON + PNG from stdout
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -28,8 +33,12 @@ import os
 import platform
 import sys
 
+from typing import Optional
+
 import torch
 import triton
+import triton.language as tl
+import triton.testing
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_timing import bench, measure_peaks  # noqa: E402
@@ -60,11 +69,22 @@ class Heads:
     dv: int
     shared_kv: bool
     query_heads: tuple  # H values of the full matrix
+    window: Optional[int] = None  # upstream's sliding_window_size (config.sliding_window - 1)
+    sinks: bool = False  # per-head attention sinks (gpt-oss)
 
 
 MLA = Heads("mla", 1, 576, 512, True, (16, 128))
 GQA = Heads("gqa", 8, 128, 128, False, (32,))
-HEADS = {h.name: h for h in (MLA, GQA)}
+# gpt-oss-20B/120B (64 query heads, 8 KV heads of 64, sinks on every layer; a
+# 128-token window on alternating layers) and Gemma-4-31B (sliding layers: 32
+# query heads, 16 KV heads of 256, a 1,024-token window; full layers: 4 KV heads
+# of 512), one GPU. Windows as upstream's models set them (sliding_window - 1).
+GPTOSS_SWA = Heads("gptoss_swa", 8, 64, 64, False, (64,), window=127, sinks=True)
+GPTOSS_FULL = Heads("gptoss_full", 8, 64, 64, False, (64,), sinks=True)
+GEMMA4_SWA = Heads("gemma4_swa", 16, 256, 256, False, (32,), window=1023)
+GEMMA4_FULL = Heads("gemma4_full", 4, 512, 512, False, (32,))
+WINDOWED = (GPTOSS_SWA, GPTOSS_FULL, GEMMA4_SWA, GEMMA4_FULL)
+HEADS = {h.name: h for h in (MLA, GQA, *WINDOWED)}
 DQK, DV = MLA.dqk, MLA.dv
 DEVICE = "cuda"
 GRAPH = [True]  # time CUDA-graph replays (--no-graph: eager calls)
@@ -78,6 +98,9 @@ GQA_QUICK_SHAPES = [(32, 65, 16384, 1), (32, 17, 65536, 1), (32, 65, 16384, 8)]
 
 
 def full_matrix(heads=MLA):
+    if heads in WINDOWED:
+        return [(heads.query_heads[0], n, p, bs) for bs in (1, 8) for n in (17, 65)
+                for p in (4096, 65536)]  # fmt: skip
     shapes = [
         (h, n, p, bs)
         for bs in (1, 8)
@@ -110,8 +133,51 @@ def make_inputs(h, n, p, bs, dtype=torch.bfloat16, seed=0, heads=MLA):
     return (q, k, v, indptr, prefix_idx, tree_idx, mask, heads.dqk**-0.5)
 
 
+@triton.jit
+def _matmul_kernel(A, B, C, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k in range(0, K, BK):
+        a = tl.load(A + rm[:, None] * K + (k + rk)[None, :])
+        b = tl.load(B + (k + rk)[:, None] * N + rn[None, :])
+        acc = tl.dot(a, b, acc)
+    tl.store(C + rm[:, None] * N + rn[None, :], acc.to(tl.bfloat16))
+
+
+def measure_triton_matmul_tflops(n: int = 8192) -> float:
+    """A plain Triton bf16 matmul (128 x 128 x 64 tiles, 8 warps, 3 stages): with
+    DISABLE_MMA_V3=1 it runs mma.sync on sm_90, the rate the sm_12x tiles can
+    reach there at best; without it, wgmma."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty_like(a)
+    grid = (n // 128, n // 128)
+    fn = lambda: _matmul_kernel[grid](a, b, c, n, n, n, BM=128, BN=128, BK=64,  # noqa: E731
+                                      num_warps=8, num_stages=3)  # fmt: skip
+    ms = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+    return 2 * n**3 / ms / 1e9
+
+
+def window_sink_args(heads, h):
+    """The ``sliding_window`` / ``sinks`` keyword arguments of the family (seeded sinks)."""
+    extra = {}
+    if heads.window is not None:
+        extra["sliding_window"] = heads.window
+    if heads.sinks:
+        g = torch.Generator(device=DEVICE).manual_seed(7)
+        extra["sinks"] = torch.randn(h, device=DEVICE, generator=g).to(torch.bfloat16)
+    return extra
+
+
 def flops_bytes(h, n, p, bs, heads=MLA):
-    """Score and value products; the KV read once (V inside K for MLA) plus Q and O."""
+    """Score and value products; the KV read once (V inside K for MLA) plus Q and O.
+    With a window, the prefix keys inside it (what each node may see at most)."""
+    if heads.window is not None:
+        p = min(p, heads.window)
     flops = 2 * bs * n * h * (p + n) * (heads.dqk + heads.dv)
     kv_width = heads.dqk + (0 if heads.shared_kv else heads.dv)
     nbytes = 2 * (bs * (p + n) * heads.hkv * kv_width + bs * n * h * (heads.dqk + heads.dv))
@@ -120,6 +186,13 @@ def flops_bytes(h, n, p, bs, heads=MLA):
 
 def run_strategy(name, inputs, config_arch=None, heads=MLA):
     args = inputs
+    extra = window_sink_args(heads, inputs[0].shape[1])
+    if extra:
+        return run_windowed(name, inputs, config_arch, heads, extra)
+    if name == "fused_sm120_prev":
+        if not heads.shared_kv:
+            raise StrategyUnavailable("fused_sm120_prev: the previous sm_12x tile is an absorbed-MLA tile")
+        return lambda: tree_verify_fused(*args, None, 0.0, SM12X_PREV), SM12X_PREV
     if name.startswith("fused"):
         cfg = select_config(config_arch, heads.dqk, heads.dv, heads.shared_kv)
         return lambda: tree_verify_fused(*args, None, 0.0, cfg), cfg
@@ -168,6 +241,59 @@ def run_strategy(name, inputs, config_arch=None, heads=MLA):
     return lambda: tree_verify_attention(*args, strategy=name), None
 
 
+def run_windowed(name, inputs, config_arch, heads, extra):
+    """A sliding-window / sink layer: the fused kernels given the window and the
+    sinks, or upstream's dense-mask fallback as its Triton backend runs a verify on
+    such a layer (the window's part of each prefix, ``window_kv_offsets``, the
+    dense tree mask over the whole prefix, ``sliding_window_size`` and ``sinks``)."""
+    args = inputs
+    if name.startswith("fused"):
+        cfg = select_config(config_arch, heads.dqk, heads.dv, heads.shared_kv)
+        return lambda: tree_verify_fused(*args, None, 0.0, cfg, **extra), cfg
+    if name == "reference":
+        return lambda: tree_verify_attention(*args, strategy="reference", **extra), None
+    if name != "upstream_extend":
+        raise StrategyUnavailable(f"{name}: no sliding window / sinks")
+    from sglang.srt.layers.attention.tree_verify.upstream_extend import (
+        _extend_attention_fwd,
+        dense_custom_mask,
+    )
+
+    extend = _extend_attention_fwd()
+    q, k, v, indptr, prefix_idx, tree_idx, mask, scale = args
+    bs, n = tree_idx.shape
+    plens = (indptr[1:] - indptr[:-1]).long()
+    window = extra.get("sliding_window", -1)
+    keep = torch.minimum(plens, torch.tensor(window)) if window >= 0 else plens
+    w_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=q.device)
+    w_indptr[1:] = torch.cumsum(keep, 0)
+    starts, lens = indptr[:-1].tolist(), plens.tolist()
+    # int64, as upstream's backend builds window_kv_indices: the kernel multiplies the
+    # slot by the row stride in the indices' type, and a pool of 2^31 elements
+    # (Gemma-4 sliding layers, 8 x 64K tokens here) overflows int32.
+    w_idx = torch.cat(
+        [prefix_idx[s + l - kk : s + l] for s, l, kk in zip(starts, lens, keep.tolist())]
+    ).long()
+    offsets = (plens - keep).to(torch.int32)
+    custom_mask = dense_custom_mask(indptr, mask, n)  # over the whole prefix, as upstream builds it
+    mask_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=q.device)
+    mask_indptr[1:] = torch.cumsum(n * (plens + n), 0)
+    qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=q.device)
+    out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+    flat = tree_idx.reshape(-1).long()
+
+    def run():
+        extend(
+            q, k[flat].contiguous(), v[flat].contiguous(), out, k, v, qo_indptr, w_indptr, w_idx,
+            custom_mask, False, mask_indptr, n, 1.0, 1.0, sm_scale=scale, logit_cap=0.0,
+            skip_prefix_custom_mask=True, sliding_window_size=window, sinks=extra.get("sinks"),
+            window_kv_offsets=offsets if window >= 0 else None,
+        )  # fmt: skip
+        return out
+
+    return run, None
+
+
 def flashinfer_dense_mask(inputs, heads):
     """Upstream's FlashInfer MHA verify (``FlashInferAttnBackend`` TARGET_VERIFY):
     FA2 paged prefill over each request's prefix + tree slots with the dense
@@ -200,14 +326,15 @@ def flashinfer_dense_mask(inputs, heads):
     return lambda: wrapper.run(q, paged)
 
 
-def check(out, inputs, h, n, p, bs):
+def check(out, inputs, h, n, p, bs, heads=MLA):
     """Max abs error vs the fp32 reference on request 0 (kept small to stay fast)."""
     if p > 16384 or h * n * p > 128 * 65 * 16384:
         return None
     q, k, v, indptr, pidx, tidx, mask, scale = inputs
     ref = tree_verify_attention_ref(
-        q[:n], k, v, indptr[:2], pidx[: p], tidx[:1], mask[:1], scale
-    ).float()
+        q[:n], k, v, indptr[:2], pidx[: p], tidx[:1], mask[:1], scale,
+        **window_sink_args(heads, h),
+    ).float()  # fmt: skip
     return (out[:n].float() - ref).abs().max().item()
 
 
@@ -221,15 +348,20 @@ def run_matrix(shapes, strategies, peaks, arch, verbose=True, heads=MLA, dtype=t
         base_ms = None
         for name in strategies:
             rec = dict(H=h, N=n, P=p, bs=bs, strategy=name)
+            # "<strategy>@1sm": the split kernels launched one program per SM (one_program_per_sm)
+            base, _, mode = name.partition("@")
             try:
-                cfg_arch = (12, 0) if name == "fused_sm120" else arch
-                fn, cfg = run_strategy(name, inputs, cfg_arch, heads)
+                cfg_arch = (12, 0) if base == "fused_sm120" else arch
+                fn, cfg = run_strategy(base, inputs, cfg_arch, heads)
                 if cfg is not None:
                     rec["config"] = cfg.__dict__
-                    rec["num_splits"] = num_splits_for(inputs[0], inputs[1], inputs[2], inputs[4], bs, n, cfg)
+                    rec["num_splits"] = num_splits_for(
+                        inputs[0], inputs[1], inputs[2], inputs[4], bs, n, cfg, heads.window
+                    )
                 out = fn()
-                rec["max_err"] = check(out, inputs, h, n, p, bs)
-                ms = bench(fn, slow=name == "upstream_extend", graph=GRAPH[0])
+                rec["max_err"] = check(out, inputs, h, n, p, bs, heads)
+                with one_program_per_sm(mode == "1sm"):
+                    ms = bench(fn, slow=base == "upstream_extend", graph=GRAPH[0])
             except (StrategyUnavailable, ImportError) as e:
                 rec["unavailable"] = str(e)
                 rows.append(rec)
@@ -290,15 +422,81 @@ TUNE_CONFIGS = [
 ]
 
 
-def tune_configs(match: str = ""):
-    """The default first, then the sweep's configs whose repr contains ``match``."""
-    return [TUNE_CONFIGS[0]] + [c for c in TUNE_CONFIGS[1:] if match in repr(c)]
+# The sm_12x MLA tile (99 KiB of shared memory per block) selected until 2026-12-02:
+# the baseline the sm_12x candidates and the matrix's ``fused_sm120_prev`` rows are
+# measured against.
+SM12X_PREV = TreeVerifyConfig(32, 32, 4, 2, q_as_b=True)
+
+# Tiles that fit sm_120's 101,376 B per block (tests/cpu/tree_verify/test_aot_sm120.py
+# compiles the selected one; benchmarks/results/ has the sweep). The current default first.
+SM12X_CONFIGS = [
+    select_config((12, 0), DQK, DV),
+    SM12X_PREV,
+    # 16-key tiles: the query tile + three KV stages fit, so the gathers are pipelined
+    TreeVerifyConfig(32, 16, 4, 4, q_as_b=True),
+    # the head dims in column chunks: independent score MMA chains
+    TreeVerifyConfig(32, 16, 4, 4, q_as_b=True, d_chunks=4),
+    TreeVerifyConfig(32, 16, 4, 3, q_as_b=True, d_chunks=4),
+    TreeVerifyConfig(32, 16, 4, 4, q_as_b=True, d_chunks=8),
+    TreeVerifyConfig(32, 32, 4, 2, q_as_b=True, d_chunks=4),
+    # 64 rows over 8 warps (two per scheduler), one KV buffer: the next tile in registers
+    TreeVerifyConfig(64, 16, 8, 1, q_as_b=True, register_prefetch=True),
+    TreeVerifyConfig(64, 16, 8, 1, q_as_b=True, d_chunks=4, register_prefetch=True),
+    TreeVerifyConfig(64, 16, 8, 2, q_as_b=True, d_chunks=4),
+]
+
+TUNE_SETS = {"sm90": TUNE_CONFIGS, "sm12x": SM12X_CONFIGS}
 
 
-def tune(peaks, configs=TUNE_CONFIGS, shapes=None, split_factors=(1,)):
+def tune_configs(match: str = "", tune_set: str = "sm90"):
+    """The set's default first, then its configs whose repr contains ``match``."""
+    configs = TUNE_SETS[tune_set]
+    return [configs[0]] + [c for c in configs[1:] if match in repr(c)]
+
+
+@contextlib.contextmanager
+def one_program_per_sm(enabled: bool = True):
+    """Launch the split kernels compiled so far with their dynamic shared memory
+    padded past half of an SM's, so that one program runs per SM as on sm_120
+    (about 100 KB per SM): on an H200 (228 KB) two 75 KB programs would share an
+    SM, which the RTX PRO 6000 cannot do. Only the launch reserves more; the
+    kernels are the same. Call the kernel once before (to compile it) and capture
+    graphs inside."""
+    from sglang.srt.layers.attention.tree_verify import prefix_split
+
+    if not enabled:
+        yield
+        return
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    pad = props.shared_memory_per_multiprocessor // 2 + 1024
+    cache = prefix_split._tree_verify_split_kernel.device_caches[torch.cuda.current_device()][0]
+    saved = {}
+    for key, kernel in cache.items():
+        warps, ctas, shared = kernel.packed_metadata
+        if shared < pad:
+            saved[key] = kernel.packed_metadata
+            kernel.packed_metadata = (warps, ctas, pad)
+    try:
+        yield
+    finally:
+        for key, packed in saved.items():
+            cache[key].packed_metadata = packed
+
+
+def config_name(c: dict) -> str:
+    return f"{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['num_stages']}" + (
+        "qb" if c["q_as_b"] else "") + ("ahead" if c.get("qk_ahead") else "") + (
+        f"dv{c['dv_split']}" if c.get("dv_split", 1) > 1 else "") + (
+        "scratch" if c.get("scores_via_scratch") else "") + (
+        f"c{c['d_chunks']}" if c.get("d_chunks", 1) > 1 else "") + (
+        "rp" if c.get("register_prefetch") else "")  # fmt: skip
+
+
+def tune(peaks, configs=TUNE_CONFIGS, shapes=None, split_factors=(1,), one_per_sm=(False,)):
     """Sweep MLA tile configs (and split counts, as factors of the model's
     choice) on the target shapes; each row carries the max error where
-    ``check`` can afford the reference."""
+    ``check`` can afford the reference. ``one_per_sm``: the occupancy modes to
+    time each config in (True: one program per SM, see ``one_program_per_sm``)."""
     rows = []
     for h, n, p, bs in shapes or TARGET_SHAPES:
         inputs = make_inputs(h, n, p, bs)
@@ -309,21 +507,73 @@ def tune(peaks, configs=TUNE_CONFIGS, shapes=None, split_factors=(1,)):
             if cfg in configs[:i]:
                 continue  # the default again
             for s in sorted({max(1, int(auto * f)) for f in factors}):
-                try:
-                    fn = lambda: tree_verify_fused(*inputs, None, 0.0, cfg, num_splits=s)  # noqa: E731
-                    err = check(fn(), inputs, h, n, p, bs)
-                    ms = bench(fn)
-                except Exception as e:  # a config that fails to compile is data here
-                    print("FAIL", h, n, p, bs, cfg, str(e)[:200], flush=True)
-                    break
-                rec = dict(H=h, N=n, P=p, bs=bs, cfg=cfg.__dict__, splits=s, auto=s == auto,
-                           ms=round(ms, 4), tflops=round(flops / ms / 1e9, 1),
-                           gbps=round(nbytes / ms / 1e6, 1), max_err=err)  # fmt: skip
-                rows.append(rec)
-                print(json.dumps(rec), flush=True)
+                for single in one_per_sm:
+                    try:
+                        fn = lambda: tree_verify_fused(*inputs, None, 0.0, cfg, num_splits=s)  # noqa: E731
+                        err = check(fn(), inputs, h, n, p, bs)
+                        with one_program_per_sm(single):
+                            ms = bench(fn)
+                    except Exception as e:  # a config that fails to compile is data here
+                        print("FAIL", h, n, p, bs, cfg, str(e)[:200], flush=True)
+                        break
+                    rec = dict(H=h, N=n, P=p, bs=bs, cfg=cfg.__dict__, splits=s, auto=s == auto,
+                               one_per_sm=single, ms=round(ms, 4), tflops=round(flops / ms / 1e9, 1),
+                               gbps=round(nbytes / ms / 1e6, 1), max_err=err)  # fmt: skip
+                    rows.append(rec)
+                    print(json.dumps(rec), flush=True)
         del inputs
         torch.cuda.empty_cache()
     return rows
+
+
+def precompile(configs, shapes, workers: int):
+    """Compile the sweep's kernels in ``workers`` processes first (they share
+    Triton's on-disk cache, so the timed process only loads them): the kernel
+    takes seconds to compile per specialization and the device has many cores."""
+    import multiprocessing as mp
+
+    jobs = [(cfg, shape) for shape in shapes for cfg in configs]
+    with mp.get_context("spawn").Pool(workers) as pool:
+        for line in pool.imap_unordered(_compile_one, jobs):
+            if line:
+                print(line, flush=True)
+
+
+def precompile_matrix(family_shapes, strategies, arch, workers: int):
+    """``precompile`` for the matrix: each (strategy, family, shape) run once in a worker."""
+    import multiprocessing as mp
+
+    jobs = [(name, shape, arch, fam.name) for fam, shape in family_shapes
+            for name in dict.fromkeys(n.partition("@")[0] for n in strategies)
+            if name not in ("reference", "flashinfer_dense")]  # fmt: skip
+    with mp.get_context("spawn").Pool(workers) as pool:
+        for line in pool.imap_unordered(_run_once, jobs):
+            if line:
+                print(line, flush=True)
+
+
+def _run_once(job):
+    name, (h, n, p, bs), arch, heads_name = job
+    heads = HEADS[heads_name]
+    try:
+        inputs = make_inputs(h, n, p, bs, heads=heads)
+        fn, _ = run_strategy(name, inputs, (12, 0) if name == "fused_sm120" else arch, heads)
+        fn()
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:  # reported again by the timed matrix
+        return f"precompile FAIL {name} {h} {n} {p} {bs}: {str(e)[:200]}"
+
+
+def _compile_one(job):
+    cfg, (h, n, p, bs) = job
+    try:
+        inputs = make_inputs(h, n, p, bs)
+        tree_verify_fused(*inputs, None, 0.0, cfg)
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:  # reported again, with the shape, by the timed sweep
+        return f"precompile FAIL {h} {n} {p} {bs} {config_name(cfg.__dict__)}: {str(e)[:200]}"
 
 
 def plot(rows, path, heads=MLA):
@@ -389,7 +639,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="only the issue's target shapes")
     ap.add_argument("--tune", action="store_true", help="sweep tile configs and splits")
-    ap.add_argument("--attn", choices=list(HEADS), default="mla", help="KV layout of the shapes")
+    ap.add_argument("--attn", default="mla",
+                    help=f"KV layout of the shapes, or a comma list of them: {', '.join(HEADS)}")
     ap.add_argument("--strategies", default=None,
                     help="comma list (default: upstream_extend,fused,fused_sm120,flashinfer_split"
                          " and flashmla_split for mla, flashinfer_dense for gqa)")
@@ -400,6 +651,15 @@ def main():
     ap.add_argument("--split-factors", default="1", help="--tune: split counts as factors of the model's")
     ap.add_argument("--tune-match", default="",
                     help="--tune: only the configs whose repr contains this (e.g. dv_split=2), besides the default")
+    ap.add_argument("--tune-set", choices=list(TUNE_SETS), default="sm90",
+                    help="--tune: the sm_90 MLA tiles or the ones that fit sm_12x's 99 KiB")
+    ap.add_argument("--one-per-sm", action="store_true",
+                    help="--tune: also time each config with one program per SM, as sm_120 runs "
+                         "the 99 KiB tiles (the launch reserves more than half an SM's shared memory)")
+    ap.add_argument("--triton-matmul", action="store_true",
+                    help="also measure a plain Triton bf16 matmul's rate (mma.sync with DISABLE_MMA_V3=1)")
+    ap.add_argument("--precompile", type=int, default=0,
+                    help="compile the run's kernels in this many processes first")
     ap.add_argument("--from-log", default=None, help="rebuild JSON + PNG from a run's stdout, measure nothing")
     args = ap.parse_args()
     if args.from_log:
@@ -410,11 +670,15 @@ def main():
         write_results(meta, rows, args.out, args.tag, HEADS[meta["attn"]["name"]])
         print_table(rows)
         return
-    heads = HEADS[args.attn]
-    if args.tune and heads is not MLA:
+    families = [HEADS[name] for name in args.attn.split(",") if name in HEADS]
+    if len(families) != len(args.attn.split(",")):
+        ap.error(f"--attn: choose from {', '.join(HEADS)}; got {args.attn!r}")
+    heads = families[0]
+    if args.tune and (heads is not MLA or len(families) > 1):
         ap.error("--tune sweeps the MLA tile configurations only")
-    strategies = args.strategies or "upstream_extend,fused,fused_sm120,flashinfer_split" + (
-        ",flashmla_split" if heads is MLA else ",flashinfer_dense")
+    strategies = args.strategies or "upstream_extend,fused,fused_sm120" + (
+        ",flashinfer_split,flashmla_split" if heads is MLA else
+        ",flashinfer_split,flashinfer_dense" if heads is GQA else "")  # fmt: skip
 
     from sglang.srt.utils.gpu_arch import device_capability, kernel_arch
 
@@ -432,6 +696,8 @@ def main():
         peak_bf16_tflops=round(peaks[0], 1),
         hbm_copy_gbps=round(peaks[1], 1),
         timing="cuda_graph_replay" if GRAPH[0] else "eager",
+        disable_mma_v3=os.environ.get("DISABLE_MMA_V3", ""),
+        triton_matmul_tflops=round(measure_triton_matmul_tflops(), 1) if args.triton_matmul else None,
         attn=dataclasses.asdict(heads),
     )
     print(json.dumps(meta), flush=True)
@@ -441,25 +707,35 @@ def main():
         if args.shapes:
             shapes = [tuple(int(x) for x in v.split(":")) for v in args.shapes.split(",")]
         factors = tuple(float(f) for f in args.split_factors.split(","))
-        rows = tune(peaks, configs=tune_configs(args.tune_match), shapes=shapes, split_factors=factors)
+        configs = tune_configs(args.tune_match, args.tune_set)
+        if args.precompile:
+            precompile(configs, shapes or TARGET_SHAPES, args.precompile)
+        rows = tune(peaks, configs=configs, shapes=shapes, split_factors=factors,
+                    one_per_sm=(False, True) if args.one_per_sm else (False,))  # fmt: skip
         for r in rows:
-            c = r["cfg"]
-            name = f"{c['block_m']}x{c['block_n']}w{c['num_warps']}s{c['num_stages']}" + (
-                "qb" if c["q_as_b"] else "") + ("ahead" if c.get("qk_ahead") else "") + (
-                f"dv{c['dv_split']}" if c.get("dv_split", 1) > 1 else "") + (
-                "scratch" if c.get("scores_via_scratch") else "")
-            print(f"H{r['H']} N{r['N']} P{r['P']} bs{r['bs']} {name:<16} splits {r['splits']:>3} "
+            name = config_name(r["cfg"]) + (" 1/SM" if r.get("one_per_sm") else "")
+            print(f"H{r['H']} N{r['N']} P{r['P']} bs{r['bs']} {name:<22} splits {r['splits']:>3} "
                   f"{r['ms']:.4f} ms {r['tflops']:6.1f} TF/s {r['gbps']:7.1f} GB/s err {r['max_err']}")
         with open(os.path.join(args.out, stem + "_tune.json"), "w") as f:
             json.dump(dict(meta=meta, rows=rows), f, indent=1)
         return
-    quick = TARGET_SHAPES if heads is MLA else GQA_QUICK_SHAPES
-    shapes = quick if args.quick else full_matrix(heads)
-    if args.shapes:
-        shapes = [tuple(int(x) for x in s.split(":")) for s in args.shapes.split(",")]
-    rows = run_matrix(shapes, strategies.split(","), peaks, kernel_arch(), heads=heads)
-    write_results(meta, rows, args.out, args.tag, heads)
-    print_table(rows)
+    def shapes_of(fam):
+        if args.shapes:
+            return [tuple(int(x) for x in v.split(":")) for v in args.shapes.split(",")]
+        quick = TARGET_SHAPES if fam is MLA else GQA_QUICK_SHAPES
+        return quick if args.quick else full_matrix(fam)
+
+    names = strategies.split(",")
+    if args.precompile:
+        precompile_matrix([(fam, shape) for fam in families for shape in shapes_of(fam)],
+                          names, kernel_arch(), args.precompile)  # fmt: skip
+    for fam in families:
+        if fam is not heads:
+            meta = dict(meta, attn=dataclasses.asdict(fam))
+            print(json.dumps(meta), flush=True)
+        rows = run_matrix(shapes_of(fam), names, peaks, kernel_arch(), heads=fam)
+        write_results(meta, rows, args.out, args.tag, fam)
+        print_table(rows)
 
 
 def print_table(rows):

@@ -85,3 +85,35 @@ def test_tune_match_keeps_the_default_first():
     assert picked[0] == va.TUNE_CONFIGS[0]
     assert picked[1:] and all(c.dv_split == 2 for c in picked[1:])
     assert va.tune_configs("no such field") == [va.TUNE_CONFIGS[0]]
+
+
+def test_sm12x_sweep_set_and_previous_tile(on_cpu):
+    configs = va.tune_configs("", "sm12x")
+    assert configs[0] == va.select_config((12, 0), va.DQK, va.DV) and va.SM12X_PREV in configs
+    assert va.config_name(configs[0].__dict__) == "64x16w8s1qbc4rp"
+    rows = va.run_matrix([(2, 5, 40, 1)], ["reference", "fused_sm120", "fused_sm120_prev"],
+                         (100.0, 1000.0), (9, 0), verbose=False, dtype=torch.float16)  # fmt: skip
+    by = {r["strategy"]: r for r in rows}
+    assert by["fused_sm120_prev"]["config"] == va.SM12X_PREV.__dict__
+    assert by["fused_sm120"]["max_err"] < 5e-3 and by["fused_sm120_prev"]["max_err"] < 5e-3
+
+
+@pytest.mark.parametrize("family", [va.GPTOSS_SWA, va.GEMMA4_FULL], ids=lambda h: h.name)
+def test_window_and_sink_rows_on_the_interpreter(on_cpu, family):
+    """The sliding-window families at a tiny size with a window that cuts (3
+    positions): the fused kernels match the reference; upstream's dense-mask
+    fallback, given the window as its backend gives it, does not on a tree
+    (it places tree nodes by index), and does without a window."""
+    heads = va.dataclasses.replace(family, window=3 if family.window else None)
+    h = 16
+    rows = va.run_matrix([(h, 5, 40, 2)], ["reference", "fused", "fused_sm120", "upstream_extend"],
+                         (100.0, 1000.0), (9, 0), verbose=False, heads=heads, dtype=torch.float16)  # fmt: skip
+    by = {r["strategy"]: r for r in rows}
+    for name in ("reference", "fused", "fused_sm120"):
+        assert by[name]["max_err"] < 5e-3, by[name]
+    if heads.window is None:
+        assert by["upstream_extend"]["max_err"] < 5e-3
+    else:
+        assert by["upstream_extend"]["max_err"] > 0.1
+    flops, _ = va.flops_bytes(h, 5, 40, 2, heads)
+    assert flops == 2 * 2 * 5 * h * (min(40, heads.window or 40) + 5) * 2 * heads.dqk

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from sglang.srt.layers.attention.tree_verify.configs import MLA, configs_for_arch
+from sglang.srt.layers.attention.tree_verify.configs import MLA, MLA_SEPARATE_V, configs_for_arch
 from sglang.srt.utils.gpu_arch import max_shared_memory_per_block
 
 SM120_SMEM = 101376
@@ -43,7 +43,12 @@ def test_every_sm120_config_compiles_and_fits():
     assert {r["cls"] for r in split} == set(configs_for_arch((12, 0)))
     # bf16, fp16, logit cap, the merge of an external prefix pass (flashinfer_split), fp8 KV
     assert len([r for r in split if r["cls"] == MLA]) == 5
-    assert len([r for r in records if r["kernel"] == "combine"]) == 4
+    # GQA/MHA classes also with a sliding window (gpt-oss, Gemma local layers)
+    assert {r["cls"] for r in split if r["variant"].get("sliding")} == set(configs_for_arch((12, 0))) - {
+        MLA, MLA_SEPARATE_V
+    }
+    # Dv 64..512, and Dv 64 with attention sinks (gpt-oss)
+    assert len([r for r in records if r["kernel"] == "combine"]) == 5
     for r in records:
         assert 0 <= r["shared"] <= SM120_SMEM, r
     for r in split:

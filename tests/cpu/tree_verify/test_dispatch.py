@@ -88,7 +88,9 @@ def test_head_dim_split():
 
 def test_config_tables_by_arch():
     assert select_config((9, 0), 576, 512).block_m == 64
-    assert select_config((12, 0), 576, 512).block_m == 32
+    # sm_12x: one KV buffer, the next tile prefetched into registers (docs/verify-kernels.md)
+    assert select_config((12, 0), 576, 512).register_prefetch
+    assert not select_config((9, 0), 576, 512).register_prefetch
     # 12.0 and 12.1 (and Ada) use the 99 KiB table.
     assert select_config((12, 0), 576, 512) == select_config((12, 1), 576, 512)
     assert select_config((8, 9), 128, 128) == select_config((12, 0), 128, 128)

@@ -21,6 +21,16 @@ SMALL_QB = TreeVerifyConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, q
 SMALL_AHEAD = TreeVerifyConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, qk_ahead=True)
 # Two programs per row tile, each owning half of the value columns.
 SMALL_DV = TreeVerifyConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, dv_split=2)
+# The next prefix KV tile loaded into registers ahead (one shared KV buffer).
+SMALL_RP = TreeVerifyConfig(block_m=16, block_n=16, num_warps=4, num_stages=1, register_prefetch=True)
+# Head dims in column chunks (a score product and an accumulator per chunk),
+# pipelined by Triton, and with the register prefetch.
+SMALL_CHUNKS = TreeVerifyConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, q_as_b=True, d_chunks=2)
+SMALL_CHUNKS_RP = TreeVerifyConfig(
+    block_m=16, block_n=16, num_warps=4, num_stages=1, d_chunks=4, register_prefetch=True
+)
+ALL_SMALL = [SMALL, SMALL_QB, SMALL_AHEAD, SMALL_DV, SMALL_RP, SMALL_CHUNKS, SMALL_CHUNKS_RP]
+ALL_IDS = ["qk", "kq", "ahead", "dvsplit", "prefetch", "chunks", "chunks_prefetch"]
 
 
 def make_case(seed, prefix_lens, n, h, hkv, dqk, dv, shared_kv, chain=False):
@@ -73,9 +83,7 @@ def fp8_kv(case, k_scale, v_scale, shared_kv):
         ([16, 0, 31, 47], 9, 2, 5),  # more splits than some prefixes have tiles
     ],
 )
-@pytest.mark.parametrize(
-    "cfg", [SMALL, SMALL_QB, SMALL_AHEAD, SMALL_DV], ids=["qk", "kq", "ahead", "dvsplit"]
-)
+@pytest.mark.parametrize("cfg", ALL_SMALL, ids=ALL_IDS)
 def test_mla_like(prefix_lens, n, h, splits, cfg):
     case = make_case(len(prefix_lens) * 100 + n, prefix_lens, n, h, 1, 80, 64, True)
     check(case, 0.125, cfg, splits)
@@ -90,18 +98,20 @@ def test_mla_like(prefix_lens, n, h, splits, cfg):
         ([13], 5, 2, 1, 24),  # head dim not a power of two
     ],
 )
-def test_gqa(prefix_lens, n, h, hkv, d):
+@pytest.mark.parametrize("cfg", [SMALL, SMALL_RP, SMALL_CHUNKS], ids=["qk", "prefetch", "chunks"])
+def test_gqa(prefix_lens, n, h, hkv, d, cfg):
     case = make_case(n * 7 + h, prefix_lens, n, h, hkv, d, d, False)
-    check(case, d**-0.5, SMALL, None)
+    check(case, d**-0.5, cfg, None)
 
 
-def test_separate_v_with_rope_split():
+@pytest.mark.parametrize("cfg", [SMALL_QB, SMALL_RP, SMALL_CHUNKS_RP], ids=["kq", "prefetch", "chunks_prefetch"])
+def test_separate_v_with_rope_split(cfg):
     # Dqk 80 = 64 + 16 with a V buffer of its own (no K/V sharing).
     case = make_case(5, [30, 12], 10, 3, 1, 80, 64, False)
-    check(case, 0.1, SMALL_QB, 2)
+    check(case, 0.1, cfg, 2)
 
 
-@pytest.mark.parametrize("cfg", [SMALL, SMALL_DV], ids=["qk", "dvsplit"])
+@pytest.mark.parametrize("cfg", [SMALL, SMALL_DV, SMALL_CHUNKS], ids=["qk", "dvsplit", "chunks"])
 def test_logit_cap(cfg):
     case = make_case(9, [45], 12, 2, 1, 80, 64, True)
     check(case, 0.5, cfg, 3, cap=3.0)
@@ -111,6 +121,21 @@ def test_logit_cap(cfg):
 def test_chain_mask(cfg):
     case = make_case(11, [20, 33], 16, 2, 1, 80, 64, True, chain=True)
     check(case, 0.125, cfg, None)
+
+
+def test_d_chunks_apply_where_the_dims_allow():
+    from sglang.srt.layers.attention.tree_verify.prefix_split import d_chunks_for
+
+    assert d_chunks_for(SMALL_CHUNKS, 80, 64, share_kv=True) == 2  # 64 main dims + rope
+    assert d_chunks_for(SMALL_CHUNKS, 32, 32, share_kv=False) == 2
+    assert d_chunks_for(SMALL_CHUNKS_RP, 32, 32, share_kv=False) == 1  # chunks under 16 dims
+    assert d_chunks_for(SMALL_CHUNKS, 24, 24, share_kv=False) == 1  # not a power of two
+    assert d_chunks_for(SMALL, 80, 64, share_kv=True) == 1
+    with pytest.raises(ValueError, match="d_chunks"):
+        TreeVerifyConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, dv_split=2, d_chunks=2)
+    with pytest.raises(ValueError, match="register_prefetch"):
+        TreeVerifyConfig(block_m=16, block_n=16, num_warps=4, num_stages=2, qk_ahead=True,
+                         register_prefetch=True)
 
 
 def test_dv_split_applies_only_to_shared_kv():
@@ -131,7 +156,7 @@ def test_real_mla_config_tiny_shape():
         check(case, 576**-0.5, select_config(arch, 576, 512, share_kv=False), 2)
 
 
-@pytest.mark.parametrize("cfg", [SMALL, SMALL_QB, SMALL_AHEAD, SMALL_DV], ids=["qk", "kq", "ahead", "dvsplit"])
+@pytest.mark.parametrize("cfg", ALL_SMALL, ids=ALL_IDS)
 def test_fp8_kv_cache_mla_like(cfg):
     """Absorbed-MLA layout with an fp8 cache (V is the K cache's slice)."""
     case = fp8_kv(make_case(21, [40, 0, 17], 9, 3, 1, 80, 64, True), 0.5, 0.5, True)

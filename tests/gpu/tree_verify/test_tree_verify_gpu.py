@@ -84,6 +84,12 @@ CANDIDATE_TILES = [
     TreeVerifyConfig(64, 64, 4, 2, dv_split=2),
     TreeVerifyConfig(32, 32, 4, 2, dv_split=2, ctas_per_sm=2),
     TreeVerifyConfig(32, 16, 4, 4, q_as_b=True),
+    # the sm_12x sweep of 2026-12-02: column-chunked head dims, the register prefetch
+    TreeVerifyConfig(32, 32, 4, 2, q_as_b=True),
+    TreeVerifyConfig(32, 16, 4, 4, q_as_b=True, d_chunks=4),
+    TreeVerifyConfig(32, 16, 4, 4, q_as_b=True, d_chunks=8),
+    TreeVerifyConfig(64, 16, 8, 1, q_as_b=True, register_prefetch=True),
+    TreeVerifyConfig(64, 16, 8, 1, q_as_b=True, d_chunks=4, register_prefetch=True),
 ]
 
 

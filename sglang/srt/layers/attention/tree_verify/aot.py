@@ -57,6 +57,7 @@ def split_kernel_source(
     has_cap: bool = False,
     kv_dtype: Optional[str] = None,
     merge_ext: bool = False,
+    sliding: bool = False,
 ) -> ASTSource:
     """``merge_ext``: the tail-only launch that merges an external prefix pass
     and writes the output in ``dtype`` (flashinfer_split, flashmla_split)."""
@@ -80,7 +81,7 @@ def split_kernel_source(
         Lse_part="*fp32", prefix_indptr="*i32", prefix_indices="*i32",
         tree_indices="*i32", tree_mask="*i32", P_scratch=f"*{dtype}",
         A_scratch="*fp32", Ext_o=f"*{dtype}", Ext_lse="*fp32", qk_scale="fp32",
-        logit_cap="fp32", v_scale="fp32", ext_lse_scale="fp32",
+        logit_cap="fp32", v_scale="fp32", ext_lse_scale="fp32", window="i32",
     )  # fmt: skip
     constexprs = dict(
         D_MAIN=d_main, D_PE=d_pe, D_V=dv, BLOCK_D=block_d, BLOCK_DPE=block_dpe,
@@ -88,7 +89,10 @@ def split_kernel_source(
         SHARE_KV=share_kv,
         Q_AS_B=config.q_as_b, QK_AHEAD=config.qk_ahead,
         SCORES_VIA_SCRATCH=config.scores_via_scratch,
+        REGISTER_PREFETCH=config.register_prefetch,
         DV_SPLIT=dv_split, BLOCK_DV_PROG=block_dv // dv_split,
+        D_CHUNKS=_compiled_kernels().d_chunks_for(config, dqk, dv, share_kv),
+        SLIDING=sliding,
         KV_CAST=kv_dtype is not None and kv_dtype != dtype, MERGE_EXT=merge_ext,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
@@ -102,16 +106,19 @@ def split_kernel_source(
     )
 
 
-def combine_kernel_source(dv: int, dtype: str = "bf16", parts: int = 257) -> ASTSource:
+def combine_kernel_source(
+    dv: int, dtype: str = "bf16", parts: int = 257, sinks: bool = False
+) -> ASTSource:
     types = {n: "i32" for n in ("total_rows", "num_parts", "num_heads", "stride_ps",
                                 "stride_pr", "stride_ls", "stride_ot", "stride_oh")}  # fmt: skip
-    types.update(O_part="*fp32", Lse_part="*fp32", Out=f"*{dtype}")
+    types.update(O_part="*fp32", Lse_part="*fp32", Out=f"*{dtype}", Sinks=f"*{dtype}")
     block_dv, parts_per_step, _ = _compiled_kernels().combine_tiles(dv, parts)
     constexprs = dict(
         D_V=dv,
         BLOCK_P=triton.next_power_of_2(parts),
         BLOCK_DV=block_dv,
         PARTS_PER_STEP=parts_per_step,
+        HAS_SINK=sinks,
     )
     aligned = {"O_part", "Lse_part", "Out", "stride_ps", "stride_pr", "stride_ot"}
     return _source(
@@ -132,8 +139,8 @@ def compile_split_kernel(config: TreeVerifyConfig, dqk: int, dv: int, cap, **kw)
     )
 
 
-def compile_combine_kernel(dv: int, cap, dtype: str = "bf16", parts: int = 257):
-    src = combine_kernel_source(dv, dtype, parts)
+def compile_combine_kernel(dv: int, cap, dtype: str = "bf16", parts: int = 257, sinks: bool = False):
+    src = combine_kernel_source(dv, dtype, parts, sinks)
     warps = _compiled_kernels().combine_tiles(dv, parts)[2]
     return triton.compile(src, target=cuda_target(cap), options={"num_warps": warps})
 
@@ -180,6 +187,8 @@ def compile_arch_report(cap) -> list:
     for cls, cfg in sorted(configs_for_arch(cap).items()):
         dqk, dv = CLASS_HEAD_DIMS[cls]
         variants = [dict(share_kv=cls != MLA_SEPARATE_V)]
+        if cls not in (MLA, MLA_SEPARATE_V):
+            variants.append(dict(share_kv=False, sliding=True))  # gpt-oss, Gemma local layers
         if cls == MLA:
             variants += [dict(dtype="fp16"), dict(has_cap=True), dict(merge_ext=True)]
             if tuple(cap) >= (8, 9):  # e4m3 KV caches need sm_89+ (Triton refuses it below)
@@ -191,6 +200,8 @@ def compile_arch_report(cap) -> list:
     for dv in (64, 128, 256, 512):
         k = compile_combine_kernel(dv, cap)
         records.append(dict(kernel="combine", dv=dv, shared=k.metadata.shared, mma=None))
+    k = compile_combine_kernel(64, cap, sinks=True)  # gpt-oss: head dim 64, attention sinks
+    records.append(dict(kernel="combine", dv=64, sinks=True, shared=k.metadata.shared, mma=None))
     if cap[0] in (9, 10):  # FlashMLA's archs
         k = compile_page_gather_kernel(cap)
         records.append(dict(kernel="page_gather", shared=k.metadata.shared, mma=None))

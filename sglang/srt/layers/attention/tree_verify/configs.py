@@ -47,8 +47,31 @@ class TreeVerifyConfig:
     # (prefix_split.check_scores_via_scratch); q_as_b then applies to the
     # tree tail only. The sm_90 MLA default since the H200 run of 2026-11-30.
     scores_via_scratch: bool = False
+    # Prefix slices: load the next KV tile into registers while the current
+    # one is computed, keeping one KV tile in shared memory (see
+    # prefix_split._prefix_slice_register_prefetch). For 99 KiB parts, where
+    # the query tile and two pipelined KV stages do not fit.
+    register_prefetch: bool = False
+    # The main head dims as this many column chunks: a score product per chunk
+    # (independent MMA chains instead of one dependent chain over all dims,
+    # which is what limits mma.sync), and a value accumulator per chunk (see
+    # prefix_split._attend_chunks). Applies with one program per row tile and
+    # power-of-two main dims equal to Dv (prefix_split.d_chunks_for).
+    d_chunks: int = 1
 
     def __post_init__(self):
+        if self.d_chunks > 1 and (self.scores_via_scratch or self.qk_ahead or self.dv_split > 1):
+            raise ValueError(
+                "d_chunks > 1 has a prefix loop of its own: it cannot be combined with "
+                "scores_via_scratch, qk_ahead or dv_split > 1"
+            )
+        if self.register_prefetch and (
+            self.scores_via_scratch or self.qk_ahead or self.dv_split > 1
+        ):
+            raise ValueError(
+                "register_prefetch replaces the prefix loop: it cannot be combined "
+                "with scores_via_scratch, qk_ahead or dv_split > 1"
+            )
         if self.scores_via_scratch:
             if self.block_n != 64:
                 raise ValueError(
@@ -112,12 +135,18 @@ _SM90 = {
 _SM80 = {**_SM90, MLA: _C(block_m=64, block_n=32, num_warps=8, num_stages=3)}
 
 # Workstation Blackwell, Ada, GA10x: 99 KiB smem per block, mma.sync.
-# MLA: 32 rows x 32 keys, K.Q^T keeps the query tile in shared memory
-# (75,776 B compiled for sm_120: one program per SM there). In the H200 sweep
-# of 2026-11-29 (forced on sm_90, 32-row tiles are mma.sync there too) it beat
-# the 16-key/4-stage tile by 1.2-1.7x and the value-column split by 1.5-1.8x.
+# MLA: 64 rows x 16 keys over 8 warps (two per scheduler), K.Q^T with the
+# query tile in shared memory, the head dims in 4 column chunks (independent
+# score MMA chains) and the next KV tile loaded into registers while the
+# current one is computed (one KV buffer: 92,416 B compiled for sm_120). The
+# 32 x 32 tile it replaced (75,776 B) had room for one KV stage only and waited
+# for every tile's gather. docs/verify-kernels.md has the sweep
+# (benchmarks/results/verify_attention_sm12x_sweep_h200_2026-12-02.json).
 _SM12X = {
-    MLA: _C(block_m=32, block_n=32, num_warps=4, num_stages=2, q_as_b=True),
+    MLA: _C(
+        block_m=64, block_n=16, num_warps=8, num_stages=1, q_as_b=True, d_chunks=4,
+        register_prefetch=True,
+    ),  # fmt: skip
     # Separate V: 2 stages (3 need 107,520 B with the V tiles, over the limit).
     MLA_SEPARATE_V: _C(block_m=32, block_n=16, num_warps=4, num_stages=2, q_as_b=True),
     "d64": _C(block_m=64, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=2),

@@ -44,6 +44,8 @@ STRATEGIES = (FUSED, UPSTREAM_EXTEND, FLASHINFER_SPLIT, FLASHMLA_SPLIT, REFERENC
 #: by these strategies only.
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 FP8_KV_STRATEGIES = (FUSED, REFERENCE)
+#: Strategies that apply a sliding window and attention sinks.
+WINDOW_SINK_STRATEGIES = (FUSED, REFERENCE)
 
 
 def _config(arch, q, k_buffer, v_buffer):
@@ -193,6 +195,8 @@ def tree_verify_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     strategy_options: Optional[dict] = None,
+    sliding_window: Optional[int] = None,
+    sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Attention of every tree node over its request's committed prefix and
     its visible tree nodes; returns ``[bs*N, H, Dv]`` (``out`` when given).
@@ -202,6 +206,13 @@ def tree_verify_attention(
     strategy (flashinfer_split: ``prefix_pass``, planned ahead; flashmla_split:
     ``staging`` and ``plan`` or ``max_prefix_len``, which make it
     graph-capturable).
+
+    ``sliding_window`` (upstream's ``layer.sliding_window_size``; None: full
+    attention): a node sees keys at most this many positions before its own.
+    Node i sits at ``prefix_len + depth(i)``, prefix key t at ``t``: the prefix
+    passed is the request's last ``prefix_len`` committed tokens. ``sinks``:
+    ``[H]`` per-head sink logits (gpt-oss), added to each softmax denominator.
+    Both: ``fused`` and ``reference`` only.
 
     An fp8 KV cache holds ``K / k_scale`` and ``V / v_scale`` (upstream's
     per-layer scales); the scales are ignored for a KV cache in q's dtype.
@@ -214,6 +225,7 @@ def tree_verify_attention(
     tree_mask = tree_mask.contiguous()
     _validate(q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
               tree_kv_indices, tree_mask, out)  # fmt: skip
+    window_and_sinks = _validate_window_and_sinks(q, sliding_window, sinks)
     arch = _kernel_arch(q.device) if q.is_cuda else None
     if strategy is None:
         strategy = REFERENCE if arch is None else FUSED
@@ -231,13 +243,39 @@ def tree_verify_attention(
                 f"{strategy}: an fp8 KV cache is served by the fused and reference strategies only"
             )
         kv_scales = (float(k_scale), float(v_scale))
+    if window_and_sinks and strategy not in WINDOW_SINK_STRATEGIES:
+        raise StrategyUnavailable(
+            f"{strategy}: sliding windows and attention sinks are served by the fused "
+            "and reference strategies only"
+        )
     return _RUNNERS[strategy](
         q=q, k_buffer=k_buffer, v_buffer=v_buffer,
         prefix_kv_indptr=prefix_kv_indptr, prefix_kv_indices=prefix_kv_indices,
         tree_kv_indices=tree_kv_indices, tree_mask=tree_mask,
         sm_scale=float(sm_scale), out=out, logit_cap=float(logit_cap),
-        arch=arch or (8, 0), kv_scales=kv_scales, **(strategy_options or {}),
+        arch=arch or (8, 0), kv_scales=kv_scales, **window_and_sinks, **(strategy_options or {}),
     )  # fmt: skip
+
+
+def _validate_window_and_sinks(q, sliding_window, sinks) -> dict:
+    """The window/sink keyword arguments for the strategy (empty when neither)."""
+    extra = {}
+    if sliding_window is not None:
+        if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 0:
+            raise ValueError(
+                f"sliding_window must be an int >= 0 (None for full attention), got {sliding_window!r}"
+            )
+        extra["sliding_window"] = sliding_window
+    if sinks is not None:
+        if sinks.shape != (q.shape[1],) or sinks.device != q.device:
+            raise ValueError(
+                f"sinks must be [H] = [{q.shape[1]}] on {q.device}, got "
+                f"{tuple(sinks.shape)} on {sinks.device}"
+            )
+        if not sinks.is_floating_point():
+            raise TypeError(f"sinks must be a floating-point tensor, got {sinks.dtype}")
+        extra["sinks"] = sinks.contiguous()
+    return extra
 
 
 def _kernel_arch(device: torch.device):

@@ -57,6 +57,27 @@ def _cta_barrier(x):
 
 
 @triton.jit
+def _popcount32(x):
+    """Set bits of each int32 (SWAR bit counting on the unsigned bits)."""
+    x = x.to(tl.uint32, bitcast=True)
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) >> 24).to(tl.int32)
+
+
+@triton.jit
+def _tree_depth(mask_rows, ok, num_nodes):
+    """Depth of the tree nodes whose packed ancestor masks start at ``mask_rows``:
+    a row holds the node's ancestors and itself, so depth = set bits - 1 (the
+    root, depth 0, sees itself only). Position = committed length + depth."""
+    bits = tl.zeros(mask_rows.shape, dtype=tl.int32)
+    for w in range(0, tl.cdiv(num_nodes, 32)):
+        bits += _popcount32(tl.load(mask_rows + w, mask=ok, other=0))
+    return bits - 1
+
+
+@triton.jit
 def _online_softmax_step(m_i, l_i, s):
     """Running max, rescale factor, probabilities and running sum after the
     base-2 scores ``s`` of one more KV tile."""
@@ -70,79 +91,82 @@ def _online_softmax_step(m_i, l_i, s):
 
 
 @triton.jit
-def _attend_tile(
-    acc,
-    m_i,
-    l_i,
-    q,
-    qb,
-    qpe,
-    K,
-    V,
-    slots,
-    key_ok,
-    visible,
-    kvh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    qk_scale,
-    logit_cap,
-    offs_d,
-    offs_db,
-    offs_dpe,
-    offs_dv,
-    D_MAIN: tl.constexpr,
-    D_PE: tl.constexpr,
-    D_V: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_DPE: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    SHARE_KV: tl.constexpr,
-    HAS_CAP: tl.constexpr,
-    Q_AS_B: tl.constexpr,
-    DV_SPLIT: tl.constexpr,
-    KV_CAST: tl.constexpr,
-    MASKED: tl.constexpr,
-):
-    """One online-softmax step of a query tile over one KV tile.
-
-    With ``DV_SPLIT == 2`` the main head dims come in two halves: ``offs_d``
-    is the half of the value columns this program owns, ``offs_db`` the other
-    one (only needed for the scores), and the V tile is the first half's K tile.
-    ``KV_CAST``: an fp8 KV cache, converted to q's dtype after the load (its
-    scales are folded into ``qk_scale`` and the output by the caller).
-    """
+def _load_kv_tile(
+    K, V, slots, key_ok, kvh, stride_kt, stride_kh, stride_vt, stride_vh,
+    offs_d, offs_db, offs_dpe, offs_dv,
+    D_MAIN: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SHARE_KV: tl.constexpr, DV_SPLIT: tl.constexpr,
+):  # fmt: skip
+    """The gathered K tile of keys ``slots`` (``k``, with ``DV_SPLIT == 2`` also
+    the other half ``kb``), its rope part ``kpe`` and the V tile, in the cache's
+    dtype; rows past ``key_ok`` are 0. With ``SHARE_KV`` the V tile is ``k``."""
     k_row = K + slots[:, None] * stride_kt + kvh * stride_kh
     if DV_SPLIT > 1:
         k = tl.load(k_row + offs_d[None, :], mask=key_ok[:, None], other=0.0)
         kb = tl.load(k_row + offs_db[None, :], mask=key_ok[:, None], other=0.0)
     elif D_MAIN == BLOCK_D:
         k = tl.load(k_row + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+        kb = k
     else:
         k = tl.load(
             k_row + offs_d[None, :],
             mask=key_ok[:, None] & (offs_d[None, :] < D_MAIN),
             other=0.0,
         )
+        kb = k
+    if BLOCK_DPE > 0:
+        kpe = tl.load(
+            k_row + D_MAIN + offs_dpe[None, :],
+            mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
+            other=0.0,
+        )
+    else:
+        kpe = k
+    if SHARE_KV:
+        v = k
+    else:
+        v_row = V + slots[:, None] * stride_vt + kvh * stride_vh
+        if D_V == BLOCK_DV:
+            v = tl.load(v_row + offs_dv[None, :], mask=key_ok[:, None], other=0.0)
+        else:
+            v = tl.load(
+                v_row + offs_dv[None, :],
+                mask=key_ok[:, None] & (offs_dv[None, :] < D_V),
+                other=0.0,
+            )
+    return k, kb, kpe, v
+
+
+@triton.jit
+def _attend_kv(
+    acc, m_i, l_i, q, qb, qpe, k, kb, kpe, v, key_ok, visible, qk_scale, logit_cap,
+    BLOCK_DPE: tl.constexpr, SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr,
+    Q_AS_B: tl.constexpr, DV_SPLIT: tl.constexpr, KV_CAST: tl.constexpr,
+    MASKED: tl.constexpr,
+):  # fmt: skip
+    """One online-softmax step of a query tile over one loaded KV tile
+    (``_load_kv_tile``'s tiles).
+
+    With ``DV_SPLIT == 2`` the main head dims come in two halves: ``k`` is the
+    half of the value columns this program owns, ``kb`` the other one (only
+    needed for the scores), and the V tile is the first half's K tile.
+    ``KV_CAST``: an fp8 KV cache, converted to q's dtype here (its scales are
+    folded into ``qk_scale`` and the output by the caller).
+    """
     if KV_CAST:
         k = k.to(q.dtype)
-        if DV_SPLIT > 1:
-            kb = kb.to(q.dtype)
+        kb = kb.to(q.dtype)
+        kpe = kpe.to(q.dtype)
+        v = v.to(q.dtype)
+    if SHARE_KV:
+        v = k
     if Q_AS_B:
         # K . Q^T keeps the query tile a shared-memory operand (wgmma takes
         # its B operand from shared memory only); a register-resident 576-wide
         # query tile would not leave room for the 512-wide accumulator.
         qk_t = tl.dot(k, tl.trans(q))
         if BLOCK_DPE > 0:
-            kpe = tl.load(
-                k_row + D_MAIN + offs_dpe[None, :],
-                mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
-                other=0.0,
-            )
-            if KV_CAST:
-                kpe = kpe.to(q.dtype)
             qk_t = tl.dot(kpe, tl.trans(qpe), qk_t)
         qk = tl.trans(qk_t)
     else:
@@ -150,13 +174,6 @@ def _attend_tile(
         if DV_SPLIT > 1:
             qk = tl.dot(qb, tl.trans(kb), qk)
         if BLOCK_DPE > 0:
-            kpe = tl.load(
-                k_row + D_MAIN + offs_dpe[None, :],
-                mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
-                other=0.0,
-            )
-            if KV_CAST:
-                kpe = kpe.to(q.dtype)
             qk = tl.dot(qpe, tl.trans(kpe), qk)
 
     if HAS_CAP:
@@ -172,24 +189,248 @@ def _attend_tile(
         s = tl.where(key_ok[None, :], s, float("-inf"))
 
     m_new, alpha, p, l_i = _online_softmax_step(m_i, l_i, s)
-
-    if SHARE_KV:
-        v = k
-    else:
-        v_row = V + slots[:, None] * stride_vt + kvh * stride_vh
-        if D_V == BLOCK_DV:
-            v = tl.load(v_row + offs_dv[None, :], mask=key_ok[:, None], other=0.0)
-        else:
-            v = tl.load(
-                v_row + offs_dv[None, :],
-                mask=key_ok[:, None] & (offs_dv[None, :] < D_V),
-                other=0.0,
-            )
-        if KV_CAST:
-            v = v.to(q.dtype)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _attend_tile(
+    acc, m_i, l_i, q, qb, qpe, K, V, slots, key_ok, visible,
+    kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
+    offs_d, offs_db, offs_dpe, offs_dv,
+    D_MAIN: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr, Q_AS_B: tl.constexpr,
+    DV_SPLIT: tl.constexpr, KV_CAST: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """Load one KV tile and take one online-softmax step over it."""
+    k, kb, kpe, v = _load_kv_tile(
+        K, V, slots, key_ok, kvh, stride_kt, stride_kh, stride_vt, stride_vh,
+        offs_d, offs_db, offs_dpe, offs_dv,
+        D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, DV_SPLIT,
+    )  # fmt: skip
+    return _attend_kv(
+        acc, m_i, l_i, q, qb, qpe, k, kb, kpe, v, key_ok, visible, qk_scale, logit_cap,
+        BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, DV_SPLIT, KV_CAST, MASKED,
+    )  # fmt: skip
+
+
+@triton.jit
+def _prefix_slice_register_prefetch(
+    acc, m_i, l_i, q, qb, qpe, K, V, prefix_indices, kv_start, lo, hi,
+    kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
+    offs_d, offs_dpe, offs_dv, win_lo,
+    D_MAIN: tl.constexpr, D_PE: tl.constexpr, D_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DPE: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr, Q_AS_B: tl.constexpr,
+    KV_CAST: tl.constexpr, BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
+):  # fmt: skip
+    """A prefix slice whose next KV tile is loaded into registers while the
+    current one is computed (``register_prefetch``).
+
+    For shared memory of 99 KiB per block (sm_120): the query tile and one
+    576-wide KV tile fill three quarters of it, so Triton's own pipelining gets
+    a single KV buffer and waits for every tile's copy before its compute.
+    Here the loads of tile i + 1 are issued before the products of tile i and
+    land in registers, the tile is stored to the one shared buffer when its
+    turn comes, and the gather latency overlaps a whole tile of compute. Slot
+    ids run one tile further ahead, so the KV loads never wait on them.
+    """
+    offs_k = tl.arange(0, BLOCK_N)
+    ok = lo + offs_k < hi
+    slots = tl.load(prefix_indices + kv_start + lo + offs_k, mask=ok, other=0)
+    k, kb, kpe, v = _load_kv_tile(
+        K, V, slots.to(tl.int64), ok, kvh, stride_kt, stride_kh, stride_vt, stride_vh,
+        offs_d, offs_d, offs_dpe, offs_dv,
+        D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, 1,
+    )  # fmt: skip
+    offs_n = lo + BLOCK_N + offs_k
+    slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
+    for start in tl.range(lo, hi, BLOCK_N, num_stages=1):
+        key_ok = start + offs_k < hi
+        k_cur = k
+        kpe_cur = kpe
+        v_cur = v
+        offs_n = start + BLOCK_N + offs_k
+        k, kb, kpe, v = _load_kv_tile(
+            K, V, slots_next.to(tl.int64), offs_n < hi, kvh, stride_kt, stride_kh,
+            stride_vt, stride_vh, offs_d, offs_d, offs_dpe, offs_dv,
+            D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, 1,
+        )  # fmt: skip
+        offs_n = start + 2 * BLOCK_N + offs_k
+        slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
+        acc, m_i, l_i = _attend_kv(
+            acc, m_i, l_i, q, q, qpe, k_cur, k_cur, kpe_cur, v_cur, key_ok,
+            (start + offs_k)[None, :] >= win_lo[:, None],
+            qk_scale, logit_cap, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, 1, KV_CAST, SLIDING,
+        )  # fmt: skip
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _load_chunks(row_ptr, row_ok, D_CHUNKS: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Columns ``[c * BLOCK_C, (c + 1) * BLOCK_C)`` of rows ``row_ptr`` ([R, 1]
+    pointers) for each chunk c, as a tuple; rows past ``row_ok`` are 0."""
+    offs = tl.arange(0, BLOCK_C)
+    chunks = ()
+    for c in tl.static_range(D_CHUNKS):
+        chunks = chunks + (
+            tl.load(row_ptr + c * BLOCK_C + offs[None, :], mask=row_ok[:, None], other=0.0),
+        )
+    return chunks
+
+
+@triton.jit
+def _load_kv_chunks(
+    K, V, slots, key_ok, kvh, stride_kt, stride_kh, stride_vt, stride_vh, offs_dpe,
+    D_MAIN: tl.constexpr, D_PE: tl.constexpr, BLOCK_DPE: tl.constexpr,
+    SHARE_KV: tl.constexpr, D_CHUNKS: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """The K tile of keys ``slots`` as ``D_CHUNKS`` column chunks, its rope
+    part, and the V tile's chunks (the K chunks with ``SHARE_KV``)."""
+    k_row = K + slots[:, None] * stride_kt + kvh * stride_kh
+    ks = _load_chunks(k_row, key_ok, D_CHUNKS, BLOCK_C)
+    if BLOCK_DPE > 0:
+        kpe = tl.load(
+            k_row + D_MAIN + offs_dpe[None, :],
+            mask=key_ok[:, None] & (offs_dpe[None, :] < D_PE),
+            other=0.0,
+        )
+    else:
+        kpe = ks[0]
+    if SHARE_KV:
+        vs = ks
+    else:
+        vs = _load_chunks(V + slots[:, None] * stride_vt + kvh * stride_vh, key_ok, D_CHUNKS, BLOCK_C)
+    return ks, kpe, vs
+
+
+@triton.jit
+def _attend_chunks(
+    acc, m_i, l_i, qs, qpe, ks, kpe, vs, key_ok, visible, qk_scale, logit_cap,
+    BLOCK_DPE: tl.constexpr, SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr,
+    Q_AS_B: tl.constexpr, KV_CAST: tl.constexpr, MASKED: tl.constexpr,
+    D_CHUNKS: tl.constexpr,
+):  # fmt: skip
+    """``_attend_kv`` with the main head dims in ``D_CHUNKS`` column chunks:
+    ``acc`` is a tuple of one accumulator per value chunk.
+
+    Each chunk's score product is a dot of its own, scaled, then added (an add
+    of a plain dot result would be folded back into one accumulating dot). On
+    mma.sync a dot over 576 dims is one chain of 36 dependent MMAs per 16 x 8
+    output tile; separate chunks give the scheduler independent chains.
+    """
+    if KV_CAST:
+        cast = ()
+        for c in tl.static_range(D_CHUNKS):
+            cast = cast + (ks[c].to(qpe.dtype),)
+        ks = cast
+        kpe = kpe.to(qpe.dtype)
+        if SHARE_KV:
+            vs = ks
+        else:
+            cast = ()
+            for c in tl.static_range(D_CHUNKS):
+                cast = cast + (vs[c].to(qpe.dtype),)
+            vs = cast
+    if Q_AS_B:
+        st = tl.dot(ks[0], tl.trans(qs[0])) * qk_scale
+        for c in tl.static_range(1, D_CHUNKS):
+            st += tl.dot(ks[c], tl.trans(qs[c])) * qk_scale
+        if BLOCK_DPE > 0:
+            st += tl.dot(kpe, tl.trans(qpe)) * qk_scale
+        s = tl.trans(st)
+    else:
+        s = tl.dot(qs[0], tl.trans(ks[0])) * qk_scale
+        for c in tl.static_range(1, D_CHUNKS):
+            s += tl.dot(qs[c], tl.trans(ks[c])) * qk_scale
+        if BLOCK_DPE > 0:
+            s += tl.dot(qpe, tl.trans(kpe)) * qk_scale
+    if HAS_CAP:
+        # cap * tanh(s / cap), tanh written through sigmoid.
+        s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
+        s = s * 1.4426950408889634
+    if MASKED:
+        s = tl.where(visible & key_ok[None, :], s, float("-inf"))
+    else:
+        s = tl.where(key_ok[None, :], s, float("-inf"))
+    m_new, alpha, p, l_i = _online_softmax_step(m_i, l_i, s)
+    p = p.to(qpe.dtype)
+    new = ()
+    for c in tl.static_range(D_CHUNKS):
+        new = new + (tl.dot(p, vs[c], acc[c] * alpha[:, None]),)
+    return new, m_new, l_i
+
+
+@triton.jit
+def _prefix_slice_chunked(
+    acc, m_i, l_i, qs, qpe, K, V, prefix_indices, kv_start, lo, hi,
+    kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap, offs_dpe, win_lo,
+    D_MAIN: tl.constexpr, D_PE: tl.constexpr, BLOCK_DPE: tl.constexpr,
+    SHARE_KV: tl.constexpr, HAS_CAP: tl.constexpr, Q_AS_B: tl.constexpr,
+    KV_CAST: tl.constexpr, REGISTER_PREFETCH: tl.constexpr,
+    D_CHUNKS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr, SLIDING: tl.constexpr,
+):  # fmt: skip
+    """A prefix slice with chunked head dims (``d_chunks``): Triton's
+    pipelined loads, or with ``REGISTER_PREFETCH`` the next tile loaded into
+    registers while the current one is computed (see
+    ``_prefix_slice_register_prefetch``). ``SLIDING``: row r sees prefix keys
+    from ``win_lo[r]`` on."""
+    offs_k = tl.arange(0, BLOCK_N)
+    if REGISTER_PREFETCH:
+        ok = lo + offs_k < hi
+        slots = tl.load(prefix_indices + kv_start + lo + offs_k, mask=ok, other=0)
+        ks, kpe, vs = _load_kv_chunks(
+            K, V, slots.to(tl.int64), ok, kvh, stride_kt, stride_kh, stride_vt, stride_vh,
+            offs_dpe, D_MAIN, D_PE, BLOCK_DPE, SHARE_KV, D_CHUNKS, BLOCK_C,
+        )  # fmt: skip
+        offs_n = lo + BLOCK_N + offs_k
+        slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
+        for start in tl.range(lo, hi, BLOCK_N, num_stages=1):
+            key_ok = start + offs_k < hi
+            ks_cur = ks
+            kpe_cur = kpe
+            vs_cur = vs
+            offs_n = start + BLOCK_N + offs_k
+            ks, kpe, vs = _load_kv_chunks(
+                K, V, slots_next.to(tl.int64), offs_n < hi, kvh, stride_kt, stride_kh,
+                stride_vt, stride_vh, offs_dpe, D_MAIN, D_PE, BLOCK_DPE, SHARE_KV, D_CHUNKS,
+                BLOCK_C,
+            )  # fmt: skip
+            offs_n = start + 2 * BLOCK_N + offs_k
+            slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
+            acc, m_i, l_i = _attend_chunks(
+                acc, m_i, l_i, qs, qpe, ks_cur, kpe_cur, vs_cur, key_ok,
+                (start + offs_k)[None, :] >= win_lo[:, None],
+                qk_scale, logit_cap, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, KV_CAST, SLIDING,
+                D_CHUNKS,
+            )  # fmt: skip
+    else:
+        offs_n = lo + offs_k
+        slots_next = tl.load(prefix_indices + kv_start + offs_n, mask=offs_n < hi, other=0)
+        for start in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
+            offs_n = start + offs_k
+            key_ok = offs_n < hi
+            # Slot ids one tile ahead: the KV loads are direct loads to the
+            # pipeliner (see the default loop in _tree_verify_split_kernel).
+            slots = slots_next
+            slots_next = tl.load(
+                prefix_indices + kv_start + offs_n + BLOCK_N,
+                mask=offs_n + BLOCK_N < hi,
+                other=0,
+            )
+            ks, kpe, vs = _load_kv_chunks(
+                K, V, slots.to(tl.int64), key_ok, kvh, stride_kt, stride_kh, stride_vt,
+                stride_vh, offs_dpe, D_MAIN, D_PE, BLOCK_DPE, SHARE_KV, D_CHUNKS, BLOCK_C,
+            )  # fmt: skip
+            acc, m_i, l_i = _attend_chunks(
+                acc, m_i, l_i, qs, qpe, ks, kpe, vs, key_ok, offs_n[None, :] >= win_lo[:, None],
+                qk_scale, logit_cap, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, KV_CAST, SLIDING,
+                D_CHUNKS,
+            )  # fmt: skip
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -385,6 +626,7 @@ def _tree_verify_split_kernel(
     logit_cap,
     v_scale,
     ext_lse_scale,
+    window,
     num_nodes,
     group,
     num_heads,
@@ -420,10 +662,13 @@ def _tree_verify_split_kernel(
     Q_AS_B: tl.constexpr,
     QK_AHEAD: tl.constexpr,
     SCORES_VIA_SCRATCH: tl.constexpr,  # P through P_scratch / A_scratch (MLA, shared KV)
+    REGISTER_PREFETCH: tl.constexpr,  # the next prefix KV tile loaded into registers ahead
     DV_SPLIT: tl.constexpr,
     KV_CAST: tl.constexpr,  # fp8 KV cache: tiles converted to q's dtype
     MERGE_EXT: tl.constexpr,  # merge Ext_o/Ext_lse into the tail and write the output
     BLOCK_DV_PROG: tl.constexpr,  # value columns per program: BLOCK_DV / DV_SPLIT
+    D_CHUNKS: tl.constexpr,  # main head dims as this many column chunks (d_chunks)
+    SLIDING: tl.constexpr,  # a key at distance > window (in positions) is not seen
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
@@ -445,7 +690,16 @@ def _tree_verify_split_kernel(
     tok = b * num_nodes + node
 
     q_row = Q + tok[:, None].to(tl.int64) * stride_qt + head[:, None] * stride_qh
-    if DV_SPLIT > 1:
+    BLOCK_C: tl.constexpr = BLOCK_D // D_CHUNKS
+    if D_CHUNKS > 1:
+        # Tuples of column chunks (Q and the accumulator); see _attend_chunks.
+        qs = _load_chunks(q_row, row_ok, D_CHUNKS, BLOCK_C)
+        offs_d = tl.arange(0, BLOCK_C)
+        offs_db = offs_d
+        offs_dv = offs_d
+        q = qs[0]
+        qb = q
+    elif DV_SPLIT > 1:
         # Main dims in two halves, this program's value half first; the
         # scores are the same sum in either order.
         offs_d = half * BLOCK_DV_PROG + tl.arange(0, BLOCK_DV_PROG)
@@ -474,18 +728,47 @@ def _tree_verify_split_kernel(
         offs_dpe = offs_d
         qpe = q
 
-    acc = tl.zeros([BLOCK_M, BLOCK_DV_PROG], dtype=tl.float32)
+    if D_CHUNKS > 1:
+        acc = ()
+        for c in tl.static_range(D_CHUNKS):
+            acc = acc + (tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32),)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_DV_PROG], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
+    if SLIDING:
+        # Node i sits at position prefix_len + depth(i): with the window it sees
+        # prefix key t iff prefix_len + depth(i) - t <= window, tree node j iff
+        # depth(i) - depth(j) <= window (and j is an ancestor or i itself).
+        # Prefix key t is at position t of the prefix passed, which is the last
+        # prefix_len committed tokens (all of them, or a window's worth).
+        depth = _tree_depth(tree_mask + b * stride_mb + node * stride_mn, row_ok, num_nodes)
+    else:
+        depth = tl.zeros([BLOCK_M], dtype=tl.int32)
     if pid_s < num_splits:
-        # A slice of the committed prefix: no mask, every row sees every key.
+        # A slice of the committed prefix: no mask (but the window), every row
+        # sees every key.
         kv_start = tl.load(prefix_indptr + b)
         prefix_len = tl.load(prefix_indptr + b + 1) - kv_start
-        chunk = tl.cdiv(tl.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
-        lo = pid_s * chunk
+        if SLIDING:
+            # Keys before prefix_len - window are out of every row's window.
+            base = tl.maximum(prefix_len - window, 0)
+        else:
+            base = 0
+        win_lo = prefix_len + depth - window
+        chunk = tl.cdiv(tl.cdiv(prefix_len - base, num_splits), BLOCK_N) * BLOCK_N
+        lo = base + pid_s * chunk
         hi = tl.minimum(lo + chunk, prefix_len)
-        if SCORES_VIA_SCRATCH:
+        if D_CHUNKS > 1:
+            acc, m_i, l_i = _prefix_slice_chunked(
+                acc, m_i, l_i, qs, qpe, K, V, prefix_indices, kv_start, lo, hi,
+                kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap, offs_dpe,
+                win_lo, D_MAIN, D_PE, BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, KV_CAST,
+                REGISTER_PREFETCH, D_CHUNKS, BLOCK_C, BLOCK_N, NUM_STAGES, SLIDING,
+            )  # fmt: skip
+        elif SCORES_VIA_SCRATCH:
+            tl.static_assert(not SLIDING, "sliding windows: not with scores_via_scratch")
             # One scratch region per program of the launch grid.
             prog = tl.program_id(0) + tl.num_programs(0) * (
                 pid_s + tl.num_programs(1) * pid_bk
@@ -499,7 +782,16 @@ def _tree_verify_split_kernel(
                 D_MAIN, D_PE, BLOCK_D, BLOCK_DPE, HAS_CAP, KV_CAST,
                 BLOCK_M, BLOCK_N, NUM_STAGES,
             )  # fmt: skip
+        elif REGISTER_PREFETCH:
+            acc, m_i, l_i = _prefix_slice_register_prefetch(
+                acc, m_i, l_i, q, qb, qpe, K, V, prefix_indices, kv_start, lo, hi,
+                kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
+                offs_d, offs_dpe, offs_dv, win_lo,
+                D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP,
+                Q_AS_B, KV_CAST, BLOCK_N, SLIDING,
+            )  # fmt: skip
         elif QK_AHEAD:
+            tl.static_assert(not SLIDING, "sliding windows: not with qk_ahead")
             acc, m_i, l_i = _prefix_slice_qk_ahead(
                 acc, m_i, l_i, q, qpe, K, V, prefix_indices, kv_start, lo, hi,
                 kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
@@ -525,11 +817,12 @@ def _tree_verify_split_kernel(
                     other=0,
                 )
                 acc, m_i, l_i = _attend_tile(
-                    acc, m_i, l_i, q, qb, qpe, K, V, slots.to(tl.int64), key_ok, row_ok[:, None],
+                    acc, m_i, l_i, q, qb, qpe, K, V, slots.to(tl.int64), key_ok,
+                    offs_n[None, :] >= win_lo[:, None],
                     kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
                     offs_d, offs_db, offs_dpe, offs_dv,
                     D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP,
-                    Q_AS_B, DV_SPLIT, KV_CAST, MASKED=False,
+                    Q_AS_B, DV_SPLIT, KV_CAST, MASKED=SLIDING,
                 )  # fmt: skip
     if pid_s == tl.maximum(num_splits, 1) - 1:
         # The tree tail: node i sees node j iff bit j of its ancestor mask is set.
@@ -546,16 +839,59 @@ def _tree_verify_split_kernel(
                 other=0,
             )
             visible = ((words >> (offs_n % 32)[None, :]) & 1) != 0
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, qb, qpe, K, V, slots.to(tl.int64), key_ok, visible,
-                kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
-                offs_d, offs_db, offs_dpe, offs_dv,
-                D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP, Q_AS_B,
-                DV_SPLIT, KV_CAST, MASKED=True,
-            )  # fmt: skip
+            if SLIDING:
+                key_depth = _tree_depth(
+                    tree_mask + b * stride_mb + offs_n * stride_mn, key_ok, num_nodes
+                )
+                visible &= (depth[:, None] - key_depth[None, :]) <= window
+            if D_CHUNKS > 1:
+                ks, kpe, vs = _load_kv_chunks(
+                    K, V, slots.to(tl.int64), key_ok, kvh, stride_kt, stride_kh, stride_vt,
+                    stride_vh, offs_dpe, D_MAIN, D_PE, BLOCK_DPE, SHARE_KV, D_CHUNKS, BLOCK_C,
+                )  # fmt: skip
+                acc, m_i, l_i = _attend_chunks(
+                    acc, m_i, l_i, qs, qpe, ks, kpe, vs, key_ok, visible, qk_scale, logit_cap,
+                    BLOCK_DPE, SHARE_KV, HAS_CAP, Q_AS_B, KV_CAST, True, D_CHUNKS,
+                )  # fmt: skip
+            else:
+                acc, m_i, l_i = _attend_tile(
+                    acc, m_i, l_i, q, qb, qpe, K, V, slots.to(tl.int64), key_ok, visible,
+                    kvh, stride_kt, stride_kh, stride_vt, stride_vh, qk_scale, logit_cap,
+                    offs_d, offs_db, offs_dpe, offs_dv,
+                    D_MAIN, D_PE, D_V, BLOCK_D, BLOCK_DPE, BLOCK_DV, SHARE_KV, HAS_CAP,
+                    Q_AS_B, DV_SPLIT, KV_CAST, MASKED=True,
+                )  # fmt: skip
 
     seen = l_i > 0.0
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    o_row = O_part + pid_s * stride_ps + tok[:, None].to(tl.int64) * stride_pt + head[:, None] * stride_ph
+    if D_CHUNKS > 1:
+        o_scale = (v_scale / tl.where(seen, l_i, 1.0))[:, None]
+        for c in tl.static_range(D_CHUNKS):
+            tl.store(
+                o_row + c * BLOCK_C + offs_dv[None, :],
+                (acc[c] * o_scale).to(O_part.dtype.element_ty),
+                mask=row_ok[:, None],
+            )
+    else:
+        _store_partial(
+            acc, l_i, lse, v_scale, seen, o_row, Ext_o, Ext_lse, ext_lse_scale, prefix_indptr, b,
+            node, head, row_ok, offs_dv, stride_eob, stride_eoq, stride_eoh, stride_elb,
+            stride_elq, stride_elh, D_V, MERGE_EXT,
+        )  # fmt: skip
+    if not MERGE_EXT:
+        out_row = (tok * num_heads + head).to(tl.int64)
+        tl.store(Lse_part + pid_s * stride_ls + out_row, lse, mask=row_ok & (half == 0))
+
+
+@triton.jit
+def _store_partial(
+    acc, l_i, lse, v_scale, seen, o_row, Ext_o, Ext_lse, ext_lse_scale, prefix_indptr, b,
+    node, head, row_ok, offs_dv, stride_eob, stride_eoq, stride_eoh, stride_elb,
+    stride_elq, stride_elh, D_V: tl.constexpr, MERGE_EXT: tl.constexpr,
+):  # fmt: skip
+    """Store a program's normalised output at ``o_row + column``; with
+    ``MERGE_EXT`` first merged with the external prefix pass by the LSEs."""
     o = acc * (v_scale / tl.where(seen, l_i, 1.0))[:, None]
     col_ok = row_ok[:, None] & (offs_dv[None, :] < D_V)
     if MERGE_EXT:
@@ -581,15 +917,7 @@ def _tree_verify_split_kernel(
         w_ext = tl.math.exp2(ext_lse - m)
         den = w_tail + w_ext
         o = (o * w_tail[:, None] + ext_o * w_ext[:, None]) / tl.where(den > 0.0, den, 1.0)[:, None]
-    tl.store(
-        O_part + pid_s * stride_ps + tok[:, None].to(tl.int64) * stride_pt
-        + head[:, None] * stride_ph + offs_dv[None, :],
-        o.to(O_part.dtype.element_ty),
-        mask=col_ok,
-    )
-    if not MERGE_EXT:
-        out_row = (tok * num_heads + head).to(tl.int64)
-        tl.store(Lse_part + pid_s * stride_ls + out_row, lse, mask=row_ok & (half == 0))
+    tl.store(o_row + offs_dv[None, :], o.to(o_row.dtype.element_ty), mask=col_ok)
 
 
 @triton.jit
@@ -597,6 +925,7 @@ def _tree_verify_combine_kernel(
     O_part,
     Lse_part,
     Out,
+    Sinks,
     total_rows,
     num_parts,
     num_heads,
@@ -609,19 +938,27 @@ def _tree_verify_combine_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     PARTS_PER_STEP: tl.constexpr,
+    HAS_SINK: tl.constexpr,
 ):
     """Merge every split's partial output of one row (one ``BLOCK_DV`` slice)
     by its log-sum-exp and write ``Out``. All LSEs of the row are read at once,
     and the partial outputs stream in ``PARTS_PER_STEP x BLOCK_DV`` tiles, so
-    a row with many splits keeps many loads in flight."""
+    a row with many splits keeps many loads in flight. ``HAS_SINK``: the head's
+    sink logit (natural log, ``Sinks[head]``) joins the softmax denominator
+    with no value (gpt-oss attention sinks)."""
     row = tl.program_id(0)
     offs_d = tl.program_id(1) * BLOCK_DV + tl.arange(0, BLOCK_DV)
     d_ok = offs_d < D_V
     offs_p = tl.arange(0, BLOCK_P)
     lse = tl.load(Lse_part + offs_p * stride_ls + row, mask=offs_p < num_parts, other=float("-inf"))
     m = tl.max(lse, 0)
+    if HAS_SINK:
+        sink = tl.load(Sinks + row % num_heads).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
     m = tl.where(m == float("-inf"), 0.0, m)
     den = tl.sum(tl.math.exp2(lse - m), 0)
+    if HAS_SINK:
+        den += tl.math.exp2(sink - m)
     acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
     part_row = O_part + row.to(tl.int64) * stride_pr
     for s0 in tl.range(0, num_parts, PARTS_PER_STEP, num_stages=2):
@@ -708,6 +1045,32 @@ def dv_split_for(config: TreeVerifyConfig, dqk: int, dv: int, share_kv: bool) ->
     return config.dv_split if ok else 1
 
 
+def d_chunks_for(config: TreeVerifyConfig, dqk: int, dv: int, share_kv: bool) -> int:
+    """Column chunks of the main head dims (``TreeVerifyConfig.d_chunks``) where
+    the chunked loop applies: one program owning all value columns, main dims
+    a power of two equal to Dv, chunks of at least 16 columns; 1 elsewhere."""
+    if config.d_chunks <= 1 or dv_split_for(config, dqk, dv, share_kv) > 1:
+        return 1
+    d_main, _, block_d, _, block_dv = head_dim_blocks(dqk, dv)
+    ok = d_main == dv == block_d == block_dv and block_d % (16 * config.d_chunks) == 0
+    return config.d_chunks if ok else 1
+
+
+def check_sliding_window(config: TreeVerifyConfig, sliding_window: Optional[int]) -> None:
+    """A window is applied by the default prefix loop, the register prefetch and
+    the chunked loop; the absorbed-MLA loops (scores via scratch, qk_ahead) have
+    none (no MLA model has sliding-window layers). Raises ``ValueError``."""
+    if sliding_window is None:
+        return
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 0:
+        raise ValueError(f"sliding_window must be an int >= 0 (None: no window), got {sliding_window!r}")
+    if config.scores_via_scratch or config.qk_ahead:
+        raise ValueError(
+            "sliding_window: the scores_via_scratch and qk_ahead prefix loops apply no window; "
+            f"got {config}"
+        )
+
+
 def check_scores_via_scratch(config: TreeVerifyConfig, dqk: int, dv: int, share_kv: bool) -> None:
     """``scores_via_scratch`` is written for absorbed MLA only: a power-of-two
     latent part plus rope dims (576 = 512 + 64), V = K[..., :512] (the K tile
@@ -757,6 +1120,7 @@ def split_partials(
     config: TreeVerifyConfig,
     num_splits: int,
     kv_scales: Optional[Tuple[float, float]] = None,
+    sliding_window: Optional[int] = None,
 ):
     """Run the split kernel: ``num_splits`` prefix slices plus the tree tail.
 
@@ -764,6 +1128,7 @@ def split_partials(
     ``[parts, bs*N*H]`` (fp32, base-2 LSE), ``parts = max(num_splits, 1)``;
     the tail is folded into the last split (part 0 when ``num_splits`` is 0).
     ``kv_scales``: ``(k_scale, v_scale)`` of an fp8 KV cache (None otherwise).
+    ``sliding_window``: see ``tree_verify_fused``.
     """
     bs, n = tree_kv_indices.shape
     h, dv = q.shape[1], v_buffer.shape[2]
@@ -774,6 +1139,7 @@ def split_partials(
         q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
         tree_mask, sm_scale, logit_cap, config, num_splits, kv_scales,
         o_part, (o_part.stride(0), o_part.stride(1) * h, o_part.stride(1)), lse_part,
+        sliding_window=sliding_window,
     )  # fmt: skip
     return o_part, lse_part
 
@@ -781,11 +1147,12 @@ def split_partials(
 def _launch_split(
     q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices, tree_kv_indices,
     tree_mask, sm_scale, logit_cap, config, num_splits, kv_scales,
-    o_out, o_strides, lse_part, external=None,
+    o_out, o_strides, lse_part, external=None, sliding_window=None,
 ):  # fmt: skip
     """``o_out`` is written at ``part * o_strides[0] + token * o_strides[1] +
     head * o_strides[2]``: the fp32 partials, or with ``external = (o, lse,
     lse_scale)`` (a prefix pass merged in the epilogue; num_splits 0) the output."""
+    check_sliding_window(config, sliding_window)
     bs, n = tree_kv_indices.shape
     h, dqk = q.shape[1], q.shape[2]
     hkv = k_buffer.shape[1]
@@ -823,6 +1190,7 @@ def _launch_split(
         prefix_kv_indptr, prefix_kv_indices, tree_kv_indices, tree_mask,
         p_scratch, a_scratch, ext_o, ext_lse,
         qk_scale, float(logit_cap), float(v_scale), float(ext_lse_scale),
+        int(sliding_window) if sliding_window is not None else 0,
         n, group, h, hkv, num_splits,
         q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1),
@@ -835,7 +1203,10 @@ def _launch_split(
         BLOCK_D=block_d, BLOCK_DPE=block_dpe, BLOCK_DV=block_dv,
         SHARE_KV=share_kv, HAS_CAP=has_cap, Q_AS_B=config.q_as_b,
         QK_AHEAD=config.qk_ahead, SCORES_VIA_SCRATCH=via_scratch,
+        REGISTER_PREFETCH=config.register_prefetch,
         DV_SPLIT=dv_split, BLOCK_DV_PROG=block_dv // dv_split,
+        D_CHUNKS=d_chunks_for(config, dqk, dv, share_kv),
+        SLIDING=sliding_window is not None,
         KV_CAST=k_buffer.dtype != q.dtype, MERGE_EXT=external is not None,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         NUM_STAGES=config.num_stages,
@@ -854,20 +1225,25 @@ def combine_tiles(dv: int, parts: int):
 
 
 def combine_partials(
-    o_part: torch.Tensor, lse_part: torch.Tensor, out: torch.Tensor
+    o_part: torch.Tensor,
+    lse_part: torch.Tensor,
+    out: torch.Tensor,
+    sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Merge ``[parts, rows, Dv]`` partials by their base-2 LSE into ``out``
-    (``[tokens, H, Dv]``, rows = tokens * H)."""
+    (``[tokens, H, Dv]``, rows = tokens * H); ``sinks``: ``[H]`` sink logits
+    (natural log) added to each head's softmax denominator."""
     parts, total_rows, dv = o_part.shape
     if total_rows == 0:
         return out
     block_dv, parts_per_step, warps = combine_tiles(dv, parts)
     _tree_verify_combine_kernel[(total_rows, triton.cdiv(dv, block_dv))](
-        o_part, lse_part, out, total_rows, parts, out.shape[1],
+        o_part, lse_part, out, sinks if sinks is not None else lse_part,
+        total_rows, parts, out.shape[1],
         o_part.stride(0), o_part.stride(1), lse_part.stride(0),
         out.stride(0), out.stride(1),
         D_V=dv, BLOCK_P=triton.next_power_of_2(parts), BLOCK_DV=block_dv,
-        PARTS_PER_STEP=parts_per_step, num_warps=warps,
+        PARTS_PER_STEP=parts_per_step, HAS_SINK=sinks is not None, num_warps=warps,
     )  # fmt: skip
     return out
 
@@ -881,7 +1257,7 @@ def tail_only_config(config: TreeVerifyConfig) -> TreeVerifyConfig:
     of 8 tiles at every shape measured."""
     return dataclasses.replace(
         config, block_m=32, num_warps=4, num_stages=1, dv_split=2, q_as_b=False,
-        qk_ahead=False, scores_via_scratch=False,
+        qk_ahead=False, scores_via_scratch=False, register_prefetch=False, d_chunks=1,
     )  # fmt: skip
 
 
@@ -960,7 +1336,10 @@ def num_splits_for(
     bs: int,
     n: int,
     config: TreeVerifyConfig,
+    sliding_window: Optional[int] = None,
 ) -> int:
+    """The split count for this launch (``choose_num_splits``); with a sliding
+    window only the window's keys of each prefix are split."""
     hkv = k_buffer.shape[1]
     group = q.shape[1] // hkv
     dv_split = dv_split_for(
@@ -968,9 +1347,10 @@ def num_splits_for(
     )
     row_tiles = triton.cdiv(n * group, config.block_m) * dv_split
     sms = _num_sms(q.device.index or 0) if q.is_cuda else 132
-    return choose_num_splits(
-        row_tiles * bs * hkv, prefix_kv_indices.numel(), bs, config, sms
-    )
+    keys = prefix_kv_indices.numel()
+    if sliding_window is not None:
+        keys = min(keys, bs * (sliding_window + 1))
+    return choose_num_splits(row_tiles * bs * hkv, keys, bs, config, sms)
 
 
 def tree_verify_fused(
@@ -987,18 +1367,30 @@ def tree_verify_fused(
     config: TreeVerifyConfig,
     num_splits: Optional[int] = None,
     kv_scales: Optional[Tuple[float, float]] = None,
+    sliding_window: Optional[int] = None,
+    sinks: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Split kernel then combine kernel. Inputs are validated by the
     dispatcher; ``num_splits`` overrides the heuristic (tests, tuning);
-    ``kv_scales`` = ``(k_scale, v_scale)`` of an fp8 KV cache."""
+    ``kv_scales`` = ``(k_scale, v_scale)`` of an fp8 KV cache.
+
+    ``sliding_window`` (upstream's ``layer.sliding_window_size``): a node at
+    position p sees keys at positions >= p - sliding_window only. Node i sits
+    at ``prefix_len + depth(i)`` (depth from its ancestor mask), prefix key t at
+    ``t``: the prefix passed must be the last ``prefix_len`` committed tokens of
+    the request (the whole prefix, or the part inside the window).
+    ``sinks``: ``[H]`` per-head sink logits (natural log), one more term of each
+    row's softmax denominator with no value."""
     bs, n = tree_kv_indices.shape
     if num_splits is None:
-        num_splits = num_splits_for(q, k_buffer, v_buffer, prefix_kv_indices, bs, n, config)
+        num_splits = num_splits_for(
+            q, k_buffer, v_buffer, prefix_kv_indices, bs, n, config, sliding_window
+        )
     if out is None:
         out = q.new_empty(bs * n, q.shape[1], v_buffer.shape[2])
     o_part, lse_part = split_partials(
         q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
         tree_kv_indices, tree_mask, sm_scale, logit_cap, config, num_splits,
-        kv_scales=kv_scales,
+        kv_scales=kv_scales, sliding_window=sliding_window,
     )  # fmt: skip
-    return combine_partials(o_part, lse_part, out)
+    return combine_partials(o_part, lse_part, out, sinks)
