@@ -21,8 +21,6 @@ torch = pytest.importorskip("torch")
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 CELLS = REPO / "tests" / "cpu" / "arch_gating" / "_cells.py"
-sys.path.insert(0, str(REPO / "tests" / "cpu" / "arch_gating"))
-sys.path.insert(0, str(REPO / "scripts"))
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
@@ -45,7 +43,7 @@ def trees(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from _arch_gating_configs import CONFIGS
+    from tests.cpu.arch_gating._arch_gating_configs import CONFIGS
 
     root = tmp_path_factory.mktemp("models")
     out = {}

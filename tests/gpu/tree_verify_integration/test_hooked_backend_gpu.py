@@ -7,8 +7,6 @@ Run on the GPU host (patched sglang installed, see docs/GPU_HOST.md):
     python3 -m pytest -q tests/gpu/tree_verify_integration
 """
 
-import os
-import sys
 import time
 
 import pytest
@@ -16,8 +14,7 @@ import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "cpu", "tree_verify_integration"))
-from _setup import (  # noqa: E402
+from tests.cpu.tree_verify_integration._setup import (
     Pool,
     Verify,
     dense_reference,
