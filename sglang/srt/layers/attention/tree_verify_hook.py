@@ -64,7 +64,7 @@ UPSTREAM_STRATEGY = "upstream_extend"
 FLASHMLA_STRATEGY = "flashmla_split"
 #: Query rows per request (tree nodes x query heads on this rank) from which the
 #: default sends the target's verify prefix to FlashMLA on sm_90. On the H200
-#: (``benchmarks/results/verify_attention_s8_merge.json``, ``flashmla_split_parts_s9.json``)
+#: (``benchmarks/results/verify_attention_flashmla_split_matrix_h200_2026-11-30.json``, ``flashmla_split_parts_kv_chunks_h200_2026-11-30.json``)
 #: flashmla_split beats the fused kernel 2.2-2.8x at 1,040+ rows from 16K prefixes on
 #: and is level at 1K (0.044 against 0.047 ms; the B=64 server step 12.29 against
 #: 12.46 ms). At 272 rows (H=16, N=17) it now wins at 16K (0.063 against 0.075) but

@@ -14,7 +14,7 @@ whole call replays in a CUDA graph with no host work per step.
 
 Two things take FlashMLA's split-KV combine and our tail's latency off a lone request's
 critical path (per layer at H=16 N=65 P=16K they took 0.012 ms, the server profile in
-``e2e_step_h200_s8_merge_b.json``, and 0.020 ms, ``flashmla_split_parts_s8.json``, after
+``e2e_step_uniform_flashmla_split_profile_h200_2026-11-30.json``, and 0.020 ms, ``flashmla_split_parts_epilogue_merge_h200_2026-11-30.json``, after
 FlashMLA's 0.077):
 
 - **KV chunks as requests.** FlashMLA cuts the keys of a lone wide request into
@@ -198,7 +198,7 @@ def kv_chunks(bs: int, parts: int) -> int:
     """Requests FlashMLA sees per real one: a lone request in ``parts`` equal chunks,
     so its scheduler gives each part one whole chunk and splits nothing. A batch
     stays whole: its chunks would need a query copy each and still be split
-    (``flashmla_split_parts_s9.json``: slower at bs 2)."""
+    (``flashmla_split_parts_kv_chunks_h200_2026-11-30.json``: slower at bs 2)."""
     return max(1, parts) if bs == 1 else 1
 
 
@@ -427,7 +427,7 @@ def tree_verify_flashmla_split(
     With KV chunks (a lone request, ``plan.chunks > 1``) the tail runs on a side
     stream during FlashMLA (``overlap``, CUDA only) and ``merge_chunks`` merges. A
     whole request is merged in the tail kernel's epilogue instead: there FlashMLA
-    fills the GPU and the side stream only delays it (``flashmla_split_parts_s9``:
+    fills the GPU and the side stream only delays it (``flashmla_split_parts_kv_chunks_h200_2026-11-30``:
     0.626 against 0.604 ms at bs 8, 0.488 against 0.475 at H=128)."""
     check_supported(q, k_buffer, v_buffer, logit_cap)
     bs, n = tree_kv_indices.shape
