@@ -47,6 +47,8 @@ def resolve_target(target: str | None = None, python: str | None = None) -> path
             return p.parent
         raise TargetError(f"{target}: no sglang package here (expected {p}/sglang/__init__.py)")
     python = python or "python3"
+    if os.sep in python:  # a path: it names the interpreter from here, not from the directory it runs in
+        python = os.path.abspath(python)
     # A regular package only (origin set): a directory named sglang on the interpreter's path,
     # such as this repository's overlay, is a namespace portion and must never be patched.
     code = (

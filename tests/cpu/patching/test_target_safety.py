@@ -220,3 +220,11 @@ def test_edits_refreshed_into_the_series_apply_cleanly(capsys, upstream_copy, sy
     assert "sglang/version.py was edited after applying; the edits are in the series being applied" in out
     assert engine.stamp_verified(upstream_copy, engine.read_stamp(upstream_copy))
     assert load_series(patches, overlay).digest() == engine.read_stamp(upstream_copy)["digest"]
+
+
+def test_a_relative_python_path_names_the_interpreter_from_here(capsys, monkeypatch):
+    """`make apply` passes .venv/bin/python: it is found from the caller's directory (the lookup
+    itself runs elsewhere, so that a directory named sglang there is never taken for the package)."""
+    monkeypatch.chdir(REPO)
+    rc, out = run(capsys, "--python", ".venv/bin/python", "--check")
+    assert rc == 0 and "already applied" in out, out
