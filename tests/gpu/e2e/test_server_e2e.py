@@ -8,7 +8,7 @@ scheduler's own KV-pool leak check.
 
 Select configurations with DDTREE_E2E_CONFIGS (comma list of the names in CONFIGS; default:
 all). FlashInfer MLA configurations pay ~135 s of JIT on a fresh host; the ``-tp2``
-configurations skip on a host with fewer than two GPUs (run them on nvidia-h200-x2).
+configurations do not apply to a host with fewer than two GPUs.
 """
 
 from __future__ import annotations
