@@ -28,4 +28,4 @@ image-test:
 	bash scripts/test_image.sh --setup-docker --rm-image
 
 bump-reports:
-	for v in 0.5.16 0.5.18 0.5.23; do PYTHON=$(VPY) bash scripts/bump_upstream.sh $$v || true; done
+	for v in 0.5.16 0.5.18 0.5.20 0.5.23; do PYTHON=$(VPY) bash scripts/bump_upstream.sh $$v || true; done

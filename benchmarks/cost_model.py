@@ -20,7 +20,7 @@ leaves out shows there: prefill, the first token, request overheads, and a step 
 depends on what is accepted (random-prompt step times against real traffic).
 
   python3 benchmarks/cost_model.py --sweep results/budget_sweep_learned.json \\
-      --e2e benchmarks/results/e2e_step_h200_uniform.json benchmarks/results/e2e_step_h200_matrix.json \\
+      --e2e benchmarks/results/e2e_step_uniform_tile64x32_h200_2026-11-30.json benchmarks/results/e2e_step_dummy_routing_matrix_h200_2026-11-30.json \\
       --tag learned --out-dir benchmarks/results
 """
 

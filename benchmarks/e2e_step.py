@@ -65,8 +65,7 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import e2e_profile  # noqa: E402
+from benchmarks import e2e_profile
 
 #: Named configurations; ``ddtree<B>`` (any budget the server takes, e.g. ddtree63) is
 #: parsed by config_args.

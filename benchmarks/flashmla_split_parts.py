@@ -17,13 +17,11 @@ import argparse
 import datetime
 import json
 import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_timing import bench  # noqa: E402
-from verify_attention import make_inputs  # noqa: E402
+from benchmarks.gpu_timing import bench
+from benchmarks.verify_attention import make_inputs
 
 from sglang.srt.layers.attention.tree_verify import flashmla_split as fm
 from sglang.srt.layers.attention.tree_verify.configs import select_config

@@ -28,8 +28,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_timing import bench, measure_peaks  # noqa: E402
+from benchmarks.gpu_timing import bench, measure_peaks
 
 from sglang.srt.layers.moe.moe_runner.triton_utils import default_row_tile  # noqa: E402
 from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import (  # noqa: E402

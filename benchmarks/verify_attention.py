@@ -40,8 +40,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_timing import bench, measure_peaks  # noqa: E402
+from benchmarks.gpu_timing import bench, measure_peaks
 
 from sglang.srt.layers.attention.tree_verify import (
     StrategyUnavailable,

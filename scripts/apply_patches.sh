@@ -2,4 +2,6 @@
 # Thin wrapper: the logic is in scripts/patchkit/apply_cli.py (python >= 3.11, stdlib only).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-exec "${PYTHON:-python3}" -c 'import sys; sys.path.insert(0, sys.argv[1]); from patchkit.apply_cli import main; sys.exit(main(sys.argv[2:]))' "$here" "$@"
+# scripts/ on the module path for this one process: patchkit is a package there.
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
+exec "${PYTHON:-python3}" -m patchkit.apply_cli "$@"

@@ -10,9 +10,10 @@
 # --jobs 1 runs them one after another. Logs go to $OUT (or /tmp/ddtree-out): <piece>-pytest.log,
 # <piece>-server-logs.tgz for pieces that start servers, gpu-tier-summary.txt (one line per
 # piece). Exits nonzero if any piece failed, timed out (--dir-timeout, per piece) or collected
-# nothing (pytest rc 5), or if no test passed at all. DDTREE_E2E_CONFIGS / DDTREE_E2E_SERVERS
-# set by the caller turn that dir back into one piece with the caller's selection. PYTHON
-# picks the interpreter (default python3).
+# nothing (pytest rc 5), or if no test passed at all; a skip is a failure (env.sh sets
+# DDTREE_GPU_HOST=1), and a piece that needs two GPUs is left out on a host with one.
+# DDTREE_E2E_CONFIGS / DDTREE_E2E_SERVERS set by the caller turn that dir back into one piece
+# with the caller's selection. PYTHON picks the interpreter (default python3).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
@@ -186,6 +187,12 @@ done
 wait
 for spec in "${alone[@]}"; do
     IFS='|' read -r name dir env _ <<<"$spec"
+    if [ "$ngpu" -lt 2 ]; then  # tensor parallel: nothing to run it on, which is no failure
+        line=$(printf 'gpu-tier %-24s not run: needs 2 GPUs, %d visible' "$name" "$ngpu")
+        echo "0 0 0 0 $line" >"$STATE/$name"
+        echo "$line"
+        continue
+    fi
     echo "--- start $name (tests/gpu/$dir${env:+, $env}, every GPU, alone)"
     run_piece "$name" "$dir" "$env" "" "$@"
 done

@@ -1,13 +1,15 @@
 """scripts/bump_upstream.sh VERSION: how the series fares on another upstream release.
 
 Fetches that release's wheel (sha256 checked against PyPI's published hash), tries every
-patch hunk by hunk without stopping at the first failure, checks the overlay for files that
-upstream now ships itself, and writes the result as a markdown report.
+patch hunk by hunk without stopping at the first failure, looks for the context of each
+failing hunk in the rest of the new tree (upstream moves code between files), checks the
+overlay for files that upstream now ships itself, and writes the result as a markdown report.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import pathlib
 import sys
@@ -15,13 +17,49 @@ import sys
 from .engine import TargetError, resolve_target
 from .fetch import FetchError, download_wheel, pypi_hashes, unpack_sglang, verify
 from .series import REPO, SeriesError, load_series
-from .unidiff import PatchFormatError, apply_file_diff
+from .unidiff import PatchFormatError, apply_file_diff, is_distinctive
+
+
+def _text(p: pathlib.Path) -> str:
+    return p.read_bytes().decode("utf-8", errors="replace")
+
+
+def relocations(tree: pathlib.Path, wanted: list[tuple[str, list[str]]]) -> list[tuple[str, int, int, int] | None]:
+    """For each (file, hunk lines) that failed: the other file of the new tree holding most of the
+    hunk's distinctive lines, as (file, line, lines found there, lines found in the original file),
+    or None when no other file holds at least half of them and more than the original does.
+
+    Lines are compared without their indentation, since moved code is often re-indented (a method
+    turned into a function).
+    """
+    keys_of = [list(dict.fromkeys(l.strip() for l in lines if is_distinctive(l))) for _, lines in wanted]
+    all_keys = {k for keys in keys_of for k in keys}
+    where: dict[str, dict[str, int]] = collections.defaultdict(dict)  # line -> file -> first line number
+    for f in sorted((tree / "sglang").rglob("*.py")):
+        rel = f.relative_to(tree).as_posix()
+        for n, line in enumerate(_text(f).splitlines(), 1):
+            s = line.strip()
+            if s in all_keys:
+                where[s].setdefault(rel, n)
+    out = []
+    for (path, _), keys in zip(wanted, keys_of):
+        counts = collections.Counter(rel for k in keys for rel in where.get(k, {}))
+        here = counts.pop(path, 0)
+        best = min(counts.items(), key=lambda kv: (-kv[1], kv[0])) if counts else None
+        if not keys or best is None or 2 * best[1] < len(keys) or best[1] <= here:
+            out.append(None)
+            continue
+        rel = best[0]
+        first = min(where[k][rel] for k in keys if rel in where.get(k, {}))
+        out.append((rel, first, best[1], here))
+    return out
 
 
 def assess(tree: pathlib.Path, series) -> tuple[list[dict], list[str]]:
     """Per patch: clean / offset / fails, with the failing hunks; plus overlay collisions."""
     files: dict[str, str] = {}
     rows = []
+    failed: list[tuple[dict, int, str, list[str]]] = []  # row, note index, file, the hunk's old lines
     for patch in series.patches:
         row = {"patch": patch.name, "status": "clean", "notes": []}
         for fd in patch.files:
@@ -30,18 +68,29 @@ def assess(tree: pathlib.Path, series) -> tuple[list[dict], list[str]]:
                 if not p.exists():
                     row["status"] = "fails"
                     row["notes"].append(f"`{fd.path}` no longer exists upstream")
+                    failed.append((row, len(row["notes"]) - 1, fd.path, [l for h in fd.hunks for l in h.old_lines()]))
                     continue
-                files[fd.path] = p.read_text()
+                files[fd.path] = _text(p)
             files[fd.path], results = apply_file_diff(files[fd.path], fd, keep_going=True)
             for r in results:
                 if r.offset is None:
                     row["status"] = "fails"
                     row["notes"].append(f"`{fd.path}` hunk #{r.index} `{r.header}` fails:\n\n```\n{r.detail}\n```")
+                    failed.append((row, len(row["notes"]) - 1, fd.path, fd.hunks[r.index - 1].old_lines()))
                 elif r.offset:
                     if row["status"] == "clean":
                         row["status"] = "applies with offset"
                     row["notes"].append(f"`{fd.path}` hunk #{r.index} offset {r.offset:+d}")
         rows.append(row)
+    moved = relocations(tree, [(path, lines) for _, _, path, lines in failed]) if failed else []
+    for (row, k, path, lines), found in zip(failed, moved):
+        if found:
+            rel, line, n, here = found
+            total = sum(is_distinctive(l) for l in lines)
+            row["notes"][k] = (
+                f"moved: the context of this hunk is in `{rel}` near line {line} now "
+                f"({n} of its {total} distinctive lines there, {here} left in `{path}`); "
+                f"the hunk belongs in that file\n\n" + row["notes"][k])
     collisions = [rel for rel in series.overlay_files if (tree / rel).exists()]
     return rows, collisions
 
@@ -110,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {r['patch']:<{width}}  {r['status']}")
         for n in r["notes"]:
             print("      " + n.splitlines()[0])
+            if n.startswith("moved: "):
+                print("        " + n.split("\n\n", 1)[1].splitlines()[0])
     for c in collisions:
         print(f"  overlay collision: {c} exists upstream")
     bad = any(r["status"] == "fails" for r in rows) or bool(collisions)

@@ -13,9 +13,16 @@ import datetime
 import pathlib
 import sys
 
-from .engine import TargetError, read_stamp, resolve_target
+from .engine import TargetError, locked, read_stamp, resolve_target
 from .series import HEADER_FIELDS, REPO, SeriesError, load_series, read_lock
 from .unidiff import HunkFailed, PatchFormatError, apply_file_diff, make_file_diff, parse_patch
+
+
+def _read_text(p: pathlib.Path) -> str:
+    try:
+        return p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TargetError(f"{p}: not UTF-8 text ({e})") from e
 
 
 def _split_header(text: str) -> tuple[str, str]:
@@ -52,7 +59,8 @@ def _diff_text_for(patch_text: str, path: str) -> str:
 
 
 def refresh(edited: pathlib.Path, pristine: pathlib.Path, patches_dir: pathlib.Path,
-            overlay: pathlib.Path, new_name: str | None, description: str | None) -> list[tuple[str, str]]:
+            overlay: pathlib.Path, new_name: str | None, description: str | None,
+            subject: str | None = None) -> list[tuple[str, str]]:
     series = load_series(patches_dir, overlay)
     if read_stamp(edited) is None:
         raise TargetError(f"{edited} has no applied series (no stamp): apply the series, edit, then refresh")
@@ -68,9 +76,9 @@ def refresh(edited: pathlib.Path, pristine: pathlib.Path, patches_dir: pathlib.P
         for fd in p.files:
             before = state.get(fd.path)
             if before is None:
-                before = (pristine / fd.path).read_text()
+                before = _read_text(pristine / fd.path)
             if last_owner[fd.path] == p.name:
-                after = (edited / fd.path).read_text()
+                after = _read_text(edited / fd.path)
             else:
                 after, _ = apply_file_diff(before, fd)
             try:  # keep the patch's bytes only if it still applies exactly where it says
@@ -105,19 +113,19 @@ def refresh(edited: pathlib.Path, pristine: pathlib.Path, patches_dir: pathlib.P
         if not e.exists() or e.read_bytes() != f.read_bytes():
             unowned.append(rel)
     if unowned:
-        if not new_name:
+        if not new_name or not description:
             raise SeriesError(
                 "edits to files no patch touches: " + ", ".join(unowned)
-                + "\nname a new patch for them: --new NNNN-what-it-does.patch --description '...'"
+                + "\nname a new patch for them and say what it does: "
+                "--new NNNN-what-it-does.patch --description '...' [--subject '...']"
             )
         missing = [r for r in unowned if not (edited / r).exists()]
         if missing:
             raise SeriesError(f"upstream files deleted in the edited tree (not supported): {', '.join(missing)}")
-        header = "".join(f"{k}: {v}\n" for k, v in zip(HEADER_FIELDS, (
-            description or "TODO: say what this patch does and why",
-            "ddtree-sglang developers", "no", datetime.date.today().isoformat(), read_lock()["version"],
+        header = (f"Subject: {subject}\n" if subject else "") + "".join(f"{k}: {v}\n" for k, v in zip(HEADER_FIELDS, (
+            description, "ddtree-sglang developers", "no", datetime.date.today().isoformat(), read_lock()["version"],
         ))) + "---\n"
-        body = "".join(make_file_diff(r, (pristine / r).read_text(), (edited / r).read_text()) for r in unowned)
+        body = "".join(make_file_diff(r, _read_text(pristine / r), _read_text(edited / r)) for r in unowned)
         parse_patch(new_name, header + body)  # validate before writing
         (patches_dir / new_name).write_text(header + body)
         with open(patches_dir / "series", "a") as s:
@@ -133,15 +141,17 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--edited", help="the edited tree: the directory holding sglang/")
     ap.add_argument("--pristine", help="pristine upstream tree (default: .cache/upstream/sglang-<locked version>)")
     ap.add_argument("--new", metavar="NAME", help="put edits to files no patch touches into this new patch")
-    ap.add_argument("--description", help="Description: line for the --new patch")
+    ap.add_argument("--description", help="Description: line for the --new patch (required with --new)")
+    ap.add_argument("--subject", help="Subject: line (one line) for the --new patch")
     ap.add_argument("--patches", default=str(REPO / "patches"), help=argparse.SUPPRESS)
     ap.add_argument("--overlay", default=str(REPO / "sglang"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     try:
         edited = resolve_target(args.edited, args.python)
         pristine = resolve_target(args.pristine or str(REPO / ".cache" / "upstream" / f"sglang-{read_lock()['version']}"))
-        results = refresh(edited, pristine, pathlib.Path(args.patches), pathlib.Path(args.overlay),
-                          args.new, args.description)
+        with locked(edited, exclusive=False):
+            results = refresh(edited, pristine, pathlib.Path(args.patches), pathlib.Path(args.overlay),
+                              args.new, args.description, args.subject)
     except (TargetError, SeriesError, PatchFormatError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -18,6 +18,18 @@ class SeriesError(RuntimeError):
     pass
 
 
+def read_text(path: pathlib.Path, what: str) -> str:
+    """A series file as text; a clear SeriesError for bytes that are not UTF-8 (not a patch)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SeriesError(
+            f"{path}: not a text file (byte 0x{data[e.start]:02x} at offset {e.start} is not UTF-8); "
+            f"a {what} is a UTF-8 text file (see docs/DEVELOPING.md)"
+        ) from e
+
+
 def read_lock(repo: pathlib.Path = REPO) -> dict:
     with open(repo / "upstream.lock", "rb") as f:
         return tomllib.load(f)["upstream"]
@@ -57,7 +69,7 @@ def load_series(
     series_file = patches_dir / "series"
     names: list[str] = []
     if series_file.exists():
-        for raw in series_file.read_text().splitlines():
+        for raw in read_text(series_file, "series file").splitlines():
             line = raw.split("#", 1)[0].strip()
             if line:
                 names.append(line)
@@ -68,7 +80,7 @@ def load_series(
         path = patches_dir / name
         if not path.exists():
             raise SeriesError(f"{series_file} lists {name}, but {path} does not exist")
-        patch = parse_patch(name, path.read_text())
+        patch = parse_patch(name, read_text(path, "patch"))
         missing = [k for k in HEADER_FIELDS if not patch.header_field(k)]
         if missing:
             raise SeriesError(f"{path}: header lacks {', '.join(missing)} (see docs/DEVELOPING.md)")

@@ -155,19 +155,35 @@ def _matches_at(lines: list[str], want: list[str], pos: int) -> bool:
     return pos >= 0 and lines[pos : pos + len(want)] == want
 
 
+#: Lines too common to say where a hunk belongs: matching them is no evidence of a near miss.
+TRIVIAL = frozenset({"", ")", "]", "}", "),", "],", "},", "):", "else:", "try:", "finally:", "pass",
+                     "return", "continue", "break", '"""', "#"})
+
+
+def is_distinctive(line: str) -> bool:
+    s = line.strip()
+    return s not in TRIVIAL and len(s) > 3
+
+
 def _describe_miss(lines: list[str], want: list[str], expected_at: int) -> str:
-    """Say what the hunk expected and where the closest candidate differs."""
+    """Say what the hunk expected and where the closest candidate differs.
+
+    A candidate counts only the hunk's distinctive lines it holds, and must hold at least half of
+    them: a window that shares a few blank lines and brackets with the hunk is no near miss.
+    """
     out = [f"expected these {len(want)} lines near line {expected_at + 1}:"]
     out += ["    | " + w.rstrip("\n") for w in want[:12]]
     if len(want) > 12:
         out.append(f"    | ... ({len(want) - 12} more)")
+    keys = [k for k, w in enumerate(want) if is_distinctive(w)] or list(range(len(want)))
     best, best_pos = -1, None
     for pos in range(0, max(1, len(lines) - len(want) + 1)):
-        score = sum(a == b for a, b in zip(lines[pos : pos + len(want)], want))
+        score = sum(pos + k < len(lines) and lines[pos + k] == want[k] for k in keys)
         if score > best or (score == best and abs(pos - expected_at) < abs(best_pos - expected_at)):
             best, best_pos = score, pos
-    if best_pos is not None and best > 0:
-        out.append(f"nearest match: line {best_pos + 1} ({best}/{len(want)} lines equal); first difference:")
+    if best_pos is not None and best > 0 and 2 * best >= len(keys):
+        out.append(f"nearest match: line {best_pos + 1} ({best} of the hunk's {len(keys)} distinctive lines equal); "
+                   "first difference:")
         for k, w in enumerate(want):
             got = lines[best_pos + k] if best_pos + k < len(lines) else "<end of file>"
             if got != w:

@@ -3,7 +3,9 @@
 Reports the GPUs, driver and CUDA versions the process can see, the arch helpers' verdicts for
 each GPU (or for ``--capability 12.0`` on a machine without one), the attention backends that
 would be selected, and whether the patch series applied to the installed sglang is the one
-this build ships. It never raises: every probe that fails becomes a line in the report.
+this build ships and its files are still the ones the apply tool wrote. It needs only the
+installed package (and, in the image, the shipped series under ``DDTREE_SRC``), and it never
+raises: every probe that fails becomes a line in the report.
 
 Exit status: 0 all good, 1 problems found, 2 no GPU visible (and no ``--capability`` given).
 """
@@ -11,6 +13,7 @@ Exit status: 0 all good, 1 problems found, 2 no GPU visible (and no ``--capabili
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import importlib.metadata
 import json
@@ -194,14 +197,60 @@ def _call(fn, *args):
         return f"error: {type(e).__name__}: {e}"
 
 
-def probe_series() -> dict:
-    """The stamp in the installed sglang against the build record and the shipped series."""
-    try:
-        import sglang
+def series_digest(src: pathlib.Path, mode: str = "copy") -> str:
+    """The digest of the patch series and overlay in a source tree (patches/, sglang/, upstream.lock).
 
-        pkg = pathlib.Path(sglang.__file__).parent
-    except Exception as e:  # noqa: BLE001
-        return {"ok": False, "error": f"sglang does not import: {e}"}
+    The same definition as the apply tool's (scripts/patchkit/series.py: Series.digest), kept here
+    so that the installed package checks itself without the repository's scripts.
+    """
+    names = []
+    for raw in (src / "patches" / "series").read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            names.append(line)
+    version = re.search(r'^version\s*=\s*"([^"]+)"', (src / "upstream.lock").read_text(), re.M)
+    if not version:
+        raise ValueError(f"{src / 'upstream.lock'} names no upstream version")
+    h = hashlib.sha256()
+    h.update(f"mode={mode}\nupstream={version.group(1)}\n".encode())
+    for name in names:
+        h.update(f"patch {name}\n".encode())
+        h.update((src / "patches" / name).read_bytes())
+    overlay = src / "sglang"
+    for f in sorted(overlay.rglob("*")):
+        if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+            h.update(f"overlay {f.relative_to(src).as_posix()}\n".encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _changed_files(root: pathlib.Path, stamp: dict) -> list[str]:
+    """Files the stamp records whose bytes (or link) are not what the apply tool wrote."""
+    changed = []
+    for rel, rec in stamp.get("files", {}).items():
+        p = root / rel
+        if "link" in rec:
+            if not (p.is_symlink() and os.readlink(p) == rec["link"]):
+                changed.append(rel)
+            continue
+        try:
+            ok = hashlib.sha256(p.read_bytes()).hexdigest() == rec.get("applied")
+        except OSError:
+            ok = False
+        if not ok:
+            changed.append(rel)
+    return changed
+
+
+def probe_series(pkg: Optional[pathlib.Path] = None) -> dict:
+    """The stamp in the installed sglang against its files, the build record and the shipped series."""
+    if pkg is None:
+        try:
+            import sglang
+
+            pkg = pathlib.Path(sglang.__file__).parent
+        except Exception as e:  # noqa: BLE001
+            return {"ok": False, "error": f"sglang does not import: {e}"}
     out: dict = {"package": str(pkg)}
     stamp = _read_json(pkg / STAMP_NAME)
     if stamp is None:
@@ -219,25 +268,27 @@ def probe_series() -> dict:
     if installed and stamp.get("upstream_version") and installed != stamp["upstream_version"]:
         out.update(ok=False, error=f"series made for sglang {stamp['upstream_version']}, "
                                    f"installed sglang is {installed}")
+    if "files" in stamp:
+        changed = _changed_files(pkg.parent, stamp)
+        out["changed_files"] = changed
+        if changed:
+            out.update(ok=False, error=f"{len(changed)} file(s) differ from what the series wrote "
+                                       f"(reinstall sglang and apply again): {', '.join(changed[:5])}"
+                                       + (" ..." if len(changed) > 5 else ""))
     build = _read_json(pathlib.Path(BUILD_INFO))
     if build and build.get("series_digest") and build["series_digest"] != stamp.get("digest"):
         out.update(ok=False, error=f"stamp {stamp.get('digest', '')[:12]} differs from the image's "
                                    f"recorded series {build['series_digest'][:12]}")
     src = pathlib.Path(SERIES_SRC)
-    if (src / "scripts" / "patchkit").is_dir():
+    if (src / "patches" / "series").is_file() and (src / "upstream.lock").is_file():
         try:
-            sys.path.insert(0, str(src / "scripts"))
-            from patchkit.series import load_series
-
-            shipped = load_series(src / "patches", src / "sglang").digest(stamp.get("mode", "copy"))
+            shipped = series_digest(src, stamp.get("mode", "copy"))
             out["shipped_digest"] = shipped
             if shipped != stamp.get("digest"):
                 out.update(ok=False, error=f"stamp {stamp.get('digest', '')[:12]} differs from the "
                                            f"series in {src} ({shipped[:12]})")
-        except Exception as e:  # noqa: BLE001
+        except (OSError, ValueError) as e:
             out["shipped_digest"] = f"error: {type(e).__name__}: {e}"
-        finally:
-            sys.path.remove(str(src / "scripts"))
     return out
 
 

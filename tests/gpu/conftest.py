@@ -7,7 +7,14 @@ and always kills the whole group on exit. ``server_pool`` keeps one
 server alive at a time across a session and restarts only when the configuration changes,
 because a start costs 60-250 s (CUDA graphs, FlashInfer JIT).
 
+On the GPU host (``DDTREE_GPU_HOST=1``, exported by ``scripts/gpu_host/env.sh``) a skip is a
+failure: there it means a broken install (an import that fails, FlashInfer or FlashMLA
+unavailable, no GPU visible), not a test that does not apply. A test that does not apply to
+the host's hardware or to the caller's selection says so with a reason that starts with
+``NOT_APPLICABLE`` ("not applicable: "), and stays a skip.
+
 Environment:
+  DDTREE_GPU_HOST      1 on the GPU host: skips fail, except "not applicable: ..." ones
   DDTREE_TEST_MODELS   an existing ``scripts/make_test_models.py`` output dir (else generated)
   DDTREE_GPU_LOG_DIR   where server logs go (default: a temp dir); the e2e run copies it to $OUT
   DDTREE_SERVER_TIMEOUT  seconds to wait for /health (default 420)
@@ -33,6 +40,43 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 LEAK_PATTERNS = ("memory leak detected", "Mem Leak Detected")
+
+#: Set by scripts/gpu_host/env.sh on the GPU host, where the whole stack is expected to work.
+GPU_HOST = os.environ.get("DDTREE_GPU_HOST") == "1"
+#: The start of a skip reason for a test that does not apply to this host's hardware (too few
+#: GPUs, another compute capability) or to the selection the caller made: a skip everywhere.
+NOT_APPLICABLE = "not applicable: "
+
+
+def _skip_reason(longrepr) -> str:
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # (path, line, "Skipped: reason")
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(getattr(longrepr, "reprcrash", None) and longrepr.reprcrash.message or longrepr)
+
+
+def _fail_skip_on_gpu_host(report) -> None:
+    if not (GPU_HOST and report.skipped) or hasattr(report, "wasxfail"):
+        return
+    reason = _skip_reason(report.longrepr)
+    if reason.startswith(NOT_APPLICABLE):
+        return
+    report.outcome = "failed"
+    report.longrepr = (f"skipped on the GPU host (DDTREE_GPU_HOST=1), where a skip means a broken install: "
+                       f"{reason}\n(a test that does not apply here skips with a reason starting "
+                       f"{NOT_APPLICABLE!r})")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_skip_on_gpu_host(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """Module-level skips (``importorskip``, "needs a CUDA device") happen while collecting."""
+    outcome = yield
+    _fail_skip_on_gpu_host(outcome.get_result())
 
 
 def free_port() -> int:

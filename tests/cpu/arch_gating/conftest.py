@@ -13,10 +13,9 @@ import sys
 
 import pytest
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from _arch_gating_configs import CONFIGS  # this folder is on the path (pytest puts it there)
 
-from _arch_gating_configs import CONFIGS  # noqa: E402
+HERE = pathlib.Path(__file__).resolve().parent
 
 REPO = HERE.parents[2]
 PRISTINE_ROOT = REPO / ".cache" / "upstream" / "sglang-0.5.17"

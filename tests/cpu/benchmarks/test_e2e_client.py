@@ -5,7 +5,6 @@ profiler handshake) against a local HTTP server that speaks SGLang's /generate s
 import gzip
 import importlib.util
 import json
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,8 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import e2e_step as es  # noqa: E402
+from benchmarks import e2e_step as es
 
 STEP_S = 0.01
 

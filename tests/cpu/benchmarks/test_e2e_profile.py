@@ -5,14 +5,12 @@ import ast
 import gzip
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import e2e_profile as ep  # noqa: E402
+from benchmarks import e2e_profile as ep
 
 
 def kernel(name, ts, dur, cat="kernel"):

@@ -4,14 +4,11 @@ against a reference run, the README table and merging split runs."""
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import e2e_step as es  # noqa: E402
+from benchmarks import e2e_step as es
 
 
 @pytest.mark.parametrize("text,want", [

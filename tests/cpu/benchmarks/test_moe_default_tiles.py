@@ -1,13 +1,9 @@
 """benchmarks/moe_default_tiles.py on the CPU: the configs each rule picks (real patched
 upstream function), the report, and its refusals. The timing itself runs on the GPU host."""
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmarks"))
-import moe_default_tiles as bench  # noqa: E402
+from benchmarks import moe_default_tiles as bench
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -4,15 +4,10 @@ produced and checked against the fp32 reference, for the MLA and GQA layouts.
 The timer is the one GPU-only piece; it is replaced by a constant here, and no
 assertion reads a time."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import verify_attention as va  # noqa: E402
+from benchmarks import verify_attention as va
 
 
 @pytest.fixture

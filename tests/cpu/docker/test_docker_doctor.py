@@ -1,6 +1,8 @@
 """`python -m sglang.cli.ddtree_doctor` on this GPU-less machine, with the real patched sglang."""
 
 import json
+import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -67,34 +69,79 @@ def test_ungated_gpus_say_so():
     assert "not gated" in doctor.backend_verdicts((9, 0))["gating"]
 
 
-def test_stamp_matches_the_repo_series(report_120, monkeypatch):
-    """`make test` applied this repo's series: the doctor must see exactly that digest."""
-    import pathlib
+REPO = pathlib.Path(__file__).resolve().parents[3]
 
-    repo = pathlib.Path(__file__).resolve().parents[3]
-    monkeypatch.setattr(doctor, "SERIES_SRC", str(repo))
+
+def test_stamp_matches_the_repo_series(report_120, monkeypatch):
+    """`make test` applied this repo's series: the doctor must see exactly that digest, computed
+    by its own code, and the venv's files must be the ones the apply tool wrote."""
+    from patchkit.series import load_series
+
+    monkeypatch.setattr(doctor, "SERIES_SRC", str(REPO))
     series = doctor.probe_series()
     assert series["ok"], series
     assert series["shipped_digest"] == series["digest"]
     assert series["upstream_version"] == "0.5.17"
+    assert series["changed_files"] == []
+    for mode in ("copy", "link"):
+        assert doctor.series_digest(REPO, mode) == load_series(REPO / "patches", REPO / "sglang").digest(mode)
+
+
+def _source_copy(dst: pathlib.Path) -> pathlib.Path:
+    """What the image ships in /opt/ddtree/src, without the repository's scripts."""
+    shutil.copytree(REPO / "patches", dst / "patches")
+    shutil.copytree(REPO / "sglang", dst / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "upstream.lock", dst / "upstream.lock")
+    return dst
 
 
 def test_a_changed_series_is_reported(tmp_path, monkeypatch):
-    import pathlib
-
-    repo = pathlib.Path(__file__).resolve().parents[3]
-    src = tmp_path / "src"
-    shutil.copytree(repo / "patches", src / "patches")
-    shutil.copytree(repo / "sglang", src / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(repo / "scripts" / "patchkit", src / "scripts" / "patchkit",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(repo / "upstream.lock", src / "upstream.lock")
+    src = _source_copy(tmp_path / "src")
     doc = src / "sglang" / "cli" / "ddtree_doctor.py"
     doc.write_text(doc.read_text() + "\n# edited after the image was built\n")
     monkeypatch.setattr(doctor, "SERIES_SRC", str(src))
     series = doctor.probe_series()
     assert series["ok"] is False
     assert "differs from the series" in series["error"]
+
+
+def test_the_doctor_needs_no_repository_scripts(tmp_path):
+    """In a fresh interpreter, against a shipped source without scripts/: the digest is computed
+    and nothing from the repository's patch tools is imported."""
+    src = _source_copy(tmp_path / "src")
+    code = ("import json, sys\nfrom sglang.cli import ddtree_doctor as d\ns = d.probe_series()\n"
+            "print(json.dumps({'series': s, 'patchkit': any(m.startswith('patchkit') for m in sys.modules)}))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**env, "DDTREE_SRC": str(src)})
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got["patchkit"] is False
+    assert got["series"]["ok"], got
+    assert got["series"]["shipped_digest"] == got["series"]["digest"]
+
+
+def test_files_changed_after_applying_are_reported(tmp_path, monkeypatch):
+    """The real series applied to a copy of the pristine tree, then one patched file and one
+    overlay file edited: the doctor names both."""
+    from patchkit import apply_cli
+    from patchkit.series import read_lock
+
+    pristine = REPO / ".cache" / "upstream" / f"sglang-{read_lock()['version']}"
+    root = tmp_path / "site"
+    shutil.copytree(pristine / "sglang", root / "sglang", copy_function=os.link,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    assert apply_cli.main(["--target", str(root), "--quiet"]) == 0
+    monkeypatch.setattr(doctor, "SERIES_SRC", str(tmp_path / "none"))
+    assert doctor.probe_series(root / "sglang")["ok"]
+    for rel in ("sglang/srt/server_args.py", "sglang/srt/speculative/ddtree/flags.py"):
+        text = (root / rel).read_text()
+        (root / rel).unlink()
+        (root / rel).write_text(text + "# edited\n")
+    series = doctor.probe_series(root / "sglang")
+    assert series["ok"] is False
+    assert sorted(series["changed_files"]) == ["sglang/srt/server_args.py", "sglang/srt/speculative/ddtree/flags.py"]
+    assert "2 file(s) differ from what the series wrote" in series["error"]
 
 
 def test_render_and_json_roundtrip(report_120):

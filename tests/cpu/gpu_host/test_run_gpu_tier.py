@@ -17,7 +17,8 @@ GPU_DIRS = sorted(p.name for p in (REPO / "tests" / "gpu").iterdir() if p.is_dir
 
 
 def tier(*args, **env):
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DDTREE_E2E_", "CUDA_VISIBLE"))}
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("DDTREE_E2E_", "CUDA_VISIBLE", "DDTREE_GPU_HOST"))}
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, cwd=REPO,
                           env={**clean, **env}, timeout=600)
 
@@ -75,11 +76,13 @@ def test_bad_arguments_are_refused(args, error):
 
 def test_a_run_where_nothing_ran_fails(tmp_path):
     """Without a GPU every piece collects nothing or skips everything, and the tier fails. Three at a
+    """Without a GPU every piece collects nothing or skips everything, and the tier fails. Three at a
     time at most, and the pieces that need the GPUs alone (tensor parallel, servers at the default
-    memory flags) only after every other piece has finished, one at a time."""
+    memory flags) only after every other piece has finished, one at a time. Run as if it were not
+    the GPU host (DDTREE_GPU_HOST=0: skips stay skips) with two GPUs named."""
     out = tmp_path / "out"
     r = tier("--jobs", "3", PYTHON=sys.executable, OUT=str(out), DDTREE_GPU_LOG_ROOT=str(tmp_path / "logs"),
-             DDTREE_TEST_MODELS=str(tmp_path / "models"))
+             DDTREE_TEST_MODELS=str(tmp_path / "models"), DDTREE_GPU_HOST="0", CUDA_VISIBLE_DEVICES="0,1")
     assert r.returncode == 1, r.stdout + r.stderr
     names = [p[0] for p in pieces()]
     summary = (out / "gpu-tier-summary.txt").read_text().splitlines()
@@ -109,5 +112,26 @@ def test_a_run_where_nothing_ran_fails(tmp_path):
 
 
 def test_a_run_where_everything_skipped_fails(tmp_path):
-    r = tier("--only", "arch_gating", PYTHON=sys.executable, OUT=str(tmp_path))
+    r = tier("--only", "arch_gating", PYTHON=sys.executable, OUT=str(tmp_path), DDTREE_GPU_HOST="0")
     assert r.returncode == 5 and "no test passed" in r.stdout, r.stdout + r.stderr
+
+
+def test_on_the_gpu_host_a_skip_is_a_failure(tmp_path):
+    """env.sh marks the host (DDTREE_GPU_HOST=1): the arch-gating tests, which skip here for want of
+    a compute capability 9.0 GPU, fail instead, and the tier says why."""
+    r = tier("--only", "arch_gating", PYTHON=sys.executable, OUT=str(tmp_path))
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = (tmp_path / "gpu-tier-summary.txt").read_text()
+    assert "rc=1(failed)" in line and "skipped=0" in line and "passed=0" in line
+    log = (tmp_path / "arch_gating-pytest.log").read_text()
+    assert "skipped on the GPU host (DDTREE_GPU_HOST=1), where a skip means a broken install" in log
+
+
+def test_the_tensor_parallel_piece_is_left_out_with_one_gpu(tmp_path):
+    r = tier("--only", "e2e", "--jobs", "3", PYTHON=sys.executable, OUT=str(tmp_path), CUDA_VISIBLE_DEVICES="0",
+             DDTREE_GPU_HOST="0", DDTREE_GPU_LOG_ROOT=str(tmp_path / "logs"), DDTREE_TEST_MODELS=str(tmp_path / "m"))
+    summary = (tmp_path / "gpu-tier-summary.txt").read_text()
+    assert "gpu-tier e2e-tp2                  not run: needs 2 GPUs, 1 visible" in summary, summary
+    assert "--- start e2e-tp2" not in r.stdout and not (tmp_path / "e2e-tp2-pytest.log").exists()
+    assert sorted(line.split()[1] for line in summary.splitlines()) == ["e2e-flashinfer", "e2e-qwen3", "e2e-tp2",
+                                                                         "e2e-triton"]

@@ -2,14 +2,12 @@ import hashlib
 import os
 import pathlib
 import shutil
-import sys
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "scripts"))
+from patchkit.series import read_lock
 
-from patchkit.series import read_lock  # noqa: E402
+REPO = pathlib.Path(__file__).resolve().parents[3]
 
 PRISTINE = REPO / ".cache" / "upstream" / f"sglang-{read_lock()['version']}"
 

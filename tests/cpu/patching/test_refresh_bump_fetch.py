@@ -137,3 +137,44 @@ def test_refresh_rewrites_a_patch_that_needs_an_offset(capsys, upstream_copy, sy
     assert p1.read_text() != shifted
     rc = apply_cli.main(["--target", str(pristine), "--check", "--patches", str(patches), "--overlay", str(overlay)])
     assert rc == 0 and "offset" not in capsys.readouterr().out
+
+
+def test_bump_names_the_file_a_hunk_moved_to(capsys, upstream_copy, tmp_path):
+    """Upstream moves code between files (0.5.20 moved the backend defaults out of server_args.py
+    into srt/arg_groups/). Here the method patch 0010 hooks into is cut out of server_args.py and
+    pasted, re-indented as a function, into a new module: the report names that module for the
+    failing hunk instead of pointing at an unrelated line of server_args.py."""
+    import re
+
+    server_args = upstream_copy / "sglang/srt/server_args.py"
+    text = server_args.read_text()
+    start = text.index("    def _handle_attention_backend_compatibility(self):")
+    end = start + re.search(r"\n    def ", text[start + 10:]).start() + 10 + 1
+    method = text[start:end]
+    assert "run_post_process_pass(self, _attention_backend_default)" in method
+    server_args.unlink()
+    server_args.write_text(text[:start] + "    def _handle_attention_backend_compatibility(self):\n"
+                           "        handle_attention_backend_compatibility(self)\n\n" + text[end:])
+    moved = "\n".join(line[4:] for line in method.replace("(self):", "(args):", 1).splitlines())
+    (upstream_copy / "sglang/srt/arg_groups/attention_compat.py").write_text(moved + "\n")
+    report = tmp_path / "report.md"
+    rc = bump_cli.main(["9.9.9", "--tree", str(upstream_copy), "--report", str(report)])
+    out = capsys.readouterr().out
+    assert rc == 1
+    md = report.read_text()
+    assert "| `0010-sm12x-attention-backend-gate.patch` | fails |" in md
+    section = md.split("### `0010-sm12x-attention-backend-gate.patch`")[1].split("###")[0]
+    assert "the context of this hunk is in `sglang/srt/arg_groups/attention_compat.py` near line" in section
+    assert "no similar block exists in the file" in section  # no unrelated near miss in server_args.py
+    assert "moved: the context of this hunk is in `sglang/srt/arg_groups/attention_compat.py`" in out
+    # every other patch is untouched by the move
+    assert md.count("| fails |") == 1
+
+
+def test_a_hunk_changed_in_place_is_not_called_moved(capsys, upstream_copy, synthetic_series, tmp_path):
+    patches, overlay = synthetic_series
+    replace_text(upstream_copy / "sglang/srt/speculative/spec_info.py", "from enum import", "from enum  import")
+    report = tmp_path / "report.md"
+    assert bump_cli.main(["9.9.9", "--tree", str(upstream_copy), "--report", str(report),
+                          "--patches", str(patches), "--overlay", str(overlay)]) == 1
+    assert "moved:" not in report.read_text() and "nearest match" in report.read_text()

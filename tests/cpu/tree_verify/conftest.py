@@ -1,5 +1,2 @@
-import os
-import sys
-
-# The helpers in this folder (_interp.py) are imported by plain name.
-sys.path.insert(0, os.path.dirname(__file__))
+# The helpers in this folder (_interp.py) are imported by plain name: pytest puts this folder
+# on the import path for its conftest and test modules.

@@ -1,5 +1,2 @@
-import os
-import sys
-
-# _setup.py is imported by plain name.
-sys.path.insert(0, os.path.dirname(__file__))
+# _setup.py is imported by plain name: pytest puts this folder on the import path for its
+# conftest and test modules.

@@ -21,10 +21,8 @@ import torch
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 CELLS = REPO / "tests" / "cpu" / "arch_gating" / "_cells.py"
-sys.path.insert(0, str(REPO / "tests" / "cpu" / "arch_gating"))
-sys.path.insert(0, str(REPO / "scripts"))
-sys.path.insert(0, str(REPO / "tests" / "gpu" / "tree_verify_integration"))
-from _gpu_host import require_cuda  # noqa: E402
+from tests.gpu.conftest import NOT_APPLICABLE  # noqa: E402
+from tests.gpu.tree_verify_integration._gpu_host import require_cuda  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -33,7 +31,7 @@ def _hopper():
     compute capability 9.0 is not what this test is about (a skip)."""
     require_cuda()
     if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("needs a compute capability 9.0 GPU")
+        pytest.skip(NOT_APPLICABLE + "needs a compute capability 9.0 GPU")
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +49,7 @@ def trees(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from _arch_gating_configs import CONFIGS
+    from tests.cpu.arch_gating._arch_gating_configs import CONFIGS
 
     root = tmp_path_factory.mktemp("models")
     out = {}

@@ -8,7 +8,7 @@ scheduler's own KV-pool leak check.
 
 Select configurations with DDTREE_E2E_CONFIGS (comma list of the names in CONFIGS; default:
 all). FlashInfer MLA configurations pay ~135 s of JIT on a fresh host; the ``-tp2``
-configurations skip on a host with fewer than two GPUs (run them on nvidia-h200-x2).
+configurations do not apply to a host with fewer than two GPUs.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from tests.gpu.conftest import NOT_APPLICABLE
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -83,7 +84,7 @@ def server(request, server_pool, tiny_models):
     pair, extra = CONFIGS[request.param]
     tp = int(extra[extra.index("--tp-size") + 1]) if "--tp-size" in extra else 1
     if torch.cuda.device_count() < tp:
-        pytest.skip(f"{request.param} needs {tp} GPUs, this host has {torch.cuda.device_count()}")
+        pytest.skip(f"{NOT_APPLICABLE}{request.param} needs {tp} GPUs, this host has {torch.cuda.device_count()}")
     drafter = str(tiny_models / f"{pair}-dflash")
     args = [a.format(drafter=drafter) for a in COMMON + extra]
     srv = server_pool.get(request.param, str(tiny_models / pair), args)
@@ -116,12 +117,17 @@ def test_greedy_single_matches_target(server, manifest):
         ids = out["output_ids"]
         assert ids == expected(manifest, p, NEW_TOKENS), (name, p)
         OUTPUTS[name][tuple(p)] = ids
+        meta = out["meta_info"]
         if "dflash" in name or "ddtree" in name:
-            meta = out["meta_info"]
-            accept = meta["completion_tokens"] / max(1, meta.get("spec_verify_ct", 1))
-            # The drafter is right up to its decoy at offset 5: ~5 tokens per verify
-            # for the chain; the tree also carries the drafter's second choices.
-            assert accept >= 3.0, (name, meta)
+            # Speculation ran: the server counted its verify steps (a server that silently
+            # decoded without it reports none).
+            assert meta.get("spec_verify_ct", 0) > 0, (name, meta)
+            accept = meta["completion_tokens"] / meta["spec_verify_ct"]
+            # The drafter is right up to its decoy at offset 5: ~5 tokens per verify for the
+            # chain, more for the tree; a step commits at most the 16-token block.
+            assert 3.0 <= accept <= 16, (name, meta)
+        else:
+            assert "spec_verify_ct" not in meta, (name, meta)
 
 
 def test_greedy_eight_concurrent_clients(server, manifest):
@@ -174,11 +180,19 @@ def test_abort_mid_stream_then_no_leak(server, manifest):
     assert not server.leak_lines(), server.leak_lines()
 
 
+def runnable_here(config: str) -> bool:
+    extra = CONFIGS[config][1]
+    tp = int(extra[extra.index("--tp-size") + 1]) if "--tp-size" in extra else 1
+    return torch.cuda.device_count() >= tp
+
+
 def test_outputs_identical_across_configurations():
     """Runs last: every configuration that ran produced the same tokens for the same prompts."""
+    runnable = [c for c in SELECTED if runnable_here(c)]
+    if len(runnable) < 2:
+        pytest.skip(f"{NOT_APPLICABLE}fewer than two of the selected configurations run on this host: {runnable}")
     ran = {k: v for k, v in OUTPUTS.items() if v}
-    if len(ran) < 2:
-        pytest.skip("fewer than two configurations ran")
+    assert sorted(ran) == sorted(runnable), f"configurations without outputs: {sorted(set(runnable) - set(ran))}"
     ref_name, ref = next(iter(ran.items()))
     for name, outs in ran.items():
         shared = set(outs) & set(ref)

@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+from tests.gpu.conftest import NOT_APPLICABLE
+
 ON_GPU_HOST = os.environ.get("DDTREE_GPU_HOST") == "1"
 
 
@@ -38,7 +40,7 @@ def require_flashmla() -> None:
     from sglang.srt.layers.attention.tree_verify.flashmla_split import flash_mla_reason
 
     if torch.cuda.get_device_capability()[0] not in (9, 10):
-        pytest.skip("FlashMLA runs on sm_90/sm_100 only")
+        pytest.skip(NOT_APPLICABLE + "FlashMLA runs on sm_90/sm_100 only")
     reason = flash_mla_reason()
     if reason:
         unavailable(reason)

@@ -7,17 +7,13 @@ Run on the GPU host (patched sglang installed, see docs/GPU_HOST.md):
     bash scripts/gpu_host/run_gpu_tier.sh --only tree_verify_integration
 """
 
-import os
-import sys
 import time
 
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "cpu", "tree_verify_integration"))
-from _gpu_host import require_cuda, require_flashinfer, require_flashmla  # noqa: E402
-from _setup import (  # noqa: E402
+from tests.gpu.tree_verify_integration._gpu_host import require_cuda, require_flashinfer, require_flashmla
+from tests.cpu.tree_verify_integration._setup import (
     Pool,
     Verify,
     dense_reference,

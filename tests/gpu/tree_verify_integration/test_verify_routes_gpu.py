@@ -19,10 +19,7 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "cpu", "tree_verify_integration"))
-from _gpu_host import require_cuda, require_flashinfer  # noqa: E402
-from _setup import (  # noqa: E402
+from tests.cpu.tree_verify_integration._setup import (
     Pool,
     Verify,
     dense_reference,
@@ -32,6 +29,7 @@ from _setup import (  # noqa: E402
     qkv,
     triton_backend,
 )
+from tests.gpu.tree_verify_integration._gpu_host import require_cuda, require_flashinfer
 
 from sglang.srt.layers.attention.tree_verify.hook import BLOCK, CHAIN  # noqa: E402
 from sglang.srt.layers.radix_attention import AttentionType  # noqa: E402

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Default tree budget, from the H200 step times of 2026-11-29
-# (benchmarks/results/e2e_step_h200_matrix.json, DeepSeek-V2-Lite shape, 16K
+# (benchmarks/results/e2e_step_dummy_routing_matrix_h200_2026-11-30.json, DeepSeek-V2-Lite shape, 16K
 # context, batch 1): DFLASH 6.59 ms, DDTREE B=16 10.82 ms, B=64 19.26 ms per
 # step. A 65-token verify spends 9.3 ms in the MoE experts (1.6 ms for 16
 # tokens) and 5.7 ms in verify attention (1.5 ms), so B=64 must accept 2.9x

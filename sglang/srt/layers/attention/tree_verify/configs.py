@@ -117,7 +117,7 @@ _C = TreeVerifyConfig
 # Hopper (227 KiB smem per block, wgmma). MLA: 64 query rows per 64-key tile,
 # the 64 x 512 fp32 accumulator over 8 warps, the scores handed to the PV
 # product through a per-program scratch so the two warpgroups split the score
-# tile (229,376 B). H200, 2026-11-30 (verify_attention_s6_scratch*_tune.json):
+# tile (229,376 B). H200, 2026-11-30 (verify_attention_scores_via_scratch*_h200_2026-11-30_tune.json):
 # 1.05-1.18x faster than the 64x32 3-stage tile at 8 of 9 shapes (16K/1K/4K,
 # N 17-129, batch 1 and 8, H 16 and 128), 0.94x at the memory-bound N=4 one.
 _SM90 = {

@@ -1251,7 +1251,7 @@ def combine_partials(
 def tail_only_config(config: TreeVerifyConfig) -> TreeVerifyConfig:
     """The tile of a launch that runs the tree tail alone (a prefix pass from
     another kernel merged in): a few key tiles per program make it latency-bound,
-    so more, smaller programs win. On the H200 (``flashmla_split_parts_s8.json``)
+    so more, smaller programs win. On the H200 (``flashmla_split_parts_epilogue_merge_h200_2026-11-30.json``)
     32 rows, 4 warps and the value columns over two programs take 0.0195 ms at
     H=16 N=65 against 0.0369 with the prefix tile, and are within 15 % of the best
     of 8 tiles at every shape measured."""
