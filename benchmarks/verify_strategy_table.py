@@ -39,7 +39,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 SHIPPED_TABLE = REPO / "sglang" / "srt" / "layers" / "attention" / "tree_verify" / "strategy_table.json"
 #: The targets the sm_12x route is held to (H, N, P, bs) -> ms, measured as the proxy.
@@ -114,7 +113,7 @@ def _time_plan(prefix_pass, indptr, indices, lens=None) -> float:
 def measure(shapes, strategies, proxy: bool) -> list[dict]:
     import torch
 
-    from gpu_timing import bench
+    from benchmarks.gpu_timing import bench
     from verify_attention import check, make_inputs
 
     from sglang.srt.layers.attention.tree_verify import StrategyUnavailable, tree_verify_attention

@@ -3,14 +3,12 @@
 (read back by the real policy), merging it into a table, and the policy's choices."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import verify_strategy_table as vst  # noqa: E402
+from benchmarks import verify_strategy_table as vst
 
 META = {"date": "2026-12-02", "gpu": "NVIDIA H200", "sms": 132, "capability": [9, 0], "torch": "2.11.0",
         "triton": "3.6.0", "flashinfer": "0.6.15", "sm120_proxy": True}  # fmt: skip

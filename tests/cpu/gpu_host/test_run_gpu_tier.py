@@ -76,7 +76,6 @@ def test_bad_arguments_are_refused(args, error):
 
 def test_a_run_where_nothing_ran_fails(tmp_path):
     """Without a GPU every piece collects nothing or skips everything, and the tier fails. Three at a
-    """Without a GPU every piece collects nothing or skips everything, and the tier fails. Three at a
     time at most, and the pieces that need the GPUs alone (tensor parallel, servers at the default
     memory flags) only after every other piece has finished, one at a time. Run as if it were not
     the GPU host (DDTREE_GPU_HOST=0: skips stay skips) with two GPUs named."""

@@ -15,14 +15,12 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import pathlib
-import sys
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # _pools.py by plain name
 
 
 def _generator():

@@ -15,7 +15,7 @@ import logging
 import pytest
 import torch
 
-from _pools import GIB, allocated_bytes_per_token, draft_pool, target_pool
+from tests.cpu.pool_sizing._pools import GIB, allocated_bytes_per_token, draft_pool, target_pool
 
 H200_MIB = 143771  # what an H200 reports (nvidia-smi)
 RTX_PRO_6000_MIB = 97887  # what an RTX PRO 6000 Blackwell reports

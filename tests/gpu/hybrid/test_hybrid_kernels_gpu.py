@@ -9,8 +9,6 @@ into its state slot, batch > 1 with ragged trees."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,8 +18,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("GPU tier: needs a CUDA device", allow_module_level=True)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cpu" / "ddtree_logic"))
-from _ddtree_helpers import random_tree  # noqa: E402
+from tests.cpu.ddtree_logic._ddtree_helpers import random_tree  # noqa: E402
 
 from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import (  # noqa: E402
     fused_sigmoid_gating_delta_rule_update,

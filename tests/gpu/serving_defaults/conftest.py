@@ -25,7 +25,6 @@ from typing import Optional
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _dflash_client.py by plain name
 SHAPE_PAIRS = ("v2lite-shape", "qwen3-8b-shape")
 
 

@@ -32,7 +32,6 @@ The servers take the whole GPU, one at a time: run this piece alone
 from __future__ import annotations
 
 import json
-import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,7 +41,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("GPU tier: needs a CUDA device", allow_module_level=True)
 
-from _dflash_client import reported, run_benchmark  # noqa: E402
+from tests.gpu.serving_defaults._dflash_client import reported, run_benchmark  # noqa: E402
 
 MEMORY_FLAGS = ("--mem-fraction-static", "--max-total-tokens", "--cuda-graph-max-bs", "--max-running-requests",
                 "--context-length", "--chunked-prefill-size")  # fmt: skip

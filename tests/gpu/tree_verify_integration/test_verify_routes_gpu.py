@@ -13,8 +13,6 @@ Run on the GPU host:
 """
 
 import json
-import os
-import sys
 
 import pytest
 import torch
