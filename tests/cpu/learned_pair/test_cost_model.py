@@ -86,8 +86,8 @@ def test_own_shape_check():
 
 
 def test_reads_the_repository_e2e_step_results(tmp_path):
-    files = sorted((REPO / "benchmarks" / "results").glob("e2e_step_h200_*.json"))
-    assert files, "benchmarks/results/e2e_step_h200_*.json"
+    files = sorted((REPO / "benchmarks" / "results").glob("e2e_step_*_h200_*.json"))
+    assert files, "benchmarks/results/e2e_step_*_h200_*.json"
     table = cm.load_step_rows(files)
     assert ("v2lite-shape", 16384, 1, "dflash") in table and ("v2lite-shape", 16384, 1, "ddtree64") in table
     assert all(v["ms_per_step"] > 0 for v in table.values())
