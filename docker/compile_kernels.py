@@ -117,7 +117,8 @@ def compile_sglang_jit(entries: list, arch: tuple[int, int], results: list) -> N
             build_dir = pathlib.Path(os.environ["TVM_FFI_CACHE_DIR"])
             before = set(build_dir.rglob("*.so")) if build_dir.exists() else set()
             try:
-                resolve(e["factory"])(*map(decode_arg, e["args"]))
+                kwargs = {k: decode_arg(v) for k, v in e.get("kwargs", {}).items()}
+                resolve(e["factory"])(*map(decode_arg, e["args"]), **kwargs)
             except Exception as ex:
                 # The module is built, then loaded: loading may need the driver library,
                 # which a machine without a GPU does not have. A fresh .so means it compiled.
@@ -197,7 +198,10 @@ def compile_triton(names: list, cap: tuple[int, int], results: list) -> None:
 def compare_recorded(data: dict, recorded_path: pathlib.Path) -> int:
     """Every module a GPU host's server built must be in the list (sm_90's fa3 as its fa2 twin)."""
     listed_fi = {e["name"] for e in data["flashinfer"]}
-    listed_sg = {(e["factory"], json.dumps(e["args"])) for e in data["sglang_jit"]}
+    def key(e):
+        return e["factory"], json.dumps(e["args"]), json.dumps(e.get("kwargs", {}), sort_keys=True)
+
+    listed_sg = {key(e) for e in data["sglang_jit"]}
     missing, seen = [], 0
     for line in recorded_path.read_text().splitlines():
         if not line.strip():
@@ -209,7 +213,7 @@ def compare_recorded(data: dict, recorded_path: pathlib.Path) -> int:
             if name not in listed_fi:
                 missing.append(f"flashinfer {name} (recorded as {rec['name']}; from {rec.get('caller')})")
         elif rec["kind"] == "sglang_jit":
-            if (rec["factory"], json.dumps(rec["args"])) not in listed_sg:
+            if key(rec) not in listed_sg:
                 missing.append(f"sglang_jit {rec['factory']}{tuple(rec['args'])} (from {rec.get('caller')})")
     for m in sorted(set(missing)):
         print(f"MISSING  {m}")

@@ -35,6 +35,12 @@ COMPILER_DISTS = ("nvidia-cuda-nvcc", "nvidia-cuda-crt", "nvidia-nvvm", "nvidia-
 RUNTIME_DIST = "nvidia-cuda-runtime"
 
 
+def release_of(version: str) -> tuple[int, int]:
+    """'13.0.88' -> (13, 0): the CUDA release a pip CUDA package belongs to."""
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
 def nvcc_release(cuda_home: pathlib.Path) -> tuple[int, int]:
     nvcc = cuda_home / "bin" / "nvcc"
     try:
