@@ -72,7 +72,7 @@ def test_compile_kernels_stops_loudly_on_a_broken_toolchain(tmp_path):
     assert "FAIL  toolchain: nvcc 13.5" in proc.stdout
 
 
-def _generate(entries_kind: str):
+def _generate(workspace: Path):
     """Run the real FlashInfer generators (they write sources, they do not compile) in a child."""
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); import compile_kernels as ck\n"
@@ -81,15 +81,15 @@ def _generate(entries_kind: str):
         "print(json.dumps(out))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(FLASHINFER_CUDA_ARCH_LIST="12.0f", FLASHINFER_WORKSPACE_BASE=str(Path(os.environ.get("TMPDIR", "/tmp"))))
+    env.update(FLASHINFER_CUDA_ARCH_LIST="12.0f", FLASHINFER_WORKSPACE_BASE=str(workspace))
     proc = subprocess.run([sys.executable, "-c", code, str(DOCKER)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_every_listed_flashinfer_module_is_what_its_generator_makes():
+def test_every_listed_flashinfer_module_is_what_its_generator_makes(tmp_path):
     data = ck.load_modules()
-    assert _generate("flashinfer") == [e["name"] for e in data["flashinfer"]]
+    assert _generate(tmp_path) == [e["name"] for e in data["flashinfer"]]
     names = {e["name"] for e in data["flashinfer"]}
     assert {"norm", "sampling"} <= names  # every target: RMSNorm through sgl_kernel, sampling
     assert all(not n.endswith("_sm90") for n in names)  # sm_12x builds fa2, never fa3
