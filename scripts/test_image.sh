@@ -163,6 +163,7 @@ check() {  # check NAME EXPECTED_RC GREP_PATTERN -- docker exec args...
     fi
     if [ -z "$why" ]; then
         PASS=$((PASS + 1)); echo "PASS  $name"
+        grep -E -- "$pattern" <<<"$out" | tail -1 | cut -c1-160 | sed 's/^/      /'
     else
         FAIL=$((FAIL + 1)); echo "FAIL  $name: $why"; sed 's/^/      | /' <<<"$out" | tail -25
     fi
@@ -213,6 +214,9 @@ check "env vars become flags; bad values are refused (exit 2)" 2 "TP_SIZE='two' 
 # and every Triton kernel configuration of the series, compiled with the image's own toolchain.
 check "the server's JIT kernels and the series' Triton kernels compile for sm_12x" 0 "^[0-9]+ passed, 0 failed" -- \
     "$C" python /opt/ddtree/compile_kernels.py --json /tmp/compile_kernels.json
+"$DOCKER" exec "$C" python -c 'import json
+for r in json.load(open("/tmp/compile_kernels.json")):
+    print("      %-10s %-5s %7.1f s  %s" % (r["kind"], r["arch"], r["seconds"], r["name"][:100]))' 2>/dev/null || true
 "$DOCKER" rm -f "$C" >/dev/null
 
 meta_out=$("$DOCKER" image inspect -f \
