@@ -23,7 +23,9 @@ check-patches:
 gpu-test:
 	bash scripts/gpu_host/run_gpu_tier.sh
 
-# Builds ddtree-sglang:sm120 from this checkout and smoke-tests it in a container (~10 min; docs/docker.md).
+# Builds ddtree-sglang:sm120-test (the Dockerfile on a debootstrapped Debian bookworm base) from the
+# committed HEAD and tests it in a container, compiling every startup JIT kernel for sm_12x
+# (30-50 min on 2 cores; docs/docker.md).
 image-test:
 	bash scripts/test_image.sh --setup-docker --rm-image
 

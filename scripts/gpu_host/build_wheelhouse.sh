@@ -70,6 +70,5 @@ for part in "$TMP"/site.tar.xz.*; do
     i=$((i + 1))
 done
 rmdir "$TMP"
-grep -qs '^/.whl-e2e-\*/$' "$REPO/.git/info/exclude" || echo '/.whl-e2e-*/' >>"$REPO/.git/info/exclude"
 du -sh "$REPO"/.whl-e2e-* | sed 's/^/   /'
 echo "== $NPARTS carry folders; on the host: scripts/gpu_host/install.sh .whl-e2e-1, then -2, ..."

@@ -6,7 +6,8 @@
 # Each call stashes its part under $STAGE; the call that brings the last part checks the
 # archive's sha256, unpacks it into $SITE, applies the overlay and patch series there
 # (scripts/apply_patches.sh --target) and writes $SITE/.ddtree-installed. Once installed,
-# a call re-applies the series only (idempotent), so a changed tree is picked up.
+# a call re-applies the series only (idempotent), so a changed tree is picked up. Every call that
+# finds the stack installed checks it against the lock (scripts/gpu_host/lock_check.py installed).
 # Then: export PYTHONPATH=$SITE  (scripts/gpu_host/env.sh does it).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -20,8 +21,19 @@ apply_series() {
         || die "the patch series did not apply to $SITE"
 }
 
+# The GPU tier must run the image's wheel set: every carried and host-provided package at the
+# version of the one lock (constraints/dev.txt). DDTREE_ALLOW_LOCK_DRIFT=1 goes on regardless;
+# results from such a host are not results for the image's set.
+check_lock() {
+    if ! PYTHONPATH="$SITE" "$PY" "$REPO/scripts/gpu_host/lock_check.py" installed; then
+        [ "${DDTREE_ALLOW_LOCK_DRIFT:-0}" = 1 ] || die "the host drifts from the lock (above); DDTREE_ALLOW_LOCK_DRIFT=1 to go on anyway"
+        echo "install.sh: going on despite the drift (DDTREE_ALLOW_LOCK_DRIFT=1)"
+    fi
+}
+
 if [ -f "$SITE/.ddtree-installed" ]; then
     apply_series
+    check_lock
     echo "install.sh: $SITE already installed; series re-applied"
     exit 0
 fi
@@ -49,3 +61,4 @@ PYTHONPATH="$SITE" "$PY" -c 'import sglang, transformers, sgl_kernel, flashinfer
     || die "the installed stack does not import"
 date -u +%Y-%m-%dT%H:%M:%SZ >"$SITE/.ddtree-installed"
 echo "install.sh: installed into $SITE in $(( $(date +%s) - t0 )) s"
+check_lock

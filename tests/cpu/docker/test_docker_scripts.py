@@ -86,7 +86,10 @@ def test_image_metadata_is_declared():
     assert 'ENTRYPOINT ["/opt/venv/bin/python", "/opt/ddtree/entrypoint.py"]' in DOCKERFILE
     for label in ("ddtree.upstream.version", "ddtree.series.digest", "org.opencontainers.image.revision"):
         assert label in DOCKERFILE
-    assert re.search(r"^ARG BASE_IMAGE=nvidia/cuda:13\.\S+-runtime-", DOCKERFILE, re.M)
+    # The shipped base is the one scripts/test_image.sh builds and tests (docs/docker.md, "Which base").
+    assert re.search(r"^ARG BASE_IMAGE=debian:bookworm-slim$", DOCKERFILE, re.M)
+    assert "bookworm" in (REPO / "scripts" / "make_base_image.sh").read_text()
+    assert 'NVIDIA_REQUIRE_CUDA="cuda>=13.0"' in DOCKERFILE
 
 
 def test_nothing_writes_a_layer_after_the_install():
@@ -96,3 +99,27 @@ def test_nothing_writes_a_layer_after_the_install():
     instructions = re.findall(r"^([A-Z]+)\s", after, re.M)
     assert instructions and set(instructions) <= {"ENV", "LABEL", "EXPOSE", "HEALTHCHECK",
                                                    "ENTRYPOINT", "CMD", "ARG"}, instructions
+
+
+def test_the_toolkit_tree_is_built_and_checked_in_the_install_step():
+    run = DOCKERFILE[DOCKERFILE.index("FROM base AS runtime"):]
+    step = run[run.index("RUN "):run.index("\nENV ")]
+    assert "cuda_home.py build --out /opt/cuda" in step  # build runs the nvcc/header check
+    assert step.index("finish_build.py --src") < step.index("cuda_home.py build")
+    for f in ("cuda_home.py", "compile_kernels.py", "jit_modules.json"):
+        assert f"/ctx/docker/{f}" in step, f
+
+
+def test_the_image_test_compiles_the_kernel_list_in_the_image():
+    text = (REPO / "scripts" / "test_image.sh").read_text()
+    assert "python /opt/ddtree/compile_kernels.py" in text
+    assert '"^[0-9]+ passed, 0 failed"' in text
+    make = (REPO / "Makefile").read_text()
+    assert "ddtree-sglang:sm120-test" in make and "TAG=ddtree-sglang:sm120-test" in text
+
+
+def test_readme_and_docs_build_line_agree():
+    """The documented build passes the series digest (the build then checks it)."""
+    docs = (REPO / "docs" / "docker.md").read_text()
+    assert "--build-arg SERIES_DIGEST=$(python3 docker/wheelhouse.py series-digest) ." in docs
+    assert "--build-arg SERIES_DIGEST=$(python3 docker/wheelhouse.py series-digest) ." in DOCKERFILE
