@@ -36,6 +36,7 @@ Outputs (``OUTDIR/<name>``):
   v2lite-shape, v2lite-shape-dflash  config-only, for ``--load-format dummy``
   qwen3-8b-shape, qwen3-8b-shape-dflash  config-only (Qwen3-8B, GQA), likewise
   qwen36-a3b-shape, qwen36-a3b-shape-dflash  config-only, Qwen3.6-35B-A3B's text stack
+  gptoss-20b-shape, gptoss-20b-shape-dflash  config-only, gpt-oss-20b (sliding windows, sinks)
   manifest.json                    the construction facts tests rely on
 """
 
@@ -1059,6 +1060,50 @@ def hybrid_drafter_config(target: dict) -> dict:
     return cfg
 
 
+def gptoss_20b_config() -> dict:
+    """gpt-oss-20b's published shape (24 layers alternating 128-token sliding windows
+    and full attention, 64 query and 8 KV heads of 64, sinks, 32 experts), as bf16."""
+    layers = 24
+    return {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "vocab_size": 201088,
+        "hidden_size": 2880,
+        "intermediate_size": 2880,
+        "num_hidden_layers": layers,
+        "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
+        "sliding_window": 128,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "num_local_experts": 32,
+        "num_experts_per_tok": 4,
+        "experts_per_token": 4,
+        "swiglu_limit": 7.0,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "original_max_position_embeddings": 4096, "truncate": False,
+        },  # fmt: skip
+        "rms_norm_eps": 1e-5,
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def gptoss_20b_drafter_config(target: dict) -> dict:
+    """A 5-layer DFlash drafter in the target's attention shape (64 query and 8 KV
+    heads of 64), features from five spread target layers."""
+    cfg = qwen3_8b_drafter_config({**target, "rope_theta": target["rope_parameters"]["rope_theta"]})
+    cfg["dflash_config"]["target_layer_ids"] = [1, 6, 11, 16, 21]
+    return cfg
+
+
 # ----------------------------------------------------------------------------
 # Writing
 
@@ -1080,7 +1125,7 @@ def generate(
     outdir: Path,
     seed: int = 0,
     noise: float = 0.02,
-    which=("mla", "qwen3", "hybrid", "shapes", "hybrid-shapes", "gptoss"),
+    which=("mla", "qwen3", "hybrid", "shapes", "hybrid-shapes", "gptoss", "swa-shapes"),
 ) -> dict:
     rng = np.random.default_rng(seed)
     vocab_words = words(rng)
@@ -1143,6 +1188,16 @@ def generate(
             "drafter": "qwen36-a3b-shape-dflash",
             "load_format": "dummy",
         }
+    if "swa-shapes" in which:
+        tcfg = gptoss_20b_config()
+        save_model(outdir / "gptoss-20b-shape", None, tcfg)
+        save_tokenizer(outdir / "gptoss-20b-shape", vocab_words)
+        save_model(outdir / "gptoss-20b-shape-dflash", None, gptoss_20b_drafter_config(tcfg))
+        manifest["models"]["gptoss-20b-shape"] = {
+            "target": "gptoss-20b-shape",
+            "drafter": "gptoss-20b-shape-dflash",
+            "load_format": "dummy",
+        }
     path = outdir / "manifest.json"
     if path.exists():  # a partial run (--only) into a full set keeps the set's other pairs listed
         old = json.loads(path.read_text())
@@ -1157,7 +1212,7 @@ def main(argv=None) -> int:
     ap.add_argument("outdir", type=Path)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--noise", type=float, default=0.02, help="std of the non-structural weights")
-    kinds = ["mla", "qwen3", "hybrid", "shapes", "hybrid-shapes", "gptoss"]
+    kinds = ["mla", "qwen3", "hybrid", "shapes", "hybrid-shapes", "gptoss", "swa-shapes"]
     ap.add_argument("--only", nargs="+", choices=kinds, default=kinds)
     args = ap.parse_args(argv)
     generate(args.outdir, seed=args.seed, noise=args.noise, which=tuple(args.only))

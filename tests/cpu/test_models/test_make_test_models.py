@@ -285,7 +285,8 @@ def test_generation_is_deterministic(models, tmp_path):
 @pytest.mark.parametrize(
     "name,arch,layers,kv_per_token_layer",
     [("v2lite-shape", "MLA", 27, 512 + 64),  # one latent per token and layer
-     ("qwen3-8b-shape", "MHA", 36, 2 * 8 * 128)],  # K and V of 8 KV heads
+     ("qwen3-8b-shape", "MHA", 36, 2 * 8 * 128),  # K and V of 8 KV heads
+     ("gptoss-20b-shape", "MHA", 24, 2 * 8 * 64)],  # the same in both of its pools
 )  # fmt: skip
 def test_shape_pairs_read_by_sglang(models, name, arch, layers, kv_per_token_layer):
     """The config-only pairs are what sglang's own ModelConfig sees for the real models:
