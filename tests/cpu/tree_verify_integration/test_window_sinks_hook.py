@@ -9,175 +9,38 @@ from the SWA pool as upstream's scheduler evicts them (their slots map to SWA sl
 0, which holds a poison value here, so reading one shows). The reference places a
 tree node at ``prefix_len + depth`` and applies the window and the sinks in fp32;
 upstream's own extend path is run on the same inputs, equal for a DFLASH chain and
-different for a DDTREE tree (it counts a node's window by its index).
+different for a DDTREE tree (it counts a node's window by its index). The step and
+the reference: ``_swa.py``.
 """
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
-from _setup import MAX_CTX, Verify, hooked_backend, model_runner
 from sglang.srt.layers.attention.tree_verify.hook import (
     CHAIN,
     TREE,
     TreeVerifyUnavailable,
 )
-from sglang.srt.layers.radix_attention import RadixAttention
+from tests.cpu.tree_verify_integration._setup import MAX_CTX, Verify, model_runner
+from tests.cpu.tree_verify_integration._swa import (
+    FULL_LAYER,
+    SWA_LAYER,
+    Shape,
+    SWAVerify,
+    prepared,
+    reference,
+)
+from tests.cpu.tree_verify_integration._swa import layer as swa_layer
+from tests.cpu.tree_verify_integration._swa import run_layer
 
-H, HKV, D = 4, 2, 64
-WINDOW = 5  # layer.sliding_window_size (a config.sliding_window of 6)
-SWA_LAYER, FULL_LAYER = 0, 1
-FULL_SLOTS, SWA_SLOTS = 512, 192
-POISON_K, POISON_V = 6.0, 300.0
-
-
-class SWAVerify:
-    """One TARGET_VERIFY step on a hybrid SWA pool: the requests' slots come from
-    upstream's SWA allocator (its SWA free list shuffled, so SWA ids differ from
-    full ids), the committed prefix's KV of both layers is written where upstream
-    writes it, and the SWA slots of tokens older than the window are freed as
-    ``free_swa_out_of_window_slots`` frees them."""
-
-    def __init__(self, prefix_lens, n, algorithm, gen, window=WINDOW, evict=True):
-        from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
-        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-        from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-
-        self.verify = Verify(prefix_lens, n, algorithm, gen)
-        self.window = window
-        self.pool = SWAKVPool(
-            size=FULL_SLOTS, size_swa=SWA_SLOTS, page_size=1, dtype=torch.float16, head_num=HKV,
-            head_dim=D, swa_attention_layer_ids=[SWA_LAYER], full_attention_layer_ids=[FULL_LAYER],
-            device="cpu", token_to_kv_pool_class=MHATokenToKVPool, enable_memory_saver=False,
-        )  # fmt: skip
-        self.alloc = SWATokenToKVPoolAllocator(
-            FULL_SLOTS, SWA_SLOTS, page_size=1, dtype=torch.float16, device="cpu",
-            kvcache=self.pool, need_sort=False,
-        )  # fmt: skip
-        swa = self.alloc.swa_attn_allocator
-        swa.free_pages = swa.free_pages[torch.randperm(swa.free_pages.numel(), generator=gen)]
-        for layer in (SWA_LAYER, FULL_LAYER):
-            for buf in (self.pool.get_key_buffer(layer), self.pool.get_value_buffer(layer)):
-                buf.copy_(torch.randn(buf.shape, generator=gen).to(buf.dtype))
-        swa_k, swa_v = self.pool.get_key_buffer(SWA_LAYER), self.pool.get_value_buffer(SWA_LAYER)
-        swa_k[0], swa_v[0] = POISON_K, POISON_V  # where every evicted token's id now points
-        v = self.verify
-        self.prefix_kv = []  # per request: {layer: (K, V)} of its committed tokens, [P, HKV, D]
-        out = []
-        for b, p in enumerate(prefix_lens):
-            slots = self.alloc.alloc(p + n)
-            row = v.req_pool_indices[b]
-            v.req_to_token[row].zero_()
-            v.req_to_token[row, : p + n] = slots.to(torch.int32)
-            kv = {}
-            for layer in (SWA_LAYER, FULL_LAYER):
-                k = torch.randn(p, HKV, D, generator=gen).half()
-                val = torch.randn(p, HKV, D, generator=gen).half()
-                loc = slots[:p]
-                if layer == SWA_LAYER:
-                    loc = self.pool.translate_loc_from_full_to_swa(loc)
-                self.pool.get_key_buffer(layer)[loc] = k
-                self.pool.get_value_buffer(layer)[loc] = val
-                kv[layer] = (k, val)
-            self.prefix_kv.append(kv)
-            if evict and p > window:
-                self.alloc.free_swa(slots[: p - window])
-            out.append(slots[p:])
-        v.out_cache_loc = torch.cat(out).long()
-
-    def backend(self, algorithm="DDTREE", is_draft=False, **attrs):
-        return swa_triton_backend(model_runner(algorithm, is_draft=is_draft), self, **attrs)
-
-
-def swa_triton_backend(runner, sv: SWAVerify, **attrs):
-    """A real (patched) TritonAttnBackend on the hybrid SWA pool, with the
-    attributes its TARGET_VERIFY paths read, as its __init__ sets them for a
-    sliding-window model, and the hook its patched __init__ installs."""
-    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
-    from sglang.srt.layers.attention.tree_verify.backends import triton_hook
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-
-    max_bs = 8
-    state = dict(
-        device="cpu", req_to_token=sv.verify.req_to_token, token_to_kv_pool=sv.pool,
-        num_draft_tokens=sv.verify.n,
-        kv_indptr=torch.zeros(max_bs + 1, dtype=torch.int32),
-        qo_indptr=torch.zeros(max_bs + 1, dtype=torch.int64),
-        mask_indptr=torch.zeros(max_bs + 1, dtype=torch.int64),
-        sliding_window_size=sv.window, window_kv_indptr=torch.zeros(max_bs + 1, dtype=torch.int32),
-        use_sliding_window_kv_pool=True, _translate_kv_loc=None, max_context_len=MAX_CTX,
-        dcp_size=1, enable_deterministic=False, page_size=1, skip_prefill=False,
-        use_verify_splitkv=False, allow_bidirectional_attention_in_extend=False, use_mla=False,
-        extend_attention_fwd=extend_attention_fwd, _verify_mask=None,
-    )  # fmt: skip
-    state.update(attrs)
-    return hooked_backend(TritonAttnBackend, triton_hook, runner, sv.verify, **state)
+SHAPE = Shape()
+H, HKV, D, WINDOW = SHAPE.h, SHAPE.hkv, SHAPE.d, SHAPE.window
 
 
 def layer(layer_id, window=None):
-    return RadixAttention(
-        H, D, 1.0 / math.sqrt(D), HKV, layer_id, sliding_window_size=-1 if window is None else window
-    )
-
-
-def node_depths(verify: Verify, b: int) -> torch.Tensor:
-    """Each node's depth: its ancestors in its mask row (itself excluded)."""
-    p = int(verify.prefix[b])
-    return verify.visible(b)[:, p:].sum(-1) - 1
-
-
-def reference(sv: SWAVerify, q, k_tree, v_tree, layer_id, window, sinks, by_index=False):
-    """fp32 attention of every verify token over its request's committed prefix and
-    its visible tree nodes: a tree node at ``prefix_len + depth`` (``by_index``:
-    ``prefix_len + index``, what upstream's dense-mask path assumes), prefix token t
-    at t, a key seen iff ``q_pos - k_pos <= window``; ``sinks`` join each softmax
-    denominator."""
-    verify = sv.verify
-    n = verify.n
-    outs = []
-    for b in range(verify.bs):
-        p = int(verify.prefix[b])
-        kp, vp = sv.prefix_kv[b][layer_id]
-        rows = slice(b * n, (b + 1) * n)
-        k = torch.cat([kp, k_tree[rows]]).float().repeat_interleave(H // HKV, 1)
-        v = torch.cat([vp, v_tree[rows]]).float().repeat_interleave(H // HKV, 1)
-        s = torch.einsum("nhd,thd->hnt", q[rows].float(), k) / math.sqrt(D)
-        allowed = verify.visible(b)
-        if window is not None:
-            offset = torch.arange(n) if by_index else node_depths(verify, b)
-            q_pos = p + offset
-            k_pos = torch.cat([torch.arange(p), p + offset])
-            allowed = allowed & ((q_pos[:, None] - k_pos[None, :]) <= window)
-        s = s.masked_fill(~allowed, -math.inf)
-        if sinks is not None:
-            s = torch.cat([s, sinks.float().view(H, 1, 1).expand(H, n, 1)], -1)
-            probs = torch.softmax(s, -1)[..., :-1]
-        else:
-            probs = torch.softmax(s, -1)
-        outs.append(torch.einsum("hnt,thd->nhd", probs, v))
-    return torch.cat(outs)
-
-
-def run_layer(be, sv: SWAVerify, layer_id, window, sinks, gen):
-    """One forward_extend of a layer (after init_forward_metadata): its q and the
-    tree's K/V, and the output ``[bs*N, H, D]``."""
-    t = sv.verify.bs * sv.verify.n
-    q = torch.randn(t, H * D, generator=gen).half()
-    k = torch.randn(t, HKV, D, generator=gen).half()
-    v = torch.randn(t, HKV, D, generator=gen).half()
-    fb = be.test_forward_batch
-    o = be.forward_extend(q, k, v, layer(layer_id, window), fb, sinks=sinks)
-    return q.view(t, H, D), k, v, o.view(t, H, D).float()
-
-
-def prepared(be, sv):
-    fb = sv.verify.forward_batch()
-    be.init_forward_metadata(fb)
-    be.test_forward_batch = fb
-    return be
+    return swa_layer(SHAPE, layer_id, window)
 
 
 SINKS = torch.tensor([1.5, -0.5, 3.0, 0.0], dtype=torch.bfloat16)
@@ -313,10 +176,7 @@ def test_graph_buffers_hold_the_swa_slots_at_fixed_addresses():
     be.tree_verify.init_graph_state(max_bs=8, max_num_tokens=8 * n)
     ptrs = None
     for prefix in ([9, 3, 30], [44, 1], [2, 2, 2, 15]):
-        step = SWAVerify(prefix, n, "DDTREE", gen)
-        # The backend keeps its pool and table; the step's own become theirs.
-        be.token_to_kv_pool = step.pool
-        be.tree_verify.swa_pool = step.pool
+        step = sv.step(prefix, n, "DDTREE", gen)  # new requests on the same pools
         be.tree_verify.req_to_token = step.verify.req_to_token
         fb = _padded(step.verify, graph_bs)
         be.kv_indptr[1 : graph_bs + 1] = torch.cumsum(fb.seq_lens, 0)
@@ -380,7 +240,7 @@ def test_ddtree_on_a_windowed_model_without_the_hook_is_refused_at_startup(monke
 def test_sliding_window_without_an_swa_pool():
     """A sliding-window model on an ordinary pool (--disable-hybrid-swa-memory):
     the whole prefix is in the pool, the kernel applies the window to it."""
-    from _setup import Pool, triton_backend
+    from tests.cpu.tree_verify_integration._setup import Pool, triton_backend
 
     gen = torch.Generator().manual_seed(9)
     verify = Verify([13, 40], 17, "DDTREE", gen)
@@ -397,7 +257,7 @@ def test_sliding_window_without_an_swa_pool():
     o = be.forward_extend(q, k, v, layer(SWA_LAYER, WINDOW), fb, sinks=SINKS).view(t, H, D).float()
     # The same attention, as SWAVerify's reference sees it: the pool's prefix KV.
     sv = object.__new__(SWAVerify)
-    sv.verify, sv.window = verify, WINDOW
+    sv.verify, sv.window, sv.shape = verify, WINDOW, SHAPE
     sv.prefix_kv = []
     for b, p in enumerate(verify.prefix.tolist()):
         slots = verify.req_to_token[verify.req_pool_indices[b], :p].long()
@@ -410,7 +270,7 @@ def test_flashinfer_on_a_windowed_model_refuses_ddtree():
     ``window_left``) counts a node's window by its index too: DDTREE on a
     sliding-window model is refused when the backend is built, pointing to the
     Triton backend; a DFLASH chain keeps FlashInfer's own path."""
-    from _setup import Pool, flashinfer_backend
+    from tests.cpu.tree_verify_integration._setup import Pool, flashinfer_backend
 
     gen = torch.Generator().manual_seed(2)
     verify = Verify([8], 4, "DDTREE", gen)
