@@ -326,3 +326,39 @@ def test_forced_prefix_pass_routes_window_layers_to_fused(monkeypatch):
     gptoss = VerifyRoutes(backend_name="TritonAttnBackend", device="cpu", target=dataclasses.replace(target, sinks=True),
                           forced=None, pool_requests=8, max_context_len=MAX_CTX)  # fmt: skip
     assert gptoss.available == frozenset({"fused"})
+
+
+@pytest.mark.parametrize("algorithm", ["DFLASH", "DDTREE"])
+def test_draft_block_with_a_sliding_layer_equals_upstreams_path(algorithm):
+    """A DFlash drafter may have sliding layers (upstream makes them causal, window
+    ``config.sliding_window - 1``; its pool is an ordinary one): the drafter's block,
+    a chain, through the hook on the draft worker equals upstream's path and the
+    reference."""
+    from types import SimpleNamespace
+
+    from tests.cpu.tree_verify_integration._setup import Pool
+    from tests.cpu.tree_verify_integration._swa import swa_triton_backend
+
+    gen = torch.Generator().manual_seed(21)
+    verify = Verify([30, 3, 12], 8, "DFLASH", gen)  # the block's spec info is DFlash's
+    pool = Pool(HKV, D, D, torch.float16, mla=False)
+    step = SimpleNamespace(verify=verify, window=WINDOW, shape=SHAPE, device="cpu", dtype=torch.float16, pool=pool)
+
+    def backend(kind=None):
+        be = swa_triton_backend(model_runner(algorithm, is_draft=True), step, use_sliding_window_kv_pool=False)
+        if kind == "upstream":
+            be.tree_verify.kind = None
+        return prepared(be, step)
+
+    hooked, upstream = backend(), backend("upstream")
+    assert hooked.tree_verify.metadata.kind == "block" and hooked.tree_verify.metadata.swa is None
+    state = gen.get_state()
+    q, k, v, o = run_layer(hooked, step, SWA_LAYER, WINDOW, None, gen)
+    gen.set_state(state)
+    _, _, _, o_up = run_layer(upstream, step, SWA_LAYER, WINDOW, None, gen)
+    torch.testing.assert_close(o, o_up, atol=3e-3, rtol=3e-3)
+    step.prefix_kv = []
+    for b, p in enumerate(verify.prefix.tolist()):
+        slots = verify.req_to_token[verify.req_pool_indices[b], :p].long()
+        step.prefix_kv.append({SWA_LAYER: (pool.k[slots], pool.v[slots])})
+    torch.testing.assert_close(o, reference(step, q, k, v, SWA_LAYER, WINDOW, None), atol=3e-3, rtol=3e-3)
