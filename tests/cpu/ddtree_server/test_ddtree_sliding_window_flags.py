@@ -117,3 +117,15 @@ def test_windowed_model_detection():
         mc(is_hybrid_swa=True, swa_attention_layer_ids=[0], is_deepseek_v4_arch=True)
     )
     assert not has_sliding_window_layers(mc())
+
+
+def test_gptoss_verify_plans_no_prefix_pass(windowed_dirs):
+    """The tree-verify routes learn from the model config that every gpt-oss layer
+    has sinks (so no FlashInfer/FlashMLA prefix pass is planned for its verify);
+    other models, Gemma 3 included, keep the policy's choice per layer."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.layers.attention.tree_verify.backends import every_layer_has_sinks
+
+    assert every_layer_has_sinks(ModelConfig(model_path=windowed_dirs["gptoss"]))
+    assert not every_layer_has_sinks(ModelConfig(model_path=windowed_dirs["gemma3"]))
+    assert not every_layer_has_sinks(ModelConfig(model_path=windowed_dirs["mha"]))
