@@ -362,3 +362,25 @@ def test_draft_block_with_a_sliding_layer_equals_upstreams_path(algorithm):
         slots = verify.req_to_token[verify.req_pool_indices[b], :p].long()
         step.prefix_kv.append({SWA_LAYER: (pool.k[slots], pool.v[slots])})
     torch.testing.assert_close(o, reference(step, q, k, v, SWA_LAYER, WINDOW, None), atol=3e-3, rtol=3e-3)
+
+
+def test_a_flashinfer_plan_serves_only_the_layers_it_was_planned_for(monkeypatch):
+    """Gemma 4's full layers (heads of 512, 4 KV heads) and sliding ones (heads of
+    256, 16 KV heads) differ: a prefix pass planned for one shape is not handed to a
+    layer of the other (the fused kernel serves it)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention.tree_verify.flashinfer_split import PrefixPassShape
+    from sglang.srt.layers.attention.tree_verify.routes import VerifyRoutes
+
+    routes = VerifyRoutes(backend_name="TritonAttnBackend", device=None, target=None, forced=None,
+                          pool_requests=8, max_context_len=MAX_CTX)  # fmt: skip
+    planned = PrefixPassShape(num_heads=32, num_kv_heads=4, head_dim_qk=512, head_dim_v=512, width=17,
+                              q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, sm_scale=1.0)  # fmt: skip
+    routes._prefix_pass = SimpleNamespace(shape=planned)
+    full = SimpleNamespace(scaling=1.0)
+    q_full, k_full = torch.zeros(17, 32, 512), torch.zeros(8, 4, 512)
+    q_swa, k_swa = torch.zeros(17, 32, 256), torch.zeros(8, 16, 256)
+    assert routes._flashinfer_options(q_full, k_full, full, 0.0) == {"prefix_pass": routes._prefix_pass}
+    assert routes._flashinfer_options(q_swa, k_swa, full, 0.0) is None
+    assert routes._flashinfer_options(q_full, torch.zeros(8, 16, 512), full, 0.0) is None

@@ -217,7 +217,7 @@ class VerifyRoutes:
                 )  # fmt: skip
             return chosen, None
         if strategy == FLASHINFER_SPLIT:
-            options = self._flashinfer_options(q, layer, logit_cap)
+            options = self._flashinfer_options(q, k_buffer, layer, logit_cap)
         elif strategy == FLASHMLA_SPLIT:
             options = self._flashmla_options(meta, q, k_buffer, v_buffer, layer, logit_cap)
         else:
@@ -226,16 +226,22 @@ class VerifyRoutes:
             return FUSED, None
         return strategy, options
 
-    def _flashinfer_options(self, q, layer, logit_cap) -> Optional[dict]:
-        """The planned pass, when it was planned for this layer's shape."""
+    def _flashinfer_options(self, q, k_buffer, layer, logit_cap) -> Optional[dict]:
+        """The planned pass, when it was planned for this layer's shape (a model
+        whose layers differ, Gemma 4's full and sliding ones, plans for one)."""
         prefix_pass = self._prefix_pass
         problem = None
         if prefix_pass is None:
             problem = "no FlashInfer plan for this forward"
         elif logit_cap > 0:
             problem = "a logit cap"
-        elif q.shape[1] != prefix_pass.shape.num_heads or float(layer.scaling) != prefix_pass.shape.sm_scale:
-            problem = "heads or scale other than the planned ones"
+        elif (
+            q.shape[1] != prefix_pass.shape.num_heads
+            or q.shape[2] != prefix_pass.shape.head_dim_qk
+            or k_buffer.shape[1] != prefix_pass.shape.num_kv_heads
+            or float(layer.scaling) != prefix_pass.shape.sm_scale
+        ):
+            problem = "heads, head size or scale other than the planned ones"
         if problem is None:
             return dict(prefix_pass=prefix_pass)
         if self.forced == FLASHINFER_SPLIT:
