@@ -104,6 +104,9 @@ def hook_for(backend: Any, model_runner: Any, **kw) -> TreeVerifyHook:
     window = getattr(backend, "sliding_window_size", None)
     if window is None:
         window = getattr(model_runner, "sliding_window_size", None)
+    kv_pool = getattr(backend, "token_to_kv_pool", None)
+    if kv_pool is None:
+        kv_pool = getattr(model_runner, "token_to_kv_pool", None)
     return TreeVerifyHook(
         spec_algorithm=spec,
         is_draft_worker=is_draft,
@@ -113,7 +116,7 @@ def hook_for(backend: Any, model_runner: Any, **kw) -> TreeVerifyHook:
         device=model_runner.device,
         backend_name=type(backend).__name__,
         target=None if is_draft else target_attention(backend, model_runner),
-        kv_pool=getattr(backend, "token_to_kv_pool", None) or getattr(model_runner, "token_to_kv_pool", None),
+        kv_pool=kv_pool,
         sliding_window_size=window,
         **kw,
     )
