@@ -24,11 +24,13 @@ a node's index instead, right for a chain only). On a hybrid SWA KV pool their
 KV lives in the SWA pool under translated slot ids: the hook also gathers each
 request's last ``sliding_window_size`` committed tokens and the tree's slots in
 that pool's ids (:class:`SWAIndices`). Attention sinks reach the kernel as they
-reach the backend. Everything
-that depends on the batch is prepared outside the forward (:meth:`prepare`), in
-persistent buffers when CUDA graphs are captured, so the captured kernels read
-fixed addresses and launch with fixed shapes. Which strategy serves the
-target's verify, and what it plans per forward, is :class:`VerifyRoutes`'.
+reach the backend.
+
+Everything that depends on the batch is prepared outside the forward
+(:meth:`prepare`), in persistent buffers when CUDA graphs are captured, so the
+captured kernels read fixed addresses and launch with fixed shapes. Which
+strategy serves the target's verify, and what it plans per forward, is
+:class:`VerifyRoutes`'.
 """
 
 from __future__ import annotations
