@@ -31,9 +31,12 @@ Outputs (``OUTDIR/<name>``):
   tiny-qwen3, tiny-qwen3-dflash    Qwen3 (GQA) target and its DFlash drafter
   tiny-qwen3next, tiny-qwen3next-dflash  Qwen3-Next hybrid (Gated DeltaNet) target
                                    whose linear-attention layer carries the rule
+  tiny-gptoss, tiny-gptoss-dflash  gpt-oss target (sliding windows of 8, attention
+                                   sinks) whose sliding layer carries the rule
   v2lite-shape, v2lite-shape-dflash  config-only, for ``--load-format dummy``
   qwen3-8b-shape, qwen3-8b-shape-dflash  config-only (Qwen3-8B, GQA), likewise
   qwen36-a3b-shape, qwen36-a3b-shape-dflash  config-only, Qwen3.6-35B-A3B's text stack
+  gptoss-20b-shape, gptoss-20b-shape-dflash  config-only, gpt-oss-20b (sliding windows, sinks)
   manifest.json                    the construction facts tests rely on
 """
 
@@ -603,6 +606,127 @@ def qwen3next_target(codes: Codes, rng: np.random.Generator, noise: float):
 
 
 # ----------------------------------------------------------------------------
+# Sliding-window + attention-sink target (gpt-oss architecture)
+
+
+SLIDING_WINDOW = 8  # HF's sliding_window (the query's own token included): keys at distance <= 7
+SINK_GAP = 12.0  # the far heads' sink sits this far below their peak score
+FAR_GAIN = 2.0  # a far head that sees its token outweighs the previous-token code
+SINKED_SINK, SINKED_GAIN = 20.0, 3.0  # layer 1's sink head: its sink, and its output if the sink is lost
+GPTOSS_EXPERTS = 4
+
+
+def gptoss_target(codes: Codes, rng: np.random.Generator, noise: float):
+    """gpt-oss layout: [sliding, full, sliding, full] attention with learned sinks,
+    every MLP a small MoE (GptOssExperts), 16 query and 8 KV heads of 64.
+
+    Layer 0 (sliding, ``SLIDING_WINDOW`` - 1 = 7 keys back) carries the rule: kv
+    heads 0-3 serve *previous-token* heads (distance 1, one 64-dim quarter of the
+    code each, copied into B); kv heads 4-7 serve *far* heads, which peak at
+    distance ``SLIDING_WINDOW``, just outside the window, and would add
+    ``FAR_GAIN`` times that token's code to B. Inside a correct window the far key
+    is hidden and the far heads' sinks (``SINK_GAP`` below the peak, above every
+    other key) take their attention, so they write nothing. So: a window one key
+    too wide lets the far token win; a window counted by a tree node's index
+    instead of its depth hides the node's parent from the previous-token heads;
+    sinks that are dropped let the far heads copy whatever is visible. Layer 1
+    (full) has a head with a zero query and a sink of ``SINKED_SINK``: with the
+    sink its output vanishes, without it the head adds ``SINKED_GAIN`` times a fixed
+    code to B and every token becomes the same one. The rest is seeded noise.
+    """
+    H, nh, nkv, hd, inter, E = HIDDEN, 16, 8, 64, 128, GPTOSS_EXPERTS
+    scaling = hd**-0.5
+    w = Weights(rng, noise)
+    w["model.embed_tokens.weight"] = embeddings(codes)
+    x_u = x_a = rms_scale(3.0)  # layer 0 sees the embeddings
+    x_u1 = rms_scale(4.0)  # layer 1 sees them plus the copied code
+    omegas = rope_freqs(hd)
+    amps, frac = peak_amplitudes(omegas, PREV_OFFSETS)
+    amps = amps * (PREV_MARGIN / frac) / scaling  # peak score PREV_MARGIN / frac, the rest >= PREV_MARGIN below
+    peak_score = PREV_MARGIN / frac
+    q_prev, k_pos = positional_qk(amps, omegas, peak=1, dim=hd, neox=True)
+    q_far, k_far = positional_qk(amps, omegas, peak=SLIDING_WINDOW, dim=hd, neox=True)
+    assert np.allclose(k_pos, k_far)  # one positional key serves both peaks
+    sinked_code = codes.rows[0]
+    layer_types = ["sliding_attention", "full_attention"] * (TARGET_LAYERS // 2)
+    for layer in range(TARGET_LAYERS):
+        p = f"model.layers.{layer}."
+        a = p + "self_attn."
+        w.ones(p + "input_layernorm.weight", H)
+        w.ones(p + "post_attention_layernorm.weight", H)
+        q = w.rand(a + "q_proj.weight", (nh * hd, H))
+        k = w.rand(a + "k_proj.weight", (nkv * hd, H))
+        v = w.rand(a + "v_proj.weight", (nkv * hd, H))
+        o = w.rand(a + "o_proj.weight", (H, nh * hd), std=noise * OUT_NOISE)
+        for name, n in (("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd), ("o_proj", H)):
+            w.ones(a + f"{name}.bias", n, 0.0)
+        sinks = w.rand(a + "sinks", nh, std=1.0)
+        if layer == 0:
+            for g in range(nkv):
+                far, chunk = g >= 4, g % 4
+                kr = slice(g * hd, (g + 1) * hd)
+                k[kr, :] = 0.0
+                k[kr, U] = k_pos / x_u
+                v[kr, :] = 0.0
+                v[kr, A.start + chunk * hd : A.start + (chunk + 1) * hd] = np.eye(hd) / x_a
+                for h in (2 * g, 2 * g + 1):  # the kv head's two query heads
+                    q[h * hd : (h + 1) * hd, :] = 0.0
+                    o[:, h * hd : (h + 1) * hd] = 0.0
+                h = 2 * g
+                q[h * hd : (h + 1) * hd, U] = (q_far if far else q_prev) / x_u
+                gain = FAR_GAIN if far else 1.0
+                o[B.start + chunk * hd : B.start + (chunk + 1) * hd, h * hd : (h + 1) * hd] = gain * np.eye(hd)
+                sinks[h] = peak_score - SINK_GAP if far else 0.0
+        elif layer == 1:
+            # Query head 0 (kv head 0): zero query, so every key scores 0 against the sink.
+            q[0:hd, :] = 0.0
+            v[0:hd, :] = 0.0
+            v[0, U] = 1.0 / x_u1
+            o[:, 0 : 2 * hd] = 0.0  # head 1 shares that value: silenced
+            o[B, 0] = SINKED_GAIN * sinked_code
+            sinks[0] = SINKED_SINK
+        w.rand(p + "mlp.router.weight", (E, H), std=0.5)
+        w.ones(p + "mlp.router.bias", E, 0.0)
+        w.rand(p + "mlp.experts.gate_up_proj", (E, H, 2 * inter))
+        w[p + "mlp.experts.gate_up_proj_bias"] = np.zeros((E, 2 * inter))
+        w.rand(p + "mlp.experts.down_proj", (E, inter, H), std=noise * OUT_NOISE)
+        w[p + "mlp.experts.down_proj_bias"] = np.zeros((E, H))
+    w.ones("model.norm.weight", H)
+    w["lm_head.weight"] = lm_head(codes)
+    config = {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "vocab_size": VOCAB,
+        "hidden_size": H,
+        "intermediate_size": inter,
+        "num_hidden_layers": TARGET_LAYERS,
+        "layer_types": layer_types,
+        "sliding_window": SLIDING_WINDOW,
+        "num_attention_heads": nh,
+        "num_key_value_heads": nkv,
+        "head_dim": hd,
+        "num_local_experts": E,
+        "num_experts_per_tok": 2,
+        "experts_per_token": 2,
+        "swiglu_limit": 7.0,
+        "router_aux_loss_coef": 0.0,
+        "output_router_logits": False,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POS,
+        "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+        "rms_norm_eps": 1e-6,
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "torch_dtype": "bfloat16",
+    }
+    return w, config
+
+
+# ----------------------------------------------------------------------------
 # DFlash drafter
 
 
@@ -936,6 +1060,50 @@ def hybrid_drafter_config(target: dict) -> dict:
     return cfg
 
 
+def gptoss_20b_config() -> dict:
+    """gpt-oss-20b's published shape (24 layers alternating 128-token sliding windows
+    and full attention, 64 query and 8 KV heads of 64, sinks, 32 experts), as bf16."""
+    layers = 24
+    return {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "vocab_size": 201088,
+        "hidden_size": 2880,
+        "intermediate_size": 2880,
+        "num_hidden_layers": layers,
+        "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
+        "sliding_window": 128,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "num_local_experts": 32,
+        "num_experts_per_tok": 4,
+        "experts_per_token": 4,
+        "swiglu_limit": 7.0,
+        "hidden_act": "silu",
+        "max_position_embeddings": 131072,
+        "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "original_max_position_embeddings": 4096, "truncate": False,
+        },  # fmt: skip
+        "rms_norm_eps": 1e-5,
+        "attention_bias": True,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def gptoss_20b_drafter_config(target: dict) -> dict:
+    """A 5-layer DFlash drafter in the target's attention shape (64 query and 8 KV
+    heads of 64), features from five spread target layers."""
+    cfg = qwen3_8b_drafter_config({**target, "rope_theta": target["rope_parameters"]["rope_theta"]})
+    cfg["dflash_config"]["target_layer_ids"] = [1, 6, 11, 16, 21]
+    return cfg
+
+
 # ----------------------------------------------------------------------------
 # Writing
 
@@ -954,7 +1122,10 @@ def save_model(out: Path, weights: dict | None, config: dict) -> None:
 
 
 def generate(
-    outdir: Path, seed: int = 0, noise: float = 0.02, which=("mla", "qwen3", "hybrid", "shapes", "hybrid-shapes")
+    outdir: Path,
+    seed: int = 0,
+    noise: float = 0.02,
+    which=("mla", "qwen3", "hybrid", "shapes", "hybrid-shapes", "gptoss", "swa-shapes"),
 ) -> dict:
     rng = np.random.default_rng(seed)
     vocab_words = words(rng)
@@ -986,6 +1157,8 @@ def generate(
         pair("tiny-qwen3", qwen3_target)
     if "hybrid" in which:
         pair("tiny-qwen3next", qwen3next_target)
+    if "gptoss" in which:
+        pair("tiny-gptoss", gptoss_target)
     if "shapes" in which:
         tcfg = v2lite_config()
         save_model(outdir / "v2lite-shape", None, tcfg)
@@ -1015,6 +1188,16 @@ def generate(
             "drafter": "qwen36-a3b-shape-dflash",
             "load_format": "dummy",
         }
+    if "swa-shapes" in which:
+        tcfg = gptoss_20b_config()
+        save_model(outdir / "gptoss-20b-shape", None, tcfg)
+        save_tokenizer(outdir / "gptoss-20b-shape", vocab_words)
+        save_model(outdir / "gptoss-20b-shape-dflash", None, gptoss_20b_drafter_config(tcfg))
+        manifest["models"]["gptoss-20b-shape"] = {
+            "target": "gptoss-20b-shape",
+            "drafter": "gptoss-20b-shape-dflash",
+            "load_format": "dummy",
+        }
     path = outdir / "manifest.json"
     if path.exists():  # a partial run (--only) into a full set keeps the set's other pairs listed
         old = json.loads(path.read_text())
@@ -1029,7 +1212,7 @@ def main(argv=None) -> int:
     ap.add_argument("outdir", type=Path)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--noise", type=float, default=0.02, help="std of the non-structural weights")
-    kinds = ["mla", "qwen3", "hybrid", "shapes", "hybrid-shapes"]
+    kinds = ["mla", "qwen3", "hybrid", "shapes", "hybrid-shapes", "gptoss", "swa-shapes"]
     ap.add_argument("--only", nargs="+", choices=kinds, default=kinds)
     args = ap.parse_args(argv)
     generate(args.outdir, seed=args.seed, noise=args.noise, which=tuple(args.only))

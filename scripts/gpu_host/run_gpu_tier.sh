@@ -17,8 +17,8 @@
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
-ALL_DIRS=(tree_verify tree_verify_integration ddtree_logic arch_gating e2e ddtree hybrid serving_defaults)
-SERVER_DIRS=" e2e ddtree hybrid serving_defaults "  # start sglang servers: need the test models, leave server logs
+ALL_DIRS=(tree_verify tree_verify_integration ddtree_logic arch_gating e2e ddtree hybrid swa serving_defaults)
+SERVER_DIRS=" e2e ddtree hybrid swa serving_defaults "  # start sglang servers: need the test models, leave server logs
 
 # name|dir|environment (space-separated VAR=value)|all-gpus when it must run alone on every GPU
 # (serving_defaults: each server sizes its KV pools from the whole GPU's memory).
@@ -31,6 +31,7 @@ PIECES=(
     "e2e-triton|e2e|DDTREE_E2E_CONFIGS=triton-nospec,triton-dflash,triton-ddtree|"
     "ddtree|ddtree||"
     "hybrid|hybrid||"
+    "swa|swa||"
     "tree_verify|tree_verify||"
     "tree_verify_integration|tree_verify_integration||"
     "ddtree_logic|ddtree_logic||"
@@ -116,6 +117,7 @@ models_ready() {  # all pairs, not just a manifest: `make_test_models.py --only 
     local m
     for m in manifest.json tiny-mla/config.json tiny-mla-dflash/config.json tiny-qwen3/config.json \
              tiny-qwen3-dflash/config.json tiny-qwen3next/config.json tiny-qwen3next-dflash/config.json \
+             tiny-gptoss/config.json tiny-gptoss-dflash/config.json \
              qwen3-8b-shape/config.json qwen3-8b-shape-dflash/config.json; do
         [ -f "$DDTREE_TEST_MODELS/$m" ] || return 1
     done

@@ -26,6 +26,10 @@ that holds it allocates it:
 The per-request parts of these buffers (a page of padding per pool, a staging
 page per request slot) are fixed costs, left to the memory headroom like
 upstream's other fixed buffers.
+
+Hybrid sliding-window targets are sized by upstream's ``HybridSWAPoolConfigurator``
+(full and SWA pools) instead, which counts no DFlash drafter at all:
+:func:`hybrid_swa_draft_bytes` is the draft pool's part for it (patch 0072).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional, Set
+from typing import Any, Optional, Set, Tuple
 
 import torch
 
@@ -157,17 +161,12 @@ def flashmla_staging_bytes(kvc: Any) -> int:
     return int(layers) * dim * torch._utils._element_size(kvc.kv_cache_dtype)
 
 
-def pool_token_bytes(kvc: Any, target_kv: int) -> Optional[PoolTokenBytes]:
-    """What one token of the target's KV pool costs on this GPU when DFLASH or
-    DDTREE serves: ``target_kv`` (upstream's per-token target KV bytes) plus the
-    draft model's KV and flashmla_split's staging. None on the draft worker and
-    for every other algorithm, whose accounting stays upstream's."""
-    if kvc.is_draft_worker or not uses_dflash_draft_pool(kvc.spec_algorithm):
-        return None
+def draft_kv_bytes(kvc: Any) -> Tuple[int, str]:
+    """The draft model's KV bytes per token of the target's ``max_total_num_tokens``
+    (the token count its pool is allocated with), and how they were made."""
     draft = draft_kv_configurator(kvc)
     mc = draft.model_config
     dcp = max(1, int(getattr(kvc.server_args, "dcp_size", 1) or 1))
-    draft_kv = _cell_size(draft) * dcp
     from sglang.srt.runtime_context import get_parallel
 
     heads = mc.get_num_kv_heads(get_parallel().attn_tp_size)
@@ -176,6 +175,17 @@ def pool_token_bytes(kvc: Any, target_kv: int) -> Optional[PoolTokenBytes]:
         f"{mc.head_dim}+{mc.v_head_dim} x {draft.kv_cache_dtype}"
         + (f" x DCP {dcp}" if dcp > 1 else "")
     )
+    return _cell_size(draft) * dcp, detail
+
+
+def pool_token_bytes(kvc: Any, target_kv: int) -> Optional[PoolTokenBytes]:
+    """What one token of the target's KV pool costs on this GPU when DFLASH or
+    DDTREE serves: ``target_kv`` (upstream's per-token target KV bytes) plus the
+    draft model's KV and flashmla_split's staging. None on the draft worker and
+    for every other algorithm, whose accounting stays upstream's."""
+    if kvc.is_draft_worker or not uses_dflash_draft_pool(kvc.spec_algorithm):
+        return None
+    draft_kv, detail = draft_kv_bytes(kvc)
     return PoolTokenBytes(
         target_kv=int(target_kv),
         draft_kv=draft_kv,
@@ -201,3 +211,26 @@ def speculative_cell_size(kvc: Any, target_kv: int) -> Optional[int]:
         _logged.add(message)
         logger.info(message)
     return cost.total
+
+
+def hybrid_swa_draft_bytes(kvc: Any) -> int:
+    """DFLASH and DDTREE on a hybrid sliding-window target (gpt-oss, Gemma 4): the
+    draft model's KV bytes per token of the target's ``max_total_num_tokens``, which
+    upstream's ``HybridSWAPoolConfigurator`` leaves out of its cost (it counts
+    EAGLE's draft layers only) and patch 0072 adds. The draft worker's pool is an
+    ordinary one with the full pool's token count, so its bytes ride on each full
+    pool token (or, for an all-sliding target, on each SWA pool token, which is
+    then ``max_total_num_tokens``). Logged once; 0 on the draft worker and for every
+    other algorithm."""
+    if kvc.is_draft_worker or not uses_dflash_draft_pool(kvc.spec_algorithm):
+        return 0
+    draft_kv, detail = draft_kv_bytes(kvc)
+    algorithm = getattr(kvc.server_args, "speculative_algorithm", None)
+    message = (
+        f"KV pools per token for {algorithm} on a hybrid SWA target: the draft model's "
+        f"KV, {draft_kv:,} bytes ({detail}), added to the full and SWA pools' cost"
+    )
+    if message not in _logged:
+        _logged.add(message)
+        logger.info(message)
+    return draft_kv

@@ -46,7 +46,8 @@ def test_dirs_load_with_transformers(models):
     from transformers import AutoConfig, AutoTokenizer
 
     out, manifest = models
-    for name in ("tiny-mla", "tiny-qwen3", "tiny-qwen3next", "v2lite-shape", "qwen3-8b-shape", "qwen36-a3b-shape"):
+    for name in ("tiny-mla", "tiny-qwen3", "tiny-qwen3next", "tiny-gptoss", "v2lite-shape", "qwen3-8b-shape",
+                 "qwen36-a3b-shape"):
         cfg = AutoConfig.from_pretrained(str(out / name))
         tok = AutoTokenizer.from_pretrained(str(out / name))
         assert tok.convert_tokens_to_ids("<|MASK|>") == manifest["mask_token_id"]
@@ -55,8 +56,8 @@ def test_dirs_load_with_transformers(models):
         assert text.startswith("<|bos|><|user|>") and text.endswith("<|assistant|>")
     assert AutoConfig.from_pretrained(str(out / "tiny-mla")).kv_lora_rank == 512
     assert AutoConfig.from_pretrained(str(out / "tiny-mla")).qk_rope_head_dim == 64
-    for name in ("tiny-mla-dflash", "tiny-qwen3-dflash", "tiny-qwen3next-dflash", "v2lite-shape-dflash",
-                 "qwen3-8b-shape-dflash", "qwen36-a3b-shape-dflash"):
+    for name in ("tiny-mla-dflash", "tiny-qwen3-dflash", "tiny-qwen3next-dflash", "tiny-gptoss-dflash",
+                 "v2lite-shape-dflash", "qwen3-8b-shape-dflash", "qwen36-a3b-shape-dflash"):
         cfg = json.loads((out / name / "config.json").read_text())
         target = json.loads((out / name.replace("-dflash", "") / "config.json").read_text())
         assert cfg["architectures"] == ["DFlashDraftModel"]
@@ -74,12 +75,12 @@ def test_dirs_load_with_transformers(models):
     # transformers loads the targets with no missing or unexpected weights.
     from transformers import AutoModelForCausalLM
 
-    for name in ("tiny-mla", "tiny-qwen3", "tiny-qwen3next"):
+    for name in ("tiny-mla", "tiny-qwen3", "tiny-qwen3next", "tiny-gptoss"):
         _, info = AutoModelForCausalLM.from_pretrained(str(out / name), output_loading_info=True)
         assert not info["missing_keys"] and not info["unexpected_keys"], (name, info)
 
 
-@pytest.mark.parametrize("name", ["tiny-mla", "tiny-qwen3", "tiny-qwen3next"])
+@pytest.mark.parametrize("name", ["tiny-mla", "tiny-qwen3", "tiny-qwen3next", "tiny-gptoss"])
 def test_target_greedy_rule_and_margin(models, name):
     out, manifest = models
     tau = torch.tensor(manifest["tau"])
@@ -183,7 +184,7 @@ def _ref_draft_offsets(out: Path, name: str, prompt: torch.Tensor, bonus: int):
     return logits[1:]  # offsets 1..15
 
 
-@pytest.mark.parametrize("name", ["tiny-mla", "tiny-qwen3", "tiny-qwen3next"])
+@pytest.mark.parametrize("name", ["tiny-mla", "tiny-qwen3", "tiny-qwen3next", "tiny-gptoss"])
 def test_drafter_predicts_the_target_continuation(models, name):
     out, manifest = models
     g = torch.Generator().manual_seed(7)
@@ -237,6 +238,41 @@ def test_hybrid_target_reads_the_previous_token_from_the_recurrent_state(models)
     assert all(n >= trials - 2 for n in broken.values()), broken
 
 
+def test_gptoss_target_needs_its_window_and_its_sinks(models):
+    """The sliding-window + sink target through transformers' GptOss code: the rule
+    holds with the configured window and sinks; a window one key wider (or none)
+    lets the far heads' token win, a narrower one changes nothing, and dropping the
+    sinks of either layer kind breaks the rule."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out, manifest = models
+    path = str(out / "tiny-gptoss")
+    tau = torch.tensor(manifest["tau"])
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(gen.NUM_SPECIAL, gen.VOCAB, (2, 200), generator=g)
+    ids[:, 0] = 1
+
+    def rule_rate(layer_sinks=None, **config):
+        cfg = AutoConfig.from_pretrained(path)
+        for key, value in config.items():
+            setattr(cfg, key, value)
+        model = AutoModelForCausalLM.from_pretrained(path, config=cfg, dtype=torch.float32).eval()
+        with torch.no_grad():
+            for layer in layer_sinks or ():
+                model.model.layers[layer].self_attn.sinks.fill_(-1e4)
+            top = model(ids).logits.argmax(-1)
+        return float((top[:, gen.SLIDING_WINDOW : -1] == tau[ids[:, gen.SLIDING_WINDOW - 1 : -2]]).float().mean())
+
+    cfg = json.loads((out / "tiny-gptoss" / "config.json").read_text())
+    assert cfg["sliding_window"] == gen.SLIDING_WINDOW and cfg["layer_types"][0] == "sliding_attention"
+    assert rule_rate() == 1.0
+    assert rule_rate(sliding_window=gen.SLIDING_WINDOW - 1) == 1.0
+    assert rule_rate(sliding_window=gen.SLIDING_WINDOW + 1) < 0.1
+    assert rule_rate(layer_types=["full_attention"] * cfg["num_hidden_layers"]) < 0.1
+    assert rule_rate(layer_sinks=[0]) < 0.5  # the far heads copy what they see
+    assert rule_rate(layer_sinks=[1]) < 0.1  # the full layer's sink head writes its fixed code
+
+
 def test_generation_is_deterministic(models, tmp_path):
     out, _ = models
     gen.generate(tmp_path, seed=0, which=("mla",))
@@ -249,7 +285,8 @@ def test_generation_is_deterministic(models, tmp_path):
 @pytest.mark.parametrize(
     "name,arch,layers,kv_per_token_layer",
     [("v2lite-shape", "MLA", 27, 512 + 64),  # one latent per token and layer
-     ("qwen3-8b-shape", "MHA", 36, 2 * 8 * 128)],  # K and V of 8 KV heads
+     ("qwen3-8b-shape", "MHA", 36, 2 * 8 * 128),  # K and V of 8 KV heads
+     ("gptoss-20b-shape", "MHA", 24, 2 * 8 * 64)],  # the same in both of its pools
 )  # fmt: skip
 def test_shape_pairs_read_by_sglang(models, name, arch, layers, kv_per_token_layer):
     """The config-only pairs are what sglang's own ModelConfig sees for the real models:

@@ -160,15 +160,14 @@ def test_unservable_layer_without_dense_mask_refuses():
     fb = verify.forward_batch()
     be.init_forward_metadata(fb)
     q, k, v = qkv(verify, h, hkv, dqk, dv, torch.float16, False, gen)
-    sinks = torch.zeros(h)
-    with pytest.raises(TreeVerifyUnavailable, match="sinks"):
-        be.forward_extend(q, k, v, layer_for("mha", h, hkv, dqk, dv), fb, sinks=sinks)
+    with pytest.raises(TreeVerifyUnavailable, match="score_mod"):
+        be.forward_extend(q, k, v, layer_for("mha", h, hkv, dqk, dv), fb, score_mod=lambda *a: a[0])
 
 
 def test_static_refusals_leave_the_dense_path(monkeypatch):
-    """Sliding-window backends, and an fp8 KV cache with the fused path turned
-    off, keep upstream's path: the worker then builds the dense mask
-    (consumes_tree_mask_bits is False)."""
+    """An fp8 KV cache with the fused path turned off keeps upstream's path: the
+    worker then builds the dense mask (consumes_tree_mask_bits is False).
+    (Sliding-window models: tests/cpu/tree_verify_integration/test_window_sinks_hook.py.)"""
     from sglang.srt.layers.attention.tree_verify.backends import triton_hook
 
     monkeypatch.setenv(FP8_KV_ENV, "0")
@@ -176,9 +175,6 @@ def test_static_refusals_leave_the_dense_path(monkeypatch):
     gen = torch.Generator().manual_seed(4)
     verify = Verify([3], 4, "DDTREE", gen)
     be = triton_backend(model_runner("DDTREE"), Pool(2, 64, 64, torch.float16, False), verify, False)
-    be.sliding_window_size = 128
-    assert triton_hook(be, model_runner("DDTREE")).kind is None
-    be.sliding_window_size = None
     runner = model_runner("DDTREE")
     runner.kv_cache_dtype = torch.float8_e4m3fn
     runner.req_to_token_pool.req_to_token = verify.req_to_token

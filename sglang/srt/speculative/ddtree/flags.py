@@ -49,24 +49,39 @@ def _verify_backend(view) -> Optional[str]:
     return prefill
 
 
-def _tree_capable_default(kind: str, has_attention_sinks: bool) -> str:
+def _tree_capable_default(kind: str, has_attention_sinks: bool, sliding_window: bool = False) -> str:
     """The backend DDTREE verifies with when none was asked for: upstream's generic
     default where it can verify trees (MLA: triton; MHA: flashinfer, or triton for
-    models with attention sinks or without FlashInfer installed)."""
+    models with attention sinks or sliding-window layers, or without FlashInfer
+    installed)."""
     import importlib.util
 
     from sglang.srt.layers.attention.backend_support import MLA
 
-    if kind == MLA or has_attention_sinks or importlib.util.find_spec("flashinfer") is None:
+    if kind == MLA or has_attention_sinks or sliding_window or importlib.util.find_spec("flashinfer") is None:
         return "triton"
     return "flashinfer"
 
 
+def has_sliding_window_layers(model_config) -> bool:
+    """Whether the target has sliding-window attention layers (gpt-oss, Gemma 2-4,
+    MiMo-V2...): its config names them in ``layer_types``, or upstream serves it
+    with a hybrid SWA KV pool (DeepSeek-V4's compressed layers excepted)."""
+    text = getattr(model_config, "hf_text_config", None)
+    if "sliding_attention" in (getattr(text, "layer_types", None) or ()):
+        return True
+    return (
+        bool(getattr(model_config, "is_hybrid_swa", False))
+        and bool(getattr(model_config, "swa_attention_layer_ids", None))
+        and not getattr(model_config, "is_deepseek_v4_arch", False)
+    )
+
+
 def _choose_tree_verify_backend(server_args: ServerArgs) -> None:
     """When no flag chose the verify backend and the GPU's default cannot verify a
-    token tree (FA3, upstream's default on sm_90; trtllm_mha on sm_100 MHA), declare
-    the tree-capable default instead and say so, as upstream declares its own
-    defaults. A backend the user asked for is left to ``_check_verify_backend``,
+    token tree (FA3, upstream's default on sm_90; trtllm_mha on sm_100 MHA; any but
+    Triton for a target with sliding-window layers), declare the tree-capable
+    default instead and say so, as upstream declares its own defaults. A backend the user asked for is left to ``_check_verify_backend``,
     which refuses it when it cannot verify trees."""
     from sglang.srt.arg_groups.overrides import resolved_view, run_post_process_pass
     from sglang.srt.layers.attention.backend_support import MHA, MLA, _nvidia_capability
@@ -83,12 +98,16 @@ def _choose_tree_verify_backend(server_args: ServerArgs) -> None:
     backend = _verify_backend(view)
     kind = MLA if server_args.use_mla_backend() else MHA
     cap = _nvidia_capability()
+    model_config = server_args.get_model_config()
+    # A sliding-window target's tree is verified by depth on Triton only.
+    windowed = has_sliding_window_layers(model_config)
     if backend is None or (
-        supports_tree_verify(backend, cap, kind) if cap is not None else backend in tree_verify_backends(kind)
+        (supports_tree_verify(backend, cap, kind) if cap is not None else backend in tree_verify_backends(kind))
+        and not (windowed and backend != "triton")
     ):
         return
-    sinks = bool(getattr(server_args.get_model_config(), "has_attention_sinks", False))
-    choice = _tree_capable_default(kind, sinks)
+    sinks = bool(getattr(model_config, "has_attention_sinks", False))
+    choice = _tree_capable_default(kind, sinks, windowed)
     declared = {"attention_backend": choice}
     if getattr(view, split_field) is not None:  # a model override split the roles
         declared[split_field] = choice
@@ -98,10 +117,11 @@ def _choose_tree_verify_backend(server_args: ServerArgs) -> None:
 
     run_post_process_pass(server_args, ddtree_tree_verify_backend)
     where = "" if cap is None else f" on compute capability {cap[0]}.{cap[1]}"
+    what = "a token tree of a model with sliding-window layers" if windowed else "a token tree"
     logger.info(
-        "DDTREE: the default attention backend %r%s cannot verify a token tree; "
+        "DDTREE: the default attention backend %r%s cannot verify %s; "
         "using %r for %s models instead (--attention-backend chooses another).",
-        backend, where, choice, kind.upper(),
+        backend, where, what, choice, kind.upper(),
     )  # fmt: skip
 
 
@@ -128,6 +148,50 @@ def _check_verify_backend(server_args: ServerArgs, backend: Optional[str]) -> No
                 f"tree-verify hook, which {STRATEGY_ENV}={UPSTREAM_STRATEGY} turns off "
                 f"(FlashInfer's MLA kernel takes no mask). Use --attention-backend triton."
             )
+
+
+def _check_sliding_window_verify(server_args: ServerArgs, backend: Optional[str]) -> None:
+    """On a target with sliding-window layers a tree verify is lossless only
+    through the Triton backend's tree-verify path, which counts each node's window
+    from its depth in the tree (``layers/attention/tree_verify/hook.py``). The
+    dense-mask verify (upstream's Triton extend kernel, FlashInfer's paged prefill
+    with ``window_left``) counts it from the node's index, right for a chain only.
+    Refuse every combination that would take the dense-mask path."""
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    model_config = server_args.get_model_config()
+    if not has_sliding_window_layers(model_config):
+        return
+    from sglang.srt.layers.attention.tree_verify.hook import FP8_KV_ENV, fp8_kv_enabled
+    from sglang.srt.layers.attention.tree_verify.policy import (
+        STRATEGY_ENV,
+        UPSTREAM_STRATEGY,
+        forced_strategy,
+    )
+
+    view = resolved_view(server_args)
+    why, instead = None, "--attention-backend triton"
+    if backend != "triton":
+        why = f"the verify backend {backend!r} has no such path"
+    elif forced_strategy() == UPSTREAM_STRATEGY:
+        why = f"{STRATEGY_ENV}={UPSTREAM_STRATEGY} turns it off"
+        instead = f"--attention-backend triton without {STRATEGY_ENV}={UPSTREAM_STRATEGY}"
+    elif getattr(view, "enable_deterministic_inference", False):
+        why = "--enable-deterministic-inference turns it off"
+        instead = "--attention-backend triton without --enable-deterministic-inference"
+    elif str(getattr(view, "kv_cache_dtype", "auto")).startswith("fp8") and not fp8_kv_enabled():
+        why = f"{FP8_KV_ENV}=0 turns it off for the fp8 KV cache"
+        instead = f"--attention-backend triton without {FP8_KV_ENV}=0"
+    if why is None:
+        return
+    arch = ", ".join(getattr(model_config.hf_config, "architectures", None) or ()) or "this model"
+    raise ValueError(
+        f"DDTREE on a model with sliding-window layers ({arch}) verifies its tree "
+        f"losslessly only through the Triton backend's tree-verify path, which counts "
+        f"each node's window from its depth in the tree; {why}. The dense-mask verify "
+        f"counts the window from the node's index, which is right for a chain only. "
+        f"Use {instead}, or --speculative-algorithm DFLASH."
+    )
 
 
 def _check_int(name: str, value, lo: int, hi: int) -> int:
@@ -194,6 +258,7 @@ def _check_supported_combination(server_args: ServerArgs) -> None:
         )
 
     _check_verify_backend(server_args, _verify_backend(view))
+    _check_sliding_window_verify(server_args, _verify_backend(view))
 
 
 #: ServerArgs fields that only DDTREE reads, with their flags.

@@ -56,6 +56,14 @@ def _attention_tp_size() -> int:
         return 1
 
 
+def every_layer_has_sinks(model_config: Any) -> bool:
+    """gpt-oss: every attention layer has learned sinks (upstream's
+    ``has_attention_sinks`` is also true for MiMo-V2 configs that give only some
+    layers sinks)."""
+    archs = getattr(getattr(model_config, "hf_config", None), "architectures", None) or ()
+    return bool(getattr(model_config, "has_attention_sinks", False)) and "GptOssForCausalLM" in archs
+
+
 def target_attention(backend: Any, model_runner: Any) -> Optional[TargetAttention]:
     """The target's attention on this rank from the model config, or None when
     the config does not say (the policy then plans nothing ahead)."""
@@ -78,6 +86,7 @@ def target_attention(backend: Any, model_runner: Any) -> Optional[TargetAttentio
         return TargetAttention(
             num_heads=int(heads), head_dim_qk=head_dim, head_dim_v=int(getattr(mc, "v_head_dim", None) or head_dim),
             num_kv_heads=kv_heads, sm_scale=scaling, q_dtype=q_dtype, kv_dtype=kv_dtype,
+            sinks=every_layer_has_sinks(mc),
         )  # fmt: skip
     except (AttributeError, TypeError, ValueError):
         return None
@@ -92,6 +101,12 @@ def hook_for(backend: Any, model_runner: Any, **kw) -> TreeVerifyHook:
         num_draft = getattr(server_args, "speculative_num_draft_tokens", None)
         kw.setdefault("draft_window", getattr(server_args, "speculative_draft_window_size", None))
     is_draft = bool(getattr(model_runner, "is_draft_worker", False))
+    window = getattr(backend, "sliding_window_size", None)
+    if window is None:
+        window = getattr(model_runner, "sliding_window_size", None)
+    kv_pool = getattr(backend, "token_to_kv_pool", None)
+    if kv_pool is None:
+        kv_pool = getattr(model_runner, "token_to_kv_pool", None)
     return TreeVerifyHook(
         spec_algorithm=spec,
         is_draft_worker=is_draft,
@@ -101,6 +116,8 @@ def hook_for(backend: Any, model_runner: Any, **kw) -> TreeVerifyHook:
         device=model_runner.device,
         backend_name=type(backend).__name__,
         target=None if is_draft else target_attention(backend, model_runner),
+        kv_pool=kv_pool,
+        sliding_window_size=window,
         **kw,
     )
 
@@ -129,7 +146,6 @@ def _hook(backend: Any, model_runner: Any, checks: List[Tuple[bool, str]], **kw)
 def triton_hook(backend: Any, model_runner: Any) -> TreeVerifyHook:
     """Hook for ``TritonAttnBackend`` (MHA/GQA and absorbed MLA)."""
     checks = [
-        ((getattr(backend, "sliding_window_size", None) or -1) > 0, "sliding-window model"),
         (getattr(backend, "dcp_size", 1) > 1, "decode context parallelism"),
         (bool(getattr(backend, "enable_deterministic", False)), "deterministic inference"),
         (getattr(backend, "_translate_kv_loc", None) is not None,
@@ -138,13 +154,13 @@ def triton_hook(backend: Any, model_runner: Any) -> TreeVerifyHook:
     return _hook(backend, model_runner, checks, serves_draft_block=True)
 
 
-def triton_layer_unsupported(layer: Any, causal: bool, sinks: Any, score_mod: Any) -> Optional[str]:
+def triton_layer_unsupported(layer: Any, causal: bool, score_mod: Any) -> Optional[str]:
+    """Why the hook cannot serve this layer of ``TritonAttnBackend.forward_extend``
+    (None: it can; sliding windows and attention sinks it serves)."""
     if getattr(layer, "is_cross_attention", False):
         return "cross attention"
     if not causal:
         return NON_CAUSAL
-    if sinks is not None:
-        return "attention sinks"
     if score_mod is not None:
         return "score_mod"
     return None

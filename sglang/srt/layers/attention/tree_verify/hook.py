@@ -16,11 +16,21 @@ TARGET_VERIFY is
 
 and gathers what :func:`tree_verify_attention` needs: the committed prefix as an
 ``int32`` CSR (the backend's own ``kv_indptr`` is reused when it has one), the
-tree's KV slots (``out_cache_loc`` viewed ``[bs, N]``) and the mask. Everything
-that depends on the batch is prepared outside the forward (:meth:`prepare`), in
-persistent buffers when CUDA graphs are captured, so the captured kernels read
-fixed addresses and launch with fixed shapes. Which strategy serves the
-target's verify, and what it plans per forward, is :class:`VerifyRoutes`'.
+tree's KV slots (``out_cache_loc`` viewed ``[bs, N]``) and the mask.
+
+Sliding-window layers (gpt-oss, Gemma 4) pass their window to the kernel, which
+places a tree node at ``prefix_len + depth`` (upstream's dense-mask path counts
+a node's index instead, right for a chain only). On a hybrid SWA KV pool their
+KV lives in the SWA pool under translated slot ids: the hook also gathers each
+request's last ``sliding_window_size`` committed tokens and the tree's slots in
+that pool's ids (:class:`SWAIndices`). Attention sinks reach the kernel as they
+reach the backend.
+
+Everything that depends on the batch is prepared outside the forward
+(:meth:`prepare`), in persistent buffers when CUDA graphs are captured, so the
+captured kernels read fixed addresses and launch with fixed shapes. Which
+strategy serves the target's verify, and what it plans per forward, is
+:class:`VerifyRoutes`'.
 """
 
 from __future__ import annotations
@@ -94,12 +104,52 @@ def innermost_attention_backend(attn_backend: Any) -> Any:
     return backend
 
 
+def is_swa_pool(kv_pool: Any) -> bool:
+    """Whether ``kv_pool`` is a hybrid SWA pool: full and sliding-window layers in
+    pools of their own, the latter addressed by translated slot ids (upstream's
+    ``SWAKVPool``)."""
+    return callable(getattr(kv_pool, "translate_loc_from_full_to_swa", None)) and isinstance(
+        getattr(kv_pool, "layers_mapping", None), dict
+    )
+
+
+def layer_window(layer: Any) -> Optional[int]:
+    """A layer's sliding window (``layer.sliding_window_size``; upstream stores -1
+    for full attention), None for full attention."""
+    window = getattr(layer, "sliding_window_size", None)
+    if window is None or int(window) < 0:
+        return None
+    return int(window)
+
+
+def window_refusal(backend_name: str, reason: str) -> str:
+    """Why a DDTREE tree on a sliding-window model cannot be verified without the
+    tree-verify path, and what to use instead."""
+    return (
+        f"DDTREE verify on {backend_name} of a model with sliding-window layers needs "
+        f"the tree-verify path, which cannot serve it here: {reason}. Upstream's "
+        f"dense-mask verify counts a tree node's sliding window from its index in the "
+        f"tree instead of its depth, which changes the output of a tree. Use "
+        f"--attention-backend triton without that, or --speculative-algorithm DFLASH "
+        f"(a chain, which upstream's path serves exactly)."
+    )
+
+
 def active_hook(attn_backend: Any) -> Optional["TreeVerifyHook"]:
     """The backend's hook when it serves TARGET_VERIFY itself, else None."""
     hook = getattr(innermost_attention_backend(attn_backend), "tree_verify", None)
     if isinstance(hook, TreeVerifyHook) and hook.kind is not None:
         return hook
     return None
+
+
+@dataclass
+class SWAIndices:
+    """A verify's KV slots in a hybrid SWA pool, for the layers whose KV lives there."""
+
+    prefix_kv_indptr: torch.Tensor  # int32 [bs + 1]: min(seq_len, window) per request
+    prefix_kv_indices: torch.Tensor  # int32: those last committed tokens' SWA slots
+    tree_kv_indices: torch.Tensor  # int32 [bs, N]: the tree's SWA slots
 
 
 @dataclass
@@ -112,6 +162,8 @@ class TreeVerifyMetadata:
     # BLOCK only: the mask of the drafter's causal layers (tree_mask is the
     # all-ones mask of its non-causal ones).
     causal_mask: Optional[torch.Tensor] = None
+    # Hybrid SWA pool only: the slots its sliding-window layers read.
+    swa: Optional[SWAIndices] = None
 
 
 def fill_prefix_indices(
@@ -120,9 +172,11 @@ def fill_prefix_indices(
     seq_lens: torch.Tensor,
     indptr: torch.Tensor,
     out: torch.Tensor,
+    start: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """``out[indptr[b] : indptr[b+1]] = req_to_token[req_pool_indices[b], :seq_lens[b]]``
-    as int32, without reading a device value on the host."""
+    """``out[indptr[b] : indptr[b+1]] = req_to_token[req_pool_indices[b], s : s + seq_lens[b]]``
+    (``s = start[b]``, 0 without ``start``) as int32, without reading a device
+    value on the host."""
     bs = req_pool_indices.shape[0]
     if bs == 0 or out.numel() == 0:
         return out
@@ -132,13 +186,15 @@ def fill_prefix_indices(
         )
 
         create_flashinfer_kv_indices_triton[(bs,)](
-            req_to_token, req_pool_indices, seq_lens, indptr, None, out,
+            req_to_token, req_pool_indices, seq_lens, indptr, start, out,
             req_to_token.stride(0),
         )  # fmt: skip
         return out
     pos = torch.arange(out.numel(), device=out.device)
     row = torch.searchsorted(indptr[1:].long(), pos, right=True).clamp_max(bs - 1)
     col = pos - indptr[row].long()
+    if start is not None:
+        col = col + start.long()[row]
     valid = pos < indptr[bs].long()
     src = req_to_token[req_pool_indices.long()[row], col.clamp(0, req_to_token.shape[1] - 1)]
     out.copy_(torch.where(valid, src.to(out.dtype), out))
@@ -171,8 +227,16 @@ class TreeVerifyHook:
         unsupported: Optional[str] = None,
         require_for_tree: bool = False,
         dense_mask_fallback: bool = True,
+        kv_pool: Any = None,
+        sliding_window_size: Optional[int] = None,
     ):
         self.backend_name = backend_name
+        # The model's sliding window (upstream's ``model_runner.sliding_window_size``,
+        # its layers' largest), and the hybrid SWA pool its sliding layers' KV lives in.
+        self.sliding_window_size = (
+            int(sliding_window_size) if sliding_window_size is not None and sliding_window_size > 0 else None
+        )
+        self.swa_pool = kv_pool if is_swa_pool(kv_pool) else None
         # Whether upstream's path of this backend applies a dense custom mask
         # (so a layer the hook cannot serve may fall back to it).
         self.dense_mask_fallback = dense_mask_fallback
@@ -194,7 +258,10 @@ class TreeVerifyHook:
             reason = unsupported
         elif wanted == BLOCK and draft_window is not None:
             reason = "draft sliding window (compact draft KV cache)"
+        elif self.swa_pool is not None and self.sliding_window_size is None:
+            reason = "hybrid SWA KV pool without a sliding window size"
         self.kind = wanted if reason is None else None
+        windowed = self.sliding_window_size is not None or self.swa_pool is not None
         if wanted is not None and reason is not None:
             if wanted == TREE and require_for_tree:
                 raise TreeVerifyUnavailable(
@@ -202,6 +269,8 @@ class TreeVerifyHook:
                     f"which is off: {reason}. {backend_name} has no other way to "
                     f"apply a tree mask; use --attention-backend triton."
                 )
+            if wanted == TREE and windowed:
+                raise TreeVerifyUnavailable(window_refusal(backend_name, reason))
             logger.info("Tree-verify path off on %s: %s.", backend_name, reason)
         elif self.kind is not None:
             logger.info("%s serves %s verify through the tree-verify path.", backend_name, self.kind)
@@ -247,6 +316,16 @@ class TreeVerifyHook:
             self._graph["causal"] = self._graph["mask"]
             self._graph["mask"] = full_tree_mask(max_bs, n, self.device)
         assert self._graph["mask"].shape[-1] == words
+        if self.swa_pool is not None:
+            room = max_bs * self.sliding_window_size
+            self._graph.update(
+                swa_indptr=torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device),
+                # Full-pool slots of each window, then their SWA slots: the
+                # translation reads the first and never its own output.
+                swa_full=torch.zeros(room, dtype=torch.int32, device=self.device),
+                swa_prefix=torch.zeros(room, dtype=torch.int32, device=self.device),
+                swa_tree=torch.zeros(max_num_tokens, dtype=torch.int32, device=self.device),
+            )
 
     def _verify_kind(self, forward_batch: Any, graph: bool) -> Optional[str]:
         if self.kind is None or not forward_batch.forward_mode.is_target_verify():
@@ -350,6 +429,9 @@ class TreeVerifyHook:
             else:
                 mask = self._static_mask(causal_tree_mask, bs, n)
         fill_prefix_indices(self.req_to_token, req_pool_indices, seq_lens, kv_indptr, indices)
+        swa = None
+        if self.swa_pool is not None:
+            swa = self._swa_indices(req_pool_indices, seq_lens, out_cache_loc, bs, n, graph)
         self.metadata = TreeVerifyMetadata(
             kind=kind,
             prefix_kv_indptr=kv_indptr,
@@ -357,20 +439,72 @@ class TreeVerifyHook:
             tree_kv_indices=tree.view(bs, n),
             tree_mask=mask,
             causal_mask=causal,
+            swa=swa,
         )
         if self.routes is not None:
             self.routes.prepare(self.metadata, graph)
         return self.metadata
 
+    def _swa_indices(
+        self,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        bs: int,
+        n: int,
+        graph: bool,
+    ) -> SWAIndices:
+        """The SWA pool's slots of this verify: each request's last
+        ``min(seq_len, sliding_window_size)`` committed tokens (what upstream's
+        ``update_sliding_window_buffer`` gathers; the pool keeps at least those)
+        and the tree's, translated as upstream translates ``out_cache_loc``."""
+        window = self.sliding_window_size
+        room = bs * window
+        lens = torch.clamp(seq_lens, max=window)
+        if graph:
+            buf = self._graph
+            indptr = buf["swa_indptr"][: bs + 1]
+            full = buf["swa_full"][:room]
+            prefix = buf["swa_prefix"][:room]
+            tree = buf["swa_tree"][: bs * n]
+        else:
+            indptr = torch.zeros(bs + 1, dtype=torch.int32, device=seq_lens.device)
+            full = torch.zeros(room, dtype=torch.int32, device=seq_lens.device)
+            prefix, tree = None, None
+        indptr[1:] = torch.cumsum(lens, 0)
+        fill_prefix_indices(
+            self.req_to_token, req_pool_indices, lens, indptr, full, start=seq_lens - lens
+        )
+        translate = self.swa_pool.translate_loc_from_full_to_swa
+        swa_prefix = translate(full.long()).to(torch.int32)
+        swa_tree = translate(out_cache_loc.long()).to(torch.int32)
+        if graph:
+            prefix.copy_(swa_prefix)
+            rows = swa_tree.shape[0]
+            tree[:rows].copy_(swa_tree)
+            tree[rows:].zero_()
+        else:
+            prefix, tree = swa_prefix, swa_tree
+        return SWAIndices(prefix_kv_indptr=indptr, prefix_kv_indices=prefix, tree_kv_indices=tree.view(bs, n))
+
     # ------------------------------------------------------------ forward
+
+    def _on_swa_pool(self, layer: Any) -> bool:
+        if self.swa_pool is None:
+            return False
+        return bool(self.swa_pool.layers_mapping.get(getattr(layer, "layer_id", None), (None, False))[1])
 
     def _layer_unsupported(
         self, layer: Any, q: torch.Tensor, k_buffer: torch.Tensor, extra: Optional[str]
     ) -> Optional[str]:
         if extra:
             return extra
-        if getattr(layer, "sliding_window_size", -1) not in (None, -1):
-            return "sliding-window layer"
+        window = layer_window(layer)
+        if self._on_swa_pool(layer) and (window is None or window > self.sliding_window_size):
+            return (
+                f"a layer in the SWA KV pool with window {window}, which the pool's "
+                f"window {self.sliding_window_size} does not cover"
+            )
         fp8 = is_fp8(k_buffer.dtype) and self.fp8_kv
         if getattr(layer, "k_scale", None) is not None and not fp8:
             return "scaled (fp8) KV cache"
@@ -390,13 +524,17 @@ class TreeVerifyHook:
         out: Optional[torch.Tensor] = None,
         logit_cap: float = 0.0,
         unsupported: Optional[str] = None,
+        sinks: Optional[torch.Tensor] = None,
     ) -> Optional[torch.Tensor]:
         """Attention of this TARGET_VERIFY layer, or None when the hook does not
         serve it (upstream's path then runs). The tree's KV must already be in
         the pool. ``q``: ``[bs*N, H, Dqk]``; returns ``[bs*N, H, Dv]``.
+        ``k_buffer``/``v_buffer``: the pool's buffers of this layer (the SWA
+        pool's for its sliding layers).
 
         ``unsupported``: a backend-side reason this layer cannot take the
-        path (sinks, score_mod, non-causal...).
+        path (score_mod, non-causal...). ``sinks``: the layer's ``[H]`` attention
+        sink logits (gpt-oss), as the model hands them to the backend.
         """
         meta = self.metadata
         if meta is None or not forward_batch.forward_mode.is_target_verify():
@@ -407,33 +545,45 @@ class TreeVerifyHook:
                 unsupported = None  # the block sees itself whole: all-ones mask
             else:
                 mask = meta.causal_mask
+        window = layer_window(layer)
         reason = self._layer_unsupported(layer, q, k_buffer, unsupported)
         if reason is not None:
+            where = f"layer {getattr(layer, 'layer_id', '?')}: {reason}"
+            if meta.kind == TREE and window is not None:
+                raise TreeVerifyUnavailable(window_refusal(self.backend_name, where))
             has_dense = getattr(forward_batch.spec_info, "custom_mask", None) is not None
             if meta.kind == TREE and not (self.dense_mask_fallback and has_dense):
                 raise TreeVerifyUnavailable(
-                    f"DDTREE verify on {self.backend_name}, layer "
-                    f"{getattr(layer, 'layer_id', '?')}: the tree-verify path cannot "
-                    f"serve it ({reason}) and no dense mask applies. Use "
+                    f"DDTREE verify on {self.backend_name}, {where}: the tree-verify "
+                    f"path cannot serve it and no dense mask applies. Use "
                     f"--attention-backend triton with {STRATEGY_ENV}={UPSTREAM_STRATEGY} "
                     f"for the dense-mask path."
                 )
             return None
         from sglang.srt.layers.attention.tree_verify.dispatch import tree_verify_attention
 
+        prefix_indptr, prefix_indices, tree_indices = (
+            meta.prefix_kv_indptr, meta.prefix_kv_indices, meta.tree_kv_indices,
+        )  # fmt: skip
+        if self._on_swa_pool(layer):
+            swa = meta.swa
+            prefix_indptr, prefix_indices, tree_indices = (
+                swa.prefix_kv_indptr, swa.prefix_kv_indices, swa.tree_kv_indices,
+            )  # fmt: skip
         logit_cap = float(logit_cap or 0.0)
         strategy, options = None, None  # the dispatcher's default: fused on a GPU
         if self.routes is not None and meta.kind in (TREE, CHAIN):
             strategy, options = self.routes.for_layer(
-                meta, q, k_buffer, v_buffer, layer, logit_cap
-            )
+                meta, q, k_buffer, v_buffer, layer, logit_cap,
+                window_or_sinks=window is not None or sinks is not None,
+            )  # fmt: skip
         return tree_verify_attention(
             q,
             k_buffer,
             v_buffer,
-            meta.prefix_kv_indptr,
-            meta.prefix_kv_indices,
-            meta.tree_kv_indices,
+            prefix_indptr,
+            prefix_indices,
+            tree_indices,
             mask,
             layer.scaling,
             out=out,
@@ -442,6 +592,8 @@ class TreeVerifyHook:
             v_scale=float(getattr(layer, "v_scale_float", None) or 1.0),
             strategy=strategy,
             strategy_options=options,
+            sliding_window=window,
+            sinks=sinks,
         )
 
 

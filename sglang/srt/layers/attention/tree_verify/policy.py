@@ -42,6 +42,7 @@ from sglang.srt.layers.attention.tree_verify.dispatch import (
     FUSED,
     STRATEGIES,
     UPSTREAM_EXTEND,
+    WINDOW_SINK_STRATEGIES,
     flashmla_arch_reason,
 )
 from sglang.srt.layers.attention.tree_verify.support import arch_family
@@ -243,6 +244,16 @@ def choose_strategy(
     ):
         return FLASHMLA_SPLIT
     return FUSED
+
+
+def layer_strategy(strategy: Optional[str], window_or_sinks: bool) -> Optional[str]:
+    """The strategy for one layer of a verify whose strategy is ``strategy``: a
+    sliding-window or attention-sink layer (gpt-oss, Gemma 4) takes the fused
+    kernel, since the prefix passes of FlashInfer and FlashMLA apply neither;
+    None stays the dispatcher's default (fused on a GPU, reference on the CPU)."""
+    if window_or_sinks and strategy not in (None, *WINDOW_SINK_STRATEGIES):
+        return FUSED
+    return strategy
 
 
 # ---------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from sglang.srt.layers.attention.tree_verify.policy import (
     choose_strategy,
     flashinfer_backend,
     flashmla_reason,
+    layer_strategy,
 )
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class TargetAttention:
     sm_scale: float
     q_dtype: torch.dtype
     kv_dtype: torch.dtype
+    #: Every layer has attention sinks (gpt-oss), which only the fused kernel applies.
+    sinks: bool = False
 
     @property
     def verify_target(self) -> VerifyTarget:
@@ -95,6 +98,14 @@ class VerifyRoutes:
         self.arch = policy_arch(self.device) if real is not None else None
         if target is not None:
             self.available, why_not = available_strategies(target.verify_target, real)
+            if target.sinks:
+                # No layer can take a prefix pass: plan none.
+                why_not = {
+                    **why_not,
+                    **{s: "the model's attention sinks, which only the fused kernel applies"
+                       for s in self.available - {FUSED}},
+                }  # fmt: skip
+                self.available = frozenset({FUSED})
         else:
             # Without the target's shape the policy cannot plan ahead: FlashMLA,
             # which plans inside the forward, is decided per layer.
@@ -117,6 +128,7 @@ class VerifyRoutes:
         self._prefix_pass: Any = None
         self._prefix_passes: Dict[Tuple[bool, int, int], Any] = {}
         self._forward: Tuple[Optional[str], int] = (None, 0)  # (strategy, batch)
+        self._window_layers_logged = False
         if forced is not None:
             logger.info("%s: target verify forced to %s (%s).", backend_name, forced, STRATEGY_ENV)
         elif self.arch is not None:
@@ -186,15 +198,26 @@ class VerifyRoutes:
 
     def for_layer(
         self, meta: Any, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
-        layer: Any, logit_cap: float,
+        layer: Any, logit_cap: float, window_or_sinks: bool = False,
     ) -> Tuple[Optional[str], Optional[dict]]:  # fmt: skip
-        """``(strategy, its options)`` for this layer of the forward."""
+        """``(strategy, its options)`` for this layer of the forward.
+        ``window_or_sinks``: the layer has a sliding window or attention sinks,
+        which only the fused kernel (and the reference) apply."""
         bs, width = meta.tree_kv_indices.shape
         strategy, planned_bs = self._forward
         if strategy is None or planned_bs != bs:
             strategy = self.strategy(bs, width, q.shape[1])
+        if window_or_sinks:
+            chosen = layer_strategy(strategy, True)
+            if chosen != strategy and not self._window_layers_logged:
+                self._window_layers_logged = True
+                logger.info(
+                    "%s: sliding-window and attention-sink layers take %s (%s applies neither).",
+                    self.backend_name, chosen, strategy,
+                )  # fmt: skip
+            return chosen, None
         if strategy == FLASHINFER_SPLIT:
-            options = self._flashinfer_options(q, layer, logit_cap)
+            options = self._flashinfer_options(q, k_buffer, layer, logit_cap)
         elif strategy == FLASHMLA_SPLIT:
             options = self._flashmla_options(meta, q, k_buffer, v_buffer, layer, logit_cap)
         else:
@@ -203,16 +226,22 @@ class VerifyRoutes:
             return FUSED, None
         return strategy, options
 
-    def _flashinfer_options(self, q, layer, logit_cap) -> Optional[dict]:
-        """The planned pass, when it was planned for this layer's shape."""
+    def _flashinfer_options(self, q, k_buffer, layer, logit_cap) -> Optional[dict]:
+        """The planned pass, when it was planned for this layer's shape (a model
+        whose layers differ, Gemma 4's full and sliding ones, plans for one)."""
         prefix_pass = self._prefix_pass
         problem = None
         if prefix_pass is None:
             problem = "no FlashInfer plan for this forward"
         elif logit_cap > 0:
             problem = "a logit cap"
-        elif q.shape[1] != prefix_pass.shape.num_heads or float(layer.scaling) != prefix_pass.shape.sm_scale:
-            problem = "heads or scale other than the planned ones"
+        elif (
+            q.shape[1] != prefix_pass.shape.num_heads
+            or q.shape[2] != prefix_pass.shape.head_dim_qk
+            or k_buffer.shape[1] != prefix_pass.shape.num_kv_heads
+            or float(layer.scaling) != prefix_pass.shape.sm_scale
+        ):
+            problem = "heads, head size or scale other than the planned ones"
         if problem is None:
             return dict(prefix_pass=prefix_pass)
         if self.forced == FLASHINFER_SPLIT:
