@@ -20,7 +20,8 @@ cd "$REPO"
 ALL_DIRS=(tree_verify tree_verify_integration ddtree_logic arch_gating e2e ddtree hybrid swa serving_defaults)
 SERVER_DIRS=" e2e ddtree hybrid swa serving_defaults "  # start sglang servers: need the test models, leave server logs
 
-# name|dir|environment (space-separated VAR=value)|all-gpus when it must run alone on every GPU
+# name|dir|environment (space-separated VAR=value)|all-gpus when it runs alone on every GPU and
+# needs two (tensor parallel), alone when it runs alone but one GPU is enough
 # (serving_defaults: each server sizes its KV pools from the whole GPU's memory).
 # Longest first: a free slot takes the next piece in this order. The e2e shares together hold
 # every configuration of tests/gpu/e2e (a CPU test checks it); each holds two or more, so its
@@ -37,7 +38,7 @@ PIECES=(
     "ddtree_logic|ddtree_logic||"
     "arch_gating|arch_gating||"
     "e2e-tp2|e2e|DDTREE_E2E_CONFIGS=triton-nospec-tp2,triton-dflash-tp2|all-gpus"
-    "serving_defaults|serving_defaults||all-gpus"
+    "serving_defaults|serving_defaults||alone"
 )
 
 usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; echo "dirs: ${ALL_DIRS[*]}"; }
@@ -172,7 +173,7 @@ run_piece() {
 # Shared pieces first, at most $jobs at a time, then the all-GPU pieces one by one.
 shared=() alone=()
 for spec in "${selected[@]}"; do
-    [[ "$spec" == *"|all-gpus" ]] && alone+=("$spec") || shared+=("$spec")
+    [[ "$spec" == *"|all-gpus" || "$spec" == *"|alone" ]] && alone+=("$spec") || shared+=("$spec")
 done
 [ -n "$jobs" ] || jobs=$(( ${#shared[@]} > 0 ? ${#shared[@]} : 1 ))
 echo "=== GPU tier: ${#selected[@]} pieces, $jobs at a time over ${ngpu} GPU(s) ($(date -u +%H:%M:%S))"
@@ -188,8 +189,8 @@ for spec in "${shared[@]}"; do
 done
 wait
 for spec in "${alone[@]}"; do
-    IFS='|' read -r name dir env _ <<<"$spec"
-    if [ "$ngpu" -lt 2 ]; then  # tensor parallel: nothing to run it on, which is no failure
+    IFS='|' read -r name dir env mode <<<"$spec"
+    if [ "$mode" = all-gpus ] && [ "$ngpu" -lt 2 ]; then  # tensor parallel: nothing to run it on, which is no failure
         line=$(printf 'gpu-tier %-24s not run: needs 2 GPUs, %d visible' "$name" "$ngpu")
         echo "0 0 0 0 $line" >"$STATE/$name"
         echo "$line"

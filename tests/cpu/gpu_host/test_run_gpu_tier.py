@@ -51,7 +51,7 @@ def test_pieces_cover_every_dir_and_e2e_configuration_once():
         else:
             assert env == "", name
             # servers at the default memory flags size their pools from the whole GPU
-            assert (mode == "all-gpus") == (d == "serving_defaults"), name
+            assert mode == ("alone" if d == "serving_defaults" else ""), name
 
 
 def test_caller_selection_makes_one_piece():
@@ -92,7 +92,7 @@ def test_a_run_where_nothing_ran_fails(tmp_path):
         assert (out / f"{name}-pytest.log").read_text().startswith("env ")
     assert (tmp_path / "models" / "manifest.json").is_file()  # server pieces need the test models
 
-    alone = [p[0] for p in pieces() if p[3] == "all-gpus"]
+    alone = [p[0] for p in pieces() if p[3] in ("all-gpus", "alone")]
     assert alone == ["e2e-tp2", "serving_defaults"]
     running, most, finished = 0, 0, []
     events = r.stdout.split("--- summary")[0].splitlines()
@@ -134,3 +134,13 @@ def test_the_tensor_parallel_piece_is_left_out_with_one_gpu(tmp_path):
     assert "--- start e2e-tp2" not in r.stdout and not (tmp_path / "e2e-tp2-pytest.log").exists()
     assert sorted(line.split()[1] for line in summary.splitlines()) == ["e2e-flashinfer", "e2e-qwen3", "e2e-tp2",
                                                                          "e2e-triton"]
+
+
+def test_the_whole_gpu_piece_runs_with_one_gpu(tmp_path):
+    """serving_defaults needs a whole GPU, not two: on a one-GPU host it runs (alone)."""
+    r = tier("--only", "serving_defaults", PYTHON=sys.executable, OUT=str(tmp_path), CUDA_VISIBLE_DEVICES="0",
+             DDTREE_GPU_HOST="0", DDTREE_GPU_LOG_ROOT=str(tmp_path / "logs"), DDTREE_TEST_MODELS=str(tmp_path / "m"))
+    summary = (tmp_path / "gpu-tier-summary.txt").read_text()
+    assert "not run" not in summary, summary
+    assert "--- start serving_defaults (tests/gpu/serving_defaults, every GPU, alone)" in r.stdout, r.stdout
+    assert (tmp_path / "serving_defaults-pytest.log").exists()

@@ -42,6 +42,7 @@ COMMON = [
     "--mamba-track-interval", str(TRACK_INTERVAL),
     "--cuda-graph-max-bs", "8",
     "--enable-metrics",
+    "--decode-log-interval", "4",  # /metrics acceptance is set when a decode batch is logged
     "--log-level", "info",
 ]
 

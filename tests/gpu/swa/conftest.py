@@ -43,6 +43,7 @@ COMMON = [
     "--max-running-requests", "16",
     "--cuda-graph-max-bs", "8",
     "--enable-metrics",
+    "--decode-log-interval", "4",  # /metrics acceptance is set when a decode batch is logged
     "--log-level", "info",
 ]  # fmt: skip
 

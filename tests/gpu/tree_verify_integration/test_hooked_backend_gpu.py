@@ -174,7 +174,7 @@ def test_draft_block_hook_matches_upstream(attn_type, algorithm):
     out = torch.zeros_like(hooked)
     run = lambda: be.tree_verify.run(  # noqa: E731
         q.view(-1, h, dqk), pool.get_key_buffer(0), pool.get_value_buffer(0), layer, fb, out=out,
-        unsupported=triton_tree_verify_layer_unsupported(layer, attn_type == "DECODER", None, None),
+        unsupported=triton_tree_verify_layer_unsupported(layer, attn_type == "DECODER", None),
     )
     run()
     g = torch.cuda.CUDAGraph()

@@ -196,8 +196,8 @@ def test_dflash_chain_on_flashinfer_mha_replays(monkeypatch):
         run()
     for prefix in ([16384, 1], [5, 9000]):
         v2 = Verify(prefix, n, "DFLASH", gen, max_ctx=CTX, pool_size=POOL_SIZE, device="cuda")
-        be.req_to_token.copy_(v2.req_to_token)
-        v2.req_to_token = be.req_to_token
+        be.tree_verify.req_to_token.copy_(v2.req_to_token)  # the hook's view of the runner's table
+        v2.req_to_token = be.tree_verify.req_to_token
         q, k, vv = qkv(v2, h, hkv, d, d, torch.bfloat16, False, gen)
         pool.set_kv_buffer(layer, v2.out_cache_loc, k, vv)
         be.tree_verify.prepare(v2.forward_batch(), graph=True)
