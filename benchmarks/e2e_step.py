@@ -32,7 +32,7 @@ dummy DFLASH block, to the same few experts); a run and its merges keep one rout
 
 The JSON is rewritten after every point, so a killed run keeps what it measured; with
 ``--deadline-s`` a server or point that would not fit the remaining time is skipped and
-listed under ``skipped``. ``--report A.json B.json`` merges runs (split device calls) and
+listed under ``skipped``. ``--report A.json B.json`` merges runs (a matrix split over several host commands) and
 recomputes the ratios against the reference run, the PNG and the README table.
 
 GPU host, after scripts/gpu_host/install.sh and ``source scripts/gpu_host/env.sh`` (the test

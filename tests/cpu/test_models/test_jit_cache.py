@@ -1,5 +1,5 @@
 """scripts/gpu_host/jit_cache.sh: the GPU host's JIT caches packed into parts that fit what a
-device call brings back, kept here, and restored on a later host; a bad carry changes nothing."""
+GPU host command brings back, kept here, and restored on a later host; a bad carry changes nothing."""
 
 import hashlib
 import os

@@ -331,7 +331,7 @@ def available_strategies(
 
 
 # ---------------------------------------------------------------------------
-# The KV pool's budget (patch 0070)
+# The KV pool's budget (patch 0071)
 # ---------------------------------------------------------------------------
 
 #: Attention backends whose TARGET_VERIFY goes through the tree-verify hook (MLA).
@@ -342,7 +342,7 @@ def flashmla_staging_layers(kvc: Any) -> int:
     """Target KV layers' worth of memory per pool token that flashmla_split's page
     staging will take on this server: 1 when the target's verify will go through
     FlashMLA at any batch size (forced, or the policy's choice), else 0. The KV
-    pool is sized with it counted (``pool_configurator``, patch 0070), rather than
+    pool is sized with it counted (``pool_configurator``, patch 0071), rather than
     the staging being taken later from the headroom activations and graphs need.
     Made from the server's arguments, it may count the staging for a server whose
     hook turns itself off for another reason (deterministic inference, say); the
