@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the offline install for the H200 GPU test host as carry folders of at most
-# $PART_MIB MiB each (a device call carries 64 MiB, working tree included).
+# $PART_MIB MiB each (a command sent to the GPU host carries 64 MiB, working tree included).
 #
 # The host already has python 3.12, torch 2.11.0+cu130 and triton 3.6.0; this brings the rest of
 # what sglang 0.5.17 needs (scripts/gpu_host/wheels.txt, the set verified in

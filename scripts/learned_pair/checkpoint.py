@@ -76,7 +76,7 @@ RECORDS = ("corpus_files.jsonl.gz", "manifest.json")
 
 
 def pack(pair: Path, out: Path, part_mib: float = 15.5) -> list[Path]:
-    """The pair as ``pair.tar.NN`` parts (a device call returns files of at most 16 MiB; two parts
+    """The pair as ``pair.tar.NN`` parts (a GPU host command returns files of at most 16 MiB; two parts
     fit beside one install carry folder) plus ``pair.sha256``; the records are also copied as
     they are. The manifest is in the tar too; the corpus file list only beside it."""
     buf = io.BytesIO()

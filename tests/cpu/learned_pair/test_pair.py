@@ -91,7 +91,7 @@ def test_pack_unpack_across_two_folders(toy_pair, tmp_path):
     pair, _ = toy_pair
     parts = checkpoint.pack(pair, tmp_path / "parts", part_mib=1)
     assert len(parts) >= 1
-    # a split of the parts over two carry folders (what two device calls can take)
+    # a split of the parts over two carry folders (what two GPU host commands can carry)
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
     for i, p in enumerate(parts):
