@@ -18,6 +18,20 @@ from typing import Optional
 RAGGED_LENGTHS = [17, 64, 5, 33, 80, 1, 48, 29]
 
 
+def models_manifest(models) -> dict:
+    """``manifest.json`` of a ``scripts/make_test_models.py`` output dir."""
+    return json.loads((models / "manifest.json").read_text())
+
+
+def rule_continuation(models, prompt, n):
+    """The test target's greedy continuation in closed form: y[i+1] = tau(y[i-1])."""
+    tau = models_manifest(models)["tau"]
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(tau[seq[-2]])
+    return seq[len(prompt):]
+
+
 def greedy(server, ids, n, **kw):
     """``n`` greedy tokens for ``ids`` on ``server``: (output ids, meta_info)."""
     out = server.generate_ids(ids, n, **kw)

@@ -28,20 +28,13 @@ from tests.gpu.server_checks import (  # noqa: E402
     assert_pools_clean_and_metrics,
     assert_sampling_reproduces_greedy,
     greedy,
+    rule_continuation,
 )
 
 
 def _prompts(n, seed=0, lo=3, hi=40):
     rng = random.Random(seed)
     return [[1] + [rng.randrange(16, 512) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
-def _tau_rule(models, prompt, n):
-    tau = json.loads((models / "manifest.json").read_text())["tau"]
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(tau[seq[-2]])
-    return seq[len(prompt):]
 
 
 def _chain_min_verify_steps(models, n):
@@ -69,7 +62,7 @@ def test_greedy_single_identical(servers, tree, tiny_models):
     got, meta = greedy(tree, prompt, n)
     assert got == want
     # The constructed target follows y[i+1] = tau(y[i-1]) (sanity of the reference).
-    assert want == _tau_rule(tiny_models, prompt, n)
+    assert want == rule_continuation(tiny_models, prompt, n)
     print(f"\n[{tree.name}] accept length {meta.get('spec_accept_length')}, verify steps {meta.get('spec_verify_ct')}")
     # The tree pays off beyond a chain: it takes the decoy's sibling, the right
     # token, at block offset 5 and goes on, so it needs fewer verify steps than

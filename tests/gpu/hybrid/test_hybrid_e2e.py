@@ -13,7 +13,6 @@ On the GPU host after scripts/gpu_host/install.sh:
 
 from __future__ import annotations
 
-import json
 import math
 import random
 
@@ -30,6 +29,8 @@ from tests.gpu.server_checks import (  # noqa: E402
     assert_pools_clean_and_metrics,
     assert_sampling_reproduces_greedy,
     greedy,
+    models_manifest,
+    rule_continuation,
 )
 
 
@@ -38,24 +39,11 @@ def _prompts(n, seed, lo=3, hi=40):
     return [[1] + [rng.randrange(16, 512) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
-def _manifest(models):
-    return json.loads((models / "manifest.json").read_text())
-
-
-def _rule(models, prompt, n):
-    """The target's greedy continuation in closed form: y[i+1] = tau(y[i-1])."""
-    tau = _manifest(models)["tau"]
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(tau[seq[-2]])
-    return seq[len(prompt):]
-
-
 def test_greedy_identical_and_the_tree_pays_off(servers, tree, hybrid_models, hybrid_setup):
     n = 96
     prompt = _prompts(1, seed=1)[0]
     want, _ = greedy(servers["baseline"], prompt, n)
-    assert want == _rule(hybrid_models, prompt, n)  # the reference follows the constructed rule
+    assert want == rule_continuation(hybrid_models, prompt, n)  # the reference follows the constructed rule
     got, meta = greedy(tree, prompt, n)
     assert got == want
     print(f"\n[{tree.name}] accept length {meta.get('spec_accept_length')}, verify steps {meta.get('spec_verify_ct')}")
@@ -63,7 +51,7 @@ def test_greedy_identical_and_the_tree_pays_off(servers, tree, hybrid_models, hy
     # commits at most that many tokens a step; the tree takes the decoy's
     # sibling. At the default budget it needs fewer verify steps than any chain.
     if hybrid_setup["budget"] >= 16:
-        decoy = _manifest(hybrid_models)["decoy_offset"]
+        decoy = models_manifest(hybrid_models)["decoy_offset"]
         assert meta["spec_verify_ct"] < math.ceil((n - 1) / decoy), meta
 
 
@@ -101,7 +89,7 @@ def test_radix_hit_on_a_snapshot_taken_in_a_ddtree_decode(servers, tree, hybrid_
     seq = prompt + first
     b_prompt = seq[: interval + 1]
     got, meta = greedy(tree, b_prompt, 24)
-    assert got == _rule(hybrid_models, b_prompt, 24)
+    assert got == rule_continuation(hybrid_models, b_prompt, 24)
     assert got == greedy(servers["baseline"], b_prompt, 24)[0]
     if tree.name.endswith("ddtree"):  # extra_buffer: the hit reaches the decode-time snapshot
         assert meta["cached_tokens"] == interval, meta

@@ -34,6 +34,8 @@ from tests.gpu.server_checks import (  # noqa: E402
     assert_pools_clean_and_metrics,
     assert_sampling_reproduces_greedy,
     greedy,
+    models_manifest,
+    rule_continuation,
 )
 
 
@@ -42,21 +44,8 @@ def _prompts(n, seed, lo=12, hi=40):
     return [[1] + [rng.randrange(16, 512) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
-def _manifest(models):
-    return json.loads((models / "manifest.json").read_text())
-
-
 def _window(models):
     return json.loads((models / "tiny-gptoss" / "config.json").read_text())["sliding_window"]
-
-
-def _rule(models, prompt, n):
-    """The target's greedy continuation in closed form: y[i+1] = tau(y[i-1])."""
-    tau = _manifest(models)["tau"]
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(tau[seq[-2]])
-    return seq[len(prompt):]
 
 
 def test_greedy_identical_and_the_tree_pays_off(servers, tree, swa_models, swa_setup):
@@ -64,7 +53,7 @@ def test_greedy_identical_and_the_tree_pays_off(servers, tree, swa_models, swa_s
     prompt = _prompts(1, seed=1)[0]
     assert len(prompt) > _window(swa_models)
     want, _ = greedy(servers["baseline"], prompt, n)
-    assert want == _rule(swa_models, prompt, n)  # the reference follows the constructed rule
+    assert want == rule_continuation(swa_models, prompt, n)  # the reference follows the constructed rule
     got, meta = greedy(tree, prompt, n)
     assert got == want
     print(f"\n[{tree.name}] accept length {meta.get('spec_accept_length')}, verify steps {meta.get('spec_verify_ct')}")
@@ -73,7 +62,7 @@ def test_greedy_identical_and_the_tree_pays_off(servers, tree, swa_models, swa_s
     # whose index in the tree is far from its parent's: an index-counted window
     # would hide the parent from it.
     if swa_setup["budget"] >= 16:
-        decoy = _manifest(swa_models)["decoy_offset"]
+        decoy = models_manifest(swa_models)["decoy_offset"]
         assert meta["spec_verify_ct"] < math.ceil((n - 1) / decoy), meta
 
 
@@ -81,7 +70,7 @@ def test_prompt_far_beyond_the_window(servers, tree, swa_models):
     """A 400-token prompt: the SWA pool keeps only its last window of it."""
     prompt = _prompts(1, seed=3, lo=400, hi=400)[0]
     want, _ = greedy(servers["baseline"], prompt, 64)
-    assert want == _rule(swa_models, prompt, 64)
+    assert want == rule_continuation(swa_models, prompt, 64)
     assert greedy(tree, prompt, 64)[0] == want
 
 
@@ -127,7 +116,7 @@ def test_dflash_chain_identical(servers, swa_models):
     prompt = _prompts(1, seed=11)[0]
     want, _ = greedy(base, prompt, 96)
     got, meta = greedy(chain, prompt, 96)
-    assert got == want == _rule(swa_models, prompt, 96)
+    assert got == want == rule_continuation(swa_models, prompt, 96)
     assert meta["spec_verify_ct"] < 96
     prompts = _prompts(8, seed=12, lo=3, hi=60)
     want = [greedy(base, p, 40)[0] for p in prompts]
