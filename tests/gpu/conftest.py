@@ -5,7 +5,9 @@ its own process group, waits for ``/health`` (raising with the log tail if the p
 or the deadline passes; relaunching on a new port if another server took that one first)
 and always kills the whole group on exit. ``server_pool`` keeps one
 server alive at a time across a session and restarts only when the configuration changes,
-because a start costs 60-250 s (CUDA graphs, FlashInfer JIT).
+because a start costs 60-250 s (CUDA graphs, FlashInfer JIT); ``launch_servers_together``
+starts a suite's servers at once so that their starts overlap. The suites' conftests reach
+this module through ``tests.gpu.harness.harness(config)``.
 
 On the GPU host (``DDTREE_GPU_HOST=1``, exported by ``scripts/gpu_host/env.sh``) a skip is a
 failure: there it means a broken install (an import that fails, FlashInfer or FlashMLA
@@ -237,6 +239,26 @@ def launch_server(name: str, model: str, args: list[str], log_dir: Path, timeout
         server.stop()
 
 
+@contextlib.contextmanager
+def launch_servers_together(name_prefix: str, model: str, configs: dict[str, tuple[list[str], dict]],
+                            log_dir: Path) -> Iterator[dict[str, ServerProcess]]:
+    """One server of ``model`` per configuration (``name: (args, env)``), named
+    ``name_prefix + name``: all are spawned before any is waited for, so their starts
+    overlap; yields them by configuration name once each is healthy, and always stops them all."""
+    started = []
+    try:
+        for name, (args, env) in configs.items():
+            started.append(ServerProcess(f"{name_prefix}{name}", model, args, log_dir, env=env))
+        timeout = float(os.environ.get("DDTREE_SERVER_TIMEOUT", "420"))
+        for s in started:
+            s.wait_healthy(timeout)
+            print(f"\n[server {s.name} healthy after {s.ready_s:.0f} s]", flush=True)
+        yield dict(zip(configs, started))
+    finally:
+        for s in started:
+            s.stop()
+
+
 class ServerPool:
     """One live server at a time, keyed by configuration name."""
 
@@ -287,6 +309,17 @@ def tiny_models() -> Path:
     out = Path(given) if given else Path(tempfile.mkdtemp(prefix="ddtree_models_"))
     subprocess.run([sys.executable, str(REPO / "scripts" / "make_test_models.py"), str(out)], check=True)
     return out
+
+
+def with_test_pair(models: Path, pair: str, only: str) -> Path:
+    """``models`` (a ``tiny_models`` dir) with the test pair ``pair`` and its ``-dflash``
+    drafter, generated into it (``make_test_models.py --only ONLY``) when an older dir lacks them."""
+    if not (models / pair / "config.json").exists() or not (models / f"{pair}-dflash").exists():
+        subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "make_test_models.py"), str(models), "--only", only],
+            check=True,
+        )
+    return models
 
 
 @pytest.fixture(scope="session")

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import os
 import shlex
-import time
-from pathlib import Path
 
 import pytest
+
+from tests.gpu.harness import harness
 
 # DDTREE servers to run, beside the no-speculation baseline.
 TREE_SERVERS = [
@@ -45,18 +45,8 @@ COMMON = [
 ]
 
 
-def _harness(config):
-    """The shared GPU harness module (tests/gpu/conftest.py), as pytest loaded it."""
-    for plugin in config.pluginmanager.get_plugins():
-        path = getattr(plugin, "__file__", None) or ""
-        if Path(path).resolve() == Path(__file__).resolve().parent.parent / "conftest.py":
-            return plugin
-    raise RuntimeError("tests/gpu/conftest.py (the shared GPU harness) is not loaded")
-
-
 @pytest.fixture(scope="session")
 def servers(request, tiny_models, gpu_log_dir):
-    ServerProcess = _harness(request.config).ServerProcess
     target = str(tiny_models / "tiny-mla")
     ddtree = [
         "--speculative-algorithm", "DDTREE",
@@ -82,20 +72,9 @@ def servers(request, tiny_models, gpu_log_dir):
         "ddtree_flashinfer": ([("flashinfer" if a == "triton" else a) for a in COMMON] + ddtree, stats),
     }
     configs = {k: configs[k] for k in ["baseline", *TREE_SERVERS]}
-    started = []
-    try:
-        for name, (args, env) in configs.items():
-            started.append(
-                ServerProcess(f"ddtree-e2e-{name}", target, args, gpu_log_dir, env={**STRICT_KV_CHECK, **env})
-            )
-        timeout = float(os.environ.get("DDTREE_SERVER_TIMEOUT", "420"))
-        for s in started:
-            s.wait_healthy(timeout)
-            print(f"\n[server {s.name} healthy after {s.ready_s:.0f} s]", flush=True)
-        yield dict(zip(configs, started))
-    finally:
-        for s in started:
-            s.stop()
+    configs = {name: (args, {**STRICT_KV_CHECK, **env}) for name, (args, env) in configs.items()}
+    with harness(request.config).launch_servers_together("ddtree-e2e-", target, configs, gpu_log_dir) as started:
+        yield started
 
 
 @pytest.fixture(params=TREE_SERVERS)

@@ -15,8 +15,6 @@ import json
 import math
 import os
 import random
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -24,23 +22,19 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("GPU tier: needs a CUDA device", allow_module_level=True)
 
+from tests.gpu.server_checks import (  # noqa: E402
+    assert_abort_mid_stream,
+    assert_concurrent_identical,
+    assert_pools_clean_and_metrics,
+    assert_sampling_reproduces_greedy,
+    greedy,
+    rule_continuation,
+)
+
 
 def _prompts(n, seed=0, lo=3, hi=40):
     rng = random.Random(seed)
     return [[1] + [rng.randrange(16, 512) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
-def _greedy(server, ids, n, **kw):
-    out = server.generate_ids(ids, n, **kw)
-    return out["output_ids"], out["meta_info"]
-
-
-def _tau_rule(models, prompt, n):
-    tau = json.loads((models / "manifest.json").read_text())["tau"]
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(tau[seq[-2]])
-    return seq[len(prompt):]
 
 
 def _chain_min_verify_steps(models, n):
@@ -64,11 +58,11 @@ def test_greedy_single_identical(servers, tree, tiny_models):
     base = servers["baseline"]
     n = 96
     prompt = _prompts(1, seed=1)[0]
-    want, _ = _greedy(base, prompt, n)
-    got, meta = _greedy(tree, prompt, n)
+    want, _ = greedy(base, prompt, n)
+    got, meta = greedy(tree, prompt, n)
     assert got == want
     # The constructed target follows y[i+1] = tau(y[i-1]) (sanity of the reference).
-    assert want == _tau_rule(tiny_models, prompt, n)
+    assert want == rule_continuation(tiny_models, prompt, n)
     print(f"\n[{tree.name}] accept length {meta.get('spec_accept_length')}, verify steps {meta.get('spec_verify_ct')}")
     # The tree pays off beyond a chain: it takes the decoy's sibling, the right
     # token, at block offset 5 and goes on, so it needs fewer verify steps than
@@ -80,32 +74,24 @@ def test_greedy_single_identical(servers, tree, tiny_models):
 
 
 def test_greedy_concurrent_identical(servers, tree):
-    base = servers["baseline"]
-    prompts = _prompts(8, seed=2)
-    lengths = [17, 64, 5, 33, 80, 1, 48, 29]
-    want = [_greedy(base, p, n)[0] for p, n in zip(prompts, lengths)]
-    with ThreadPoolExecutor(8) as ex:
-        got = list(ex.map(lambda pn: _greedy(tree, *pn)[0], zip(prompts, lengths)))
-    for w, g, n in zip(want, got, lengths):
-        assert len(g) == n
-        assert g == w
+    assert_concurrent_identical(servers["baseline"], tree, _prompts(8, seed=2))
 
 
 @pytest.mark.parametrize("max_new", [1, 2, 3, 7, 13])
 def test_max_new_tokens_inside_run(servers, tree, max_new):
     base = servers["baseline"]
     prompt = _prompts(1, seed=3 + max_new)[0]
-    assert _greedy(tree, prompt, max_new)[0] == _greedy(base, prompt, max_new)[0]
+    assert greedy(tree, prompt, max_new)[0] == greedy(base, prompt, max_new)[0]
 
 
 def test_stop_token_inside_run(servers, tree):
     base = servers["baseline"]
     prompt = _prompts(1, seed=11)[0]
-    full, _ = _greedy(base, prompt, 40)
+    full, _ = greedy(base, prompt, 40)
     stop = full[9]  # lands in the middle of an accepted run
     kw = dict(ignore_eos=False, stop_token_ids=[stop])
-    want, _ = _greedy(base, prompt, 40, **kw)
-    got, _ = _greedy(tree, prompt, 40, **kw)
+    want, _ = greedy(base, prompt, 40, **kw)
+    got, _ = greedy(tree, prompt, 40, **kw)
     assert got == want
     assert got[-1] == stop and len(got) <= 10
 
@@ -115,48 +101,18 @@ def test_sampling_on_peaked_target(servers, tree):
     so top-p 0.95 keeps only the argmax and sampling must reproduce the greedy
     text through the sampling verify path (temperature, top-k, top-p); the
     per-node distribution itself is covered by the CPU chi-square tests."""
-    base = servers["baseline"]
-    prompts = _prompts(4, seed=5)
-    want = [_greedy(base, p, 48)[0] for p in prompts]
-
-    def sample(p):
-        return tree.generate_ids(p, 48, temperature=1.0, top_p=0.95, top_k=20)
-
-    with ThreadPoolExecutor(4) as ex:
-        outs = list(ex.map(sample, prompts))
-    for w, o in zip(want, outs):
-        assert o["output_ids"] == w
-        assert o["meta_info"]["spec_accept_length"] > 1.5
+    assert_sampling_reproduces_greedy(servers["baseline"], tree, _prompts(4, seed=5), min_accept_length=1.5)
 
 
 def test_abort_mid_generation(servers, tree):
-    prompt = _prompts(1, seed=7)[0]
-    events = tree.stream(
-        "/generate",
-        {"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": 3000, "ignore_eos": True}},
-    )
-    for _ in range(3):
-        next(events)
-    events.close()  # client disconnect -> the server aborts the request
-    time.sleep(2)
-    out, _ = _greedy(tree, prompt, 8)
-    assert len(out) == 8
+    assert_abort_mid_stream(tree, _prompts(1, seed=7)[0])
 
 
 def test_no_kv_leak_and_metrics(servers, tree):
     """The scheduler checks the KV pool whenever it goes idle and, in strict
     mode (set by the fixture), dies on a leak; after all the traffic above the
     server must be alive and idle-clean."""
-    time.sleep(3)  # let the scheduler go idle and run its self-check
-    assert tree.alive(), tree.log_tail()
-    assert not tree.leak_lines(), tree.leak_lines()
-    for bad in ("double free", "use-after-free"):
-        assert bad not in tree.log_text(), tree.log_tail()
-    tree.get("/health_generate", timeout=60)
-    metrics = tree.metrics()
-    assert metrics.get("sglang:spec_accept_length", 0.0) > 1.0, {
-        k: v for k, v in metrics.items() if "spec" in k
-    }
+    _, metrics = assert_pools_clean_and_metrics(tree)
     assert "DDTREE worker: budget=" in tree.log_text()
     # Tree statistics (docs/ddtree.md, Metrics), published every 8 steps (conftest).
     tree_series = ("sglang:ddtree_accepted_depth_count", "sglang:ddtree_tree_depth_count", "sglang:ddtree_budget")

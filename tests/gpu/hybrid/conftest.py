@@ -18,13 +18,11 @@ double-freed slot kills it.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.gpu.harness import harness
+
 PAIR = "tiny-qwen3next"
 BUDGET = int(os.environ.get("HYBRID_E2E_BUDGET", "16"))
 #: State snapshots every 64 tokens, so the short test requests cross one in decode.
@@ -47,29 +45,14 @@ COMMON = [
 ]
 
 
-def _harness(config):
-    """The shared GPU harness module (tests/gpu/conftest.py), as pytest loaded it."""
-    for plugin in config.pluginmanager.get_plugins():
-        path = getattr(plugin, "__file__", None) or ""
-        if Path(path).resolve() == Path(__file__).resolve().parent.parent / "conftest.py":
-            return plugin
-    raise RuntimeError("tests/gpu/conftest.py (the shared GPU harness) is not loaded")
-
-
 @pytest.fixture(scope="session")
-def hybrid_models(tiny_models):
+def hybrid_models(request, tiny_models):
     """The models dir with the hybrid pair (generated into it when an older dir lacks it)."""
-    if not (tiny_models / PAIR / "config.json").exists() or not (tiny_models / f"{PAIR}-dflash").exists():
-        subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "make_test_models.py"), str(tiny_models), "--only", "hybrid"],
-            check=True,
-        )
-    return tiny_models
+    return harness(request.config).with_test_pair(tiny_models, PAIR, "hybrid")
 
 
 @pytest.fixture(scope="session")
 def servers(request, hybrid_models, gpu_log_dir):
-    ServerProcess = _harness(request.config).ServerProcess
     target = str(hybrid_models / PAIR)
     ddtree = [
         "--speculative-algorithm", "DDTREE",
@@ -81,18 +64,9 @@ def servers(request, hybrid_models, gpu_log_dir):
         "ddtree": COMMON + ddtree,
         "ddtree_eager": COMMON + ddtree + ["--disable-cuda-graph", "--disable-overlap-schedule"],
     }
-    started = []
-    try:
-        for name, args in configs.items():
-            started.append(ServerProcess(f"hybrid-{name}", target, args, gpu_log_dir, env=STRICT_POOL_CHECK))
-        timeout = float(os.environ.get("DDTREE_SERVER_TIMEOUT", "420"))
-        for s in started:
-            s.wait_healthy(timeout)
-            print(f"\n[server {s.name} healthy after {s.ready_s:.0f} s]", flush=True)
-        yield dict(zip(configs, started))
-    finally:
-        for s in started:
-            s.stop()
+    configs = {name: (args, STRICT_POOL_CHECK) for name, args in configs.items()}
+    with harness(request.config).launch_servers_together("hybrid-", target, configs, gpu_log_dir) as started:
+        yield started
 
 
 @pytest.fixture(params=TREE_SERVERS)

@@ -13,11 +13,8 @@ On the GPU host after scripts/gpu_host/install.sh:
 
 from __future__ import annotations
 
-import json
 import math
 import random
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -25,107 +22,57 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("GPU tier: needs a CUDA device", allow_module_level=True)
 
+from tests.gpu.server_checks import (  # noqa: E402
+    assert_abort_mid_stream,
+    assert_concurrent_identical,
+    assert_openai_identical,
+    assert_pools_clean_and_metrics,
+    assert_sampling_reproduces_greedy,
+    greedy,
+    models_manifest,
+    rule_continuation,
+)
+
 
 def _prompts(n, seed, lo=3, hi=40):
     rng = random.Random(seed)
     return [[1] + [rng.randrange(16, 512) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
-def _manifest(models):
-    return json.loads((models / "manifest.json").read_text())
-
-
-def _rule(models, prompt, n):
-    """The target's greedy continuation in closed form: y[i+1] = tau(y[i-1])."""
-    tau = _manifest(models)["tau"]
-    seq = list(prompt)
-    for _ in range(n):
-        seq.append(tau[seq[-2]])
-    return seq[len(prompt):]
-
-
-def _greedy(server, ids, n, **kw):
-    out = server.generate_ids(ids, n, **kw)
-    return out["output_ids"], out["meta_info"]
-
-
 def test_greedy_identical_and_the_tree_pays_off(servers, tree, hybrid_models, hybrid_setup):
     n = 96
     prompt = _prompts(1, seed=1)[0]
-    want, _ = _greedy(servers["baseline"], prompt, n)
-    assert want == _rule(hybrid_models, prompt, n)  # the reference follows the constructed rule
-    got, meta = _greedy(tree, prompt, n)
+    want, _ = greedy(servers["baseline"], prompt, n)
+    assert want == rule_continuation(hybrid_models, prompt, n)  # the reference follows the constructed rule
+    got, meta = greedy(tree, prompt, n)
     assert got == want
     print(f"\n[{tree.name}] accept length {meta.get('spec_accept_length')}, verify steps {meta.get('spec_verify_ct')}")
     # The drafter's top-1 is a decoy at block offset decoy_offset, so a chain
     # commits at most that many tokens a step; the tree takes the decoy's
     # sibling. At the default budget it needs fewer verify steps than any chain.
     if hybrid_setup["budget"] >= 16:
-        decoy = _manifest(hybrid_models)["decoy_offset"]
+        decoy = models_manifest(hybrid_models)["decoy_offset"]
         assert meta["spec_verify_ct"] < math.ceil((n - 1) / decoy), meta
 
 
 def test_concurrent_ragged_identical(servers, tree):
-    base = servers["baseline"]
-    prompts = _prompts(8, seed=2)
-    lengths = [17, 64, 5, 33, 80, 1, 48, 29]
-    want = [_greedy(base, p, k)[0] for p, k in zip(prompts, lengths)]
-    with ThreadPoolExecutor(8) as ex:
-        got = list(ex.map(lambda pk: _greedy(tree, *pk)[0], zip(prompts, lengths)))
-    for w, g, k in zip(want, got, lengths):
-        assert len(g) == k
-        assert g == w
+    assert_concurrent_identical(servers["baseline"], tree, _prompts(8, seed=2))
 
 
 def test_openai_api_identical(servers, tree):
     """The OpenAI surface: completions from token ids, and a streamed chat."""
-    base = servers["baseline"]
-    model = json.loads(base.get("/v1/models").read())["data"][0]["id"]
-    prompt = _prompts(1, seed=4)[0]
-    req = {"model": model, "prompt": prompt, "max_tokens": 40, "temperature": 0}
-    want = base.post("/v1/completions", req)["choices"][0]["text"]
-    got = tree.post("/v1/completions", req)
-    assert got["choices"][0]["text"] == want and got["usage"]["completion_tokens"] == 40
-    chat = {
-        "model": model,
-        "messages": [{"role": "user", "content": "bako dilu fene"}],
-        "max_tokens": 32,
-        "temperature": 0,
-    }
-    want = base.post("/v1/chat/completions", chat)["choices"][0]["message"]["content"]
-    chunks = [
-        c["choices"][0]["delta"].get("content") or ""
-        for c in tree.stream("/v1/chat/completions", chat)
-        if c.get("choices")
-    ]
-    assert "".join(chunks) == want and want
+    assert_openai_identical(servers["baseline"], tree, _prompts(1, seed=4)[0])
 
 
 def test_sampling_on_the_peaked_target(servers, tree):
     """Every greedy step of the test target wins by a logit margin above 12, so
     top-p 0.95 keeps only the argmax: sampling must reproduce the greedy text
     through DDTREE's sampling verify."""
-    base = servers["baseline"]
-    prompts = _prompts(4, seed=5)
-    want = [_greedy(base, p, 48)[0] for p in prompts]
-    with ThreadPoolExecutor(4) as ex:
-        outs = list(ex.map(lambda p: tree.generate_ids(p, 48, temperature=1.0, top_p=0.95, top_k=20), prompts))
-    for w, o in zip(want, outs):
-        assert o["output_ids"] == w
+    assert_sampling_reproduces_greedy(servers["baseline"], tree, _prompts(4, seed=5))
 
 
 def test_abort_mid_stream(servers, tree):
-    prompt = _prompts(1, seed=7)[0]
-    events = tree.stream(
-        "/generate",
-        {"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": 3000, "ignore_eos": True}},
-    )
-    for _ in range(3):
-        next(events)
-    events.close()  # client disconnect: the server aborts the request
-    time.sleep(2)
-    out, _ = _greedy(tree, prompt, 8)
-    assert out == _greedy(servers["baseline"], prompt, 8)[0]
+    assert_abort_mid_stream(tree, _prompts(1, seed=7)[0], baseline=servers["baseline"])
 
 
 def test_radix_hit_on_a_snapshot_taken_in_a_ddtree_decode(servers, tree, hybrid_models, hybrid_setup):
@@ -138,12 +85,12 @@ def test_radix_hit_on_a_snapshot_taken_in_a_ddtree_decode(servers, tree, hybrid_
     interval = hybrid_setup["track_interval"]
     prompt = _prompts(1, seed=9, lo=30, hi=30)[0]
     assert len(prompt) < interval
-    first, _ = _greedy(tree, prompt, interval + 20 - len(prompt))
+    first, _ = greedy(tree, prompt, interval + 20 - len(prompt))
     seq = prompt + first
     b_prompt = seq[: interval + 1]
-    got, meta = _greedy(tree, b_prompt, 24)
-    assert got == _rule(hybrid_models, b_prompt, 24)
-    assert got == _greedy(servers["baseline"], b_prompt, 24)[0]
+    got, meta = greedy(tree, b_prompt, 24)
+    assert got == rule_continuation(hybrid_models, b_prompt, 24)
+    assert got == greedy(servers["baseline"], b_prompt, 24)[0]
     if tree.name.endswith("ddtree"):  # extra_buffer: the hit reaches the decode-time snapshot
         assert meta["cached_tokens"] == interval, meta
 
@@ -152,13 +99,6 @@ def test_pools_clean_and_metrics(servers, tree):
     """After all the traffic above: the strict idle check (KV, request and
     mamba pools) has not killed the server, and no leak or double free was
     logged; acceptance is on /metrics and the worker ran on the hybrid target."""
-    time.sleep(3)  # let the scheduler go idle and run its strict pool check
-    assert tree.alive(), tree.log_tail()
-    assert not tree.leak_lines(), tree.leak_lines()
-    for bad in ("double free", "use-after-free"):
-        assert bad not in tree.log_text(), tree.log_tail()
-    tree.get("/health_generate", timeout=60)
-    metrics = tree.metrics()
-    assert metrics.get("sglang:spec_accept_length", 0.0) > 1.0, {k: v for k, v in metrics.items() if "spec" in k}
+    assert_pools_clean_and_metrics(tree)
     assert "DDTREE worker: budget=" in tree.log_text()
     assert "Mamba Cache is allocated" in tree.log_text()

@@ -24,17 +24,10 @@ from typing import Optional
 
 import pytest
 
+from tests.gpu.harness import harness
+
 REPO = Path(__file__).resolve().parents[3]
 SHAPE_PAIRS = ("v2lite-shape", "qwen3-8b-shape")
-
-
-def _harness(config):
-    """The shared GPU harness module (tests/gpu/conftest.py), as pytest loaded it."""
-    for plugin in config.pluginmanager.get_plugins():
-        path = getattr(plugin, "__file__", None) or ""
-        if Path(path).resolve() == Path(__file__).resolve().parent.parent / "conftest.py":
-            return plugin
-    raise RuntimeError("tests/gpu/conftest.py (the shared GPU harness) is not loaded")
 
 
 @pytest.fixture(scope="session")
@@ -87,10 +80,9 @@ class EntrypointPool:
 
 @pytest.fixture(scope="session")
 def entrypoint_pool(request, gpu_log_dir):
-    harness = _harness(request.config)
     server_cls = type(
         "EntrypointServer",
-        (harness.ServerProcess,),
+        (harness(request.config).ServerProcess,),
         {"launcher": (sys.executable, str(REPO / "docker" / "entrypoint.py"))},
     )
     pool = EntrypointPool(server_cls, gpu_log_dir)

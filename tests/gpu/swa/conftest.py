@@ -23,13 +23,11 @@ leaked or double-freed slot kills it.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.gpu.harness import harness
+
 PAIR = "tiny-gptoss"
 BUDGET = int(os.environ.get("SWA_E2E_BUDGET", "16"))
 TREE_SERVERS = ["ddtree", "ddtree_eager"]
@@ -48,29 +46,14 @@ COMMON = [
 ]  # fmt: skip
 
 
-def _harness(config):
-    """The shared GPU harness module (tests/gpu/conftest.py), as pytest loaded it."""
-    for plugin in config.pluginmanager.get_plugins():
-        path = getattr(plugin, "__file__", None) or ""
-        if Path(path).resolve() == Path(__file__).resolve().parent.parent / "conftest.py":
-            return plugin
-    raise RuntimeError("tests/gpu/conftest.py (the shared GPU harness) is not loaded")
-
-
 @pytest.fixture(scope="session")
-def swa_models(tiny_models):
+def swa_models(request, tiny_models):
     """The models dir with the gpt-oss pair (generated into it when an older dir lacks it)."""
-    if not (tiny_models / PAIR / "config.json").exists() or not (tiny_models / f"{PAIR}-dflash").exists():
-        subprocess.run(
-            [sys.executable, str(REPO / "scripts" / "make_test_models.py"), str(tiny_models), "--only", "gptoss"],
-            check=True,
-        )
-    return tiny_models
+    return harness(request.config).with_test_pair(tiny_models, PAIR, "gptoss")
 
 
 @pytest.fixture(scope="session")
 def servers(request, swa_models, gpu_log_dir):
-    ServerProcess = _harness(request.config).ServerProcess
     target = str(swa_models / PAIR)
     drafter = ["--speculative-draft-model-path", str(swa_models / f"{PAIR}-dflash")]
     ddtree = ["--speculative-algorithm", "DDTREE", *drafter, "--speculative-ddtree-budget", str(BUDGET)]
@@ -80,18 +63,9 @@ def servers(request, swa_models, gpu_log_dir):
         "ddtree_eager": COMMON + ddtree + ["--disable-cuda-graph", "--disable-overlap-schedule"],
         "dflash": COMMON + TRITON + ["--speculative-algorithm", "DFLASH", *drafter],
     }
-    started = []
-    try:
-        for name, args in configs.items():
-            started.append(ServerProcess(f"swa-{name}", target, args, gpu_log_dir, env=STRICT_POOL_CHECK))
-        timeout = float(os.environ.get("DDTREE_SERVER_TIMEOUT", "420"))
-        for s in started:
-            s.wait_healthy(timeout)
-            print(f"\n[server {s.name} healthy after {s.ready_s:.0f} s]", flush=True)
-        yield dict(zip(configs, started))
-    finally:
-        for s in started:
-            s.stop()
+    configs = {name: (args, STRICT_POOL_CHECK) for name, args in configs.items()}
+    with harness(request.config).launch_servers_together("swa-", target, configs, gpu_log_dir) as started:
+        yield started
 
 
 @pytest.fixture(params=TREE_SERVERS)
