@@ -384,7 +384,7 @@ def mla_target(codes: Codes, rng: np.random.Generator, noise: float):
         num_hidden_layers=TARGET_LAYERS, num_attention_heads=nh, n_routed_experts=8, n_shared_experts=1,
         num_experts_per_tok=2, first_k_dense_replace=TARGET_LAYERS - 1, max_position_embeddings=MAX_POS,
         rope_theta=ROPE_THETA, rope_scaling=None,
-    )
+    )  # fmt: skip
     return w, config
 
 
@@ -432,7 +432,7 @@ def qwen3_target(codes: Codes, rng: np.random.Generator, noise: float):
         vocab_size=VOCAB, hidden_size=H, intermediate_size=512, num_hidden_layers=TARGET_LAYERS,
         num_attention_heads=nh, num_key_value_heads=nkv, head_dim=hd, max_position_embeddings=MAX_POS,
         rope_theta=ROPE_THETA,
-    )
+    )  # fmt: skip
     return w, config
 
 
@@ -529,7 +529,7 @@ def qwen3next_target(codes: Codes, rng: np.random.Generator, noise: float):
         linear_num_key_heads=1, linear_num_value_heads=1, num_experts=E, num_experts_per_tok=2,
         moe_intermediate_size=128, shared_expert_intermediate_size=128, max_position_embeddings=MAX_POS,
         rope_theta=ROPE_THETA,
-    )
+    )  # fmt: skip
     return w, config
 
 
@@ -763,7 +763,7 @@ def dflash_drafter(codes: Codes, target_cfg: dict, rng: np.random.Generator, noi
     config = dflash_drafter_config(
         target_cfg, intermediate_size=256, num_hidden_layers=2, num_attention_heads=nh, num_key_value_heads=nh,
         head_dim=hd, max_position_embeddings=MAX_POS, rope_theta=ROPE_THETA, target_layer_ids=TARGET_LAYER_IDS,
-    )
+    )  # fmt: skip
     return w, config
 
 
@@ -934,7 +934,7 @@ def dflash_drafter_config(
 # The public DFlash drafters of MoE targets: five layers of 16 query and 4 KV heads of 128.
 MOE_DRAFTER_LAYERS = dict(
     intermediate_size=6144, num_hidden_layers=5, num_attention_heads=16, num_key_value_heads=4, head_dim=128
-)
+)  # fmt: skip
 
 
 def same_shape_drafter_config(target: dict, target_layer_ids: list[int], rope_theta=None) -> dict:
@@ -974,7 +974,7 @@ def v2lite_drafter_config(target: dict) -> dict:
     return dflash_drafter_config(
         target, **MOE_DRAFTER_LAYERS, max_position_embeddings=163840, rope_theta=10000,
         target_layer_ids=[1, 7, 13, 19, 25],
-    )
+    )  # fmt: skip
 
 
 def qwen3_8b_config() -> dict:
@@ -983,7 +983,7 @@ def qwen3_8b_config() -> dict:
         vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
         rope_theta=1000000,
-    )
+    )  # fmt: skip
 
 
 def qwen36_a3b_config() -> dict:
@@ -996,7 +996,7 @@ def qwen36_a3b_config() -> dict:
         linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
         linear_num_value_heads=32, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
         shared_expert_intermediate_size=512, max_position_embeddings=262144, rope_theta=10000000,
-    )
+    )  # fmt: skip
 
 
 def qwen3_8b_drafter_config(target: dict) -> dict:
@@ -1011,7 +1011,7 @@ def hybrid_drafter_config(target: dict) -> dict:
     return dflash_drafter_config(
         target, **MOE_DRAFTER_LAYERS, max_position_embeddings=target["max_position_embeddings"],
         rope_theta=target["rope_theta"], target_layer_ids=[1 + i * (layers - 3) // 4 for i in range(5)],
-    )
+    )  # fmt: skip
 
 
 def gptoss_20b_config() -> dict:
