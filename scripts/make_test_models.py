@@ -783,6 +783,23 @@ def _draft_layer_common(w: Weights, p: str, gain: float) -> None:
 # realistic shapes differ only in the sizes passed in), then the shapes.
 
 
+def _target_tail(max_position_embeddings, rope_theta, rope_scaling=None) -> dict:
+    """The fields every target config here ends with: SiLU, RMSNorm, no attention bias, an
+    untied LM head, bf16, and the BOS/EOS ids of the tokenizer saved beside it."""
+    return {
+        "hidden_act": "silu",
+        "max_position_embeddings": max_position_embeddings,
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "bfloat16",
+    }
+
+
 def deepseek_v2_config(
     *, vocab_size, hidden_size, intermediate_size, moe_intermediate_size, num_hidden_layers,
     num_attention_heads, n_routed_experts, n_shared_experts, num_experts_per_tok, first_k_dense_replace,
@@ -812,16 +829,7 @@ def deepseek_v2_config(
         "norm_topk_prob": False,
         "routed_scaling_factor": 1.0,
         "scoring_func": "softmax",
-        "hidden_act": "silu",
-        "max_position_embeddings": max_position_embeddings,
-        "rope_theta": rope_theta,
-        "rope_scaling": rope_scaling,
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "torch_dtype": "bfloat16",
+        **_target_tail(max_position_embeddings, rope_theta, rope_scaling),
     }
 
 
@@ -840,16 +848,7 @@ def qwen3_config(
         "num_attention_heads": num_attention_heads,
         "num_key_value_heads": num_key_value_heads,
         "head_dim": head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": max_position_embeddings,
-        "rope_theta": rope_theta,
-        "rope_scaling": None,
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "torch_dtype": "bfloat16",
+        **_target_tail(max_position_embeddings, rope_theta),
     }
 
 
@@ -893,16 +892,7 @@ def qwen3_next_config(
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
         "norm_topk_prob": True,
-        "hidden_act": "silu",
-        "max_position_embeddings": max_position_embeddings,
-        "rope_theta": rope_theta,
-        "rope_scaling": None,
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "torch_dtype": "bfloat16",
+        **_target_tail(max_position_embeddings, rope_theta),
     }
 
 
