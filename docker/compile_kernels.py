@@ -129,8 +129,9 @@ def compile_sglang_jit(entries: list, arch: tuple[int, int], results: list) -> N
 
 
 # ----------------------------------------------------------------------------- Triton
-def _ddtree_sources(cap: int):
-    """The DDTree build and compile kernels at the budgets their launch helpers serve."""
+def ddtree_sources():
+    """The DDTree build and compile kernels at the budgets their launch helpers serve, as
+    ``(label, ASTSource, compile options)``: the same for every arch."""
     import triton
     from triton.compiler import ASTSource
 
@@ -180,7 +181,7 @@ def compile_triton(names: list, cap: tuple[int, int], results: list) -> None:
             err, label = f"{type(ex).__name__}: {ex}", f"tree_verify [{tag}]"
         _report("triton", label, t0, err, results)
     if "ddtree" in names:
-        for label, src, options in _ddtree_sources(cap[0] * 10 + cap[1]):
+        for label, src, options in ddtree_sources():
             t0 = time.monotonic()
             try:
                 c = triton.compile(src, target=GPUTarget("cuda", cap[0] * 10 + cap[1], 32), options=options)

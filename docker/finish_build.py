@@ -14,8 +14,7 @@ import pathlib
 import sys
 import sysconfig
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import wheelhouse  # noqa: E402  (sits beside this file in the image)
+import wheelhouse  # beside this file (run by path, so its directory is sys.path[0])
 
 STAMP = "sglang/.ddtree-series.json"
 

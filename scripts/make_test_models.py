@@ -379,40 +379,12 @@ def mla_target(codes: Codes, rng: np.random.Generator, noise: float):
             w.rand(p + "mlp.shared_experts.down_proj.weight", (H, 128), std=noise * OUT_NOISE)
     w.ones("model.norm.weight", H)
     w["lm_head.weight"] = lm_head(codes)
-    config = {
-        "architectures": ["DeepseekV2ForCausalLM"],
-        "model_type": "deepseek_v2",
-        "vocab_size": VOCAB,
-        "hidden_size": H,
-        "intermediate_size": 512,
-        "moe_intermediate_size": 128,
-        "num_hidden_layers": TARGET_LAYERS,
-        "num_attention_heads": nh,
-        "num_key_value_heads": nh,
-        "q_lora_rank": None,
-        **MLA,
-        "n_routed_experts": 8,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "first_k_dense_replace": TARGET_LAYERS - 1,
-        "moe_layer_freq": 1,
-        "topk_method": "greedy",
-        "n_group": 1,
-        "topk_group": 1,
-        "norm_topk_prob": False,
-        "routed_scaling_factor": 1.0,
-        "scoring_func": "softmax",
-        "hidden_act": "silu",
-        "max_position_embeddings": MAX_POS,
-        "rope_theta": ROPE_THETA,
-        "rope_scaling": None,
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "torch_dtype": "bfloat16",
-    }
+    config = deepseek_v2_config(
+        vocab_size=VOCAB, hidden_size=H, intermediate_size=512, moe_intermediate_size=128,
+        num_hidden_layers=TARGET_LAYERS, num_attention_heads=nh, n_routed_experts=8, n_shared_experts=1,
+        num_experts_per_tok=2, first_k_dense_replace=TARGET_LAYERS - 1, max_position_embeddings=MAX_POS,
+        rope_theta=ROPE_THETA, rope_scaling=None,
+    )  # fmt: skip
     return w, config
 
 
@@ -456,27 +428,11 @@ def qwen3_target(codes: Codes, rng: np.random.Generator, noise: float):
         w.rand(p + "mlp.down_proj.weight", (H, 512), std=noise * OUT_NOISE)
     w.ones("model.norm.weight", H)
     w["lm_head.weight"] = lm_head(codes)
-    config = {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "vocab_size": VOCAB,
-        "hidden_size": H,
-        "intermediate_size": 512,
-        "num_hidden_layers": TARGET_LAYERS,
-        "num_attention_heads": nh,
-        "num_key_value_heads": nkv,
-        "head_dim": hd,
-        "hidden_act": "silu",
-        "max_position_embeddings": MAX_POS,
-        "rope_theta": ROPE_THETA,
-        "rope_scaling": None,
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "torch_dtype": "bfloat16",
-    }
+    config = qwen3_config(
+        vocab_size=VOCAB, hidden_size=H, intermediate_size=512, num_hidden_layers=TARGET_LAYERS,
+        num_attention_heads=nh, num_key_value_heads=nkv, head_dim=hd, max_position_embeddings=MAX_POS,
+        rope_theta=ROPE_THETA,
+    )  # fmt: skip
     return w, config
 
 
@@ -515,7 +471,7 @@ def qwen3next_target(codes: Codes, rng: np.random.Generator, noise: float):
     x_u = x_a = rms_scale(3.0)  # layer 0 sees the embeddings
     silu_z = GDN_Z / (1.0 + math.exp(-GDN_Z))
     h0 = np.ones(CODE_DIM) / math.sqrt(CODE_DIM)  # Hadamard row 0, which no token uses
-    layer_types = ["linear_attention", "full_attention"] * (TARGET_LAYERS // 2)
+    layer_types = hybrid_layer_types(TARGET_LAYERS, full_attention_interval=2)
     for layer, kind in enumerate(layer_types):
         p = f"model.layers.{layer}."
         w.ones(p + "input_layernorm.weight", H, 0.0)  # Qwen3-Next norms scale by 1 + weight
@@ -566,42 +522,14 @@ def qwen3next_target(codes: Codes, rng: np.random.Generator, noise: float):
         w.rand(p + "mlp.shared_expert_gate.weight", (1, H))
     w.ones("model.norm.weight", H, 0.0)
     w["lm_head.weight"] = lm_head(codes)
-    config = {
-        "architectures": ["Qwen3NextForCausalLM"],
-        "model_type": "qwen3_next",
-        "vocab_size": VOCAB,
-        "hidden_size": H,
-        "intermediate_size": 512,
-        "num_hidden_layers": TARGET_LAYERS,
-        "layer_types": layer_types,
-        "full_attention_interval": 2,
-        "num_attention_heads": nh,
-        "num_key_value_heads": nkv,
-        "head_dim": hd,
-        "partial_rotary_factor": 0.25,
-        "linear_conv_kernel_dim": GDN_KERNEL,
-        "linear_key_head_dim": kd,
-        "linear_value_head_dim": vd,
-        "linear_num_key_heads": 1,
-        "linear_num_value_heads": 1,
-        "num_experts": E,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 128,
-        "shared_expert_intermediate_size": 128,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "norm_topk_prob": True,
-        "hidden_act": "silu",
-        "max_position_embeddings": MAX_POS,
-        "rope_theta": ROPE_THETA,
-        "rope_scaling": None,
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "torch_dtype": "bfloat16",
-    }
+    config = qwen3_next_config(
+        vocab_size=VOCAB, hidden_size=H, intermediate_size=512, num_hidden_layers=TARGET_LAYERS,
+        full_attention_interval=2, num_attention_heads=nh, num_key_value_heads=nkv, head_dim=hd,
+        linear_conv_kernel_dim=GDN_KERNEL, linear_key_head_dim=kd, linear_value_head_dim=vd,
+        linear_num_key_heads=1, linear_num_value_heads=1, num_experts=E, num_experts_per_tok=2,
+        moe_intermediate_size=128, shared_expert_intermediate_size=128, max_position_embeddings=MAX_POS,
+        rope_theta=ROPE_THETA,
+    )  # fmt: skip
     return w, config
 
 
@@ -832,32 +760,10 @@ def dflash_drafter(codes: Codes, target_cfg: dict, rng: np.random.Generator, noi
         o[B, rows] = step
     _draft_layer_common(w, p, gain2)
 
-    config = {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "vocab_size": VOCAB,
-        "hidden_size": H,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": nh,
-        "num_key_value_heads": nh,
-        "head_dim": hd,
-        "hidden_act": "silu",
-        "max_position_embeddings": MAX_POS,
-        "rope_theta": ROPE_THETA,
-        "rope_scaling": None,
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "block_size": BLOCK_SIZE,
-        "dflash_config": {
-            "target_layer_ids": TARGET_LAYER_IDS,
-            "mask_token": "<|MASK|>",
-            "mask_token_id": MASK_ID,
-            "num_target_layers": target_cfg["num_hidden_layers"],
-        },
-    }
+    config = dflash_drafter_config(
+        target_cfg, intermediate_size=256, num_hidden_layers=2, num_attention_heads=nh, num_key_value_heads=nh,
+        head_dim=hd, max_position_embeddings=MAX_POS, rope_theta=ROPE_THETA, target_layer_ids=TARGET_LAYER_IDS,
+    )  # fmt: skip
     return w, config
 
 
@@ -873,26 +779,49 @@ def _draft_layer_common(w: Weights, p: str, gain: float) -> None:
 
 
 # ----------------------------------------------------------------------------
-# Config-only realistic shapes
+# Checkpoint configs: one builder per architecture (the tiny models and the
+# realistic shapes differ only in the sizes passed in), then the shapes.
 
 
-def v2lite_config() -> dict:
+def _target_tail(max_position_embeddings, rope_theta, rope_scaling=None) -> dict:
+    """The fields every target config here ends with: SiLU, RMSNorm, no attention bias, an
+    untied LM head, bf16, and the BOS/EOS ids of the tokenizer saved beside it."""
+    return {
+        "hidden_act": "silu",
+        "max_position_embeddings": max_position_embeddings,
+        "rope_theta": rope_theta,
+        "rope_scaling": rope_scaling,
+        "rms_norm_eps": 1e-6,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def deepseek_v2_config(
+    *, vocab_size, hidden_size, intermediate_size, moe_intermediate_size, num_hidden_layers,
+    num_attention_heads, n_routed_experts, n_shared_experts, num_experts_per_tok, first_k_dense_replace,
+    max_position_embeddings, rope_theta, rope_scaling,
+) -> dict:  # fmt: skip
+    """A DeepSeek-V2 (MLA, MoE) config: MHA-sized KV heads, no query LoRA, greedy routing."""
     return {
         "architectures": ["DeepseekV2ForCausalLM"],
         "model_type": "deepseek_v2",
-        "vocab_size": 102400,
-        "hidden_size": 2048,
-        "intermediate_size": 10944,
-        "moe_intermediate_size": 1408,
-        "num_hidden_layers": 27,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 16,
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "moe_intermediate_size": moe_intermediate_size,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_attention_heads,
         "q_lora_rank": None,
         **MLA,
-        "n_routed_experts": 64,
-        "n_shared_experts": 2,
-        "num_experts_per_tok": 6,
-        "first_k_dense_replace": 1,
+        "n_routed_experts": n_routed_experts,
+        "n_shared_experts": n_shared_experts,
+        "num_experts_per_tok": num_experts_per_tok,
+        "first_k_dense_replace": first_k_dense_replace,
         "moe_layer_freq": 1,
         "topk_method": "greedy",
         "n_group": 1,
@@ -900,10 +829,126 @@ def v2lite_config() -> dict:
         "norm_topk_prob": False,
         "routed_scaling_factor": 1.0,
         "scoring_func": "softmax",
-        "hidden_act": "silu",
-        "max_position_embeddings": 163840,
-        "rope_theta": 10000,
-        "rope_scaling": {
+        **_target_tail(max_position_embeddings, rope_theta, rope_scaling),
+    }
+
+
+def qwen3_config(
+    *, vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+    num_key_value_heads, head_dim, max_position_embeddings, rope_theta,
+) -> dict:  # fmt: skip
+    """A dense Qwen3 (GQA) config."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_hidden_layers,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "head_dim": head_dim,
+        **_target_tail(max_position_embeddings, rope_theta),
+    }
+
+
+def hybrid_layer_types(num_layers: int, full_attention_interval: int) -> list[str]:
+    """Qwen3-Next's layer kinds: every ``full_attention_interval``-th layer is full attention."""
+    return [
+        "full_attention" if (i + 1) % full_attention_interval == 0 else "linear_attention" for i in range(num_layers)
+    ]
+
+
+def qwen3_next_config(
+    *, vocab_size, hidden_size, intermediate_size, num_hidden_layers, full_attention_interval,
+    num_attention_heads, num_key_value_heads, head_dim, linear_conv_kernel_dim, linear_key_head_dim,
+    linear_value_head_dim, linear_num_key_heads, linear_num_value_heads, num_experts, num_experts_per_tok,
+    moe_intermediate_size, shared_expert_intermediate_size, max_position_embeddings, rope_theta,
+) -> dict:  # fmt: skip
+    """A Qwen3-Next config: Gated DeltaNet layers with gated full attention every
+    ``full_attention_interval`` layers, a MoE with a shared expert in every layer."""
+    return {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_hidden_layers,
+        "layer_types": hybrid_layer_types(num_hidden_layers, full_attention_interval),
+        "full_attention_interval": full_attention_interval,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_key_value_heads,
+        "head_dim": head_dim,
+        "partial_rotary_factor": 0.25,
+        "linear_conv_kernel_dim": linear_conv_kernel_dim,
+        "linear_key_head_dim": linear_key_head_dim,
+        "linear_value_head_dim": linear_value_head_dim,
+        "linear_num_key_heads": linear_num_key_heads,
+        "linear_num_value_heads": linear_num_value_heads,
+        "num_experts": num_experts,
+        "num_experts_per_tok": num_experts_per_tok,
+        "moe_intermediate_size": moe_intermediate_size,
+        "shared_expert_intermediate_size": shared_expert_intermediate_size,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        **_target_tail(max_position_embeddings, rope_theta),
+    }
+
+
+def dflash_drafter_config(
+    target: dict, *, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+    head_dim, max_position_embeddings, rope_theta, target_layer_ids,
+) -> dict:  # fmt: skip
+    """A DFlash drafter (Qwen3 layers, ``BLOCK_SIZE``-token blocks) of ``target``'s vocabulary
+    and width, reading the features of ``target_layer_ids``: a Qwen3 config without the
+    special-token ids, which come from the target."""
+    cfg = qwen3_config(
+        vocab_size=target["vocab_size"], hidden_size=target["hidden_size"], intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads, head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings, rope_theta=rope_theta,
+    )  # fmt: skip
+    cfg["architectures"] = ["DFlashDraftModel"]
+    del cfg["bos_token_id"], cfg["eos_token_id"]
+    cfg["block_size"] = BLOCK_SIZE
+    cfg["dflash_config"] = {
+        "target_layer_ids": target_layer_ids,
+        "mask_token": "<|MASK|>",
+        "mask_token_id": MASK_ID,
+        "num_target_layers": target["num_hidden_layers"],
+    }
+    return cfg
+
+
+# The public DFlash drafters of MoE targets: five layers of 16 query and 4 KV heads of 128.
+MOE_DRAFTER_LAYERS = dict(
+    intermediate_size=6144, num_hidden_layers=5, num_attention_heads=16, num_key_value_heads=4, head_dim=128
+)  # fmt: skip
+
+
+def same_shape_drafter_config(target: dict, target_layer_ids: list[int], rope_theta=None) -> dict:
+    """A 5-layer DFlash drafter in the target's own attention and MLP shape, as the public
+    dense-target drafters are."""
+    return dflash_drafter_config(
+        target,
+        intermediate_size=target["intermediate_size"],
+        num_hidden_layers=5,
+        num_attention_heads=target["num_attention_heads"],
+        num_key_value_heads=target["num_key_value_heads"],
+        head_dim=target["head_dim"],
+        max_position_embeddings=target["max_position_embeddings"],
+        rope_theta=target["rope_theta"] if rope_theta is None else rope_theta,
+        target_layer_ids=target_layer_ids,
+    )
+
+
+def v2lite_config() -> dict:
+    return deepseek_v2_config(
+        vocab_size=102400, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
+        num_hidden_layers=27, num_attention_heads=16, n_routed_experts=64, n_shared_experts=2,
+        num_experts_per_tok=6, first_k_dense_replace=1, max_position_embeddings=163840, rope_theta=10000,
+        rope_scaling={
             "type": "yarn",
             "factor": 40,
             "original_max_position_embeddings": 4096,
@@ -912,152 +957,51 @@ def v2lite_config() -> dict:
             "mscale": 0.707,
             "mscale_all_dim": 0.707,
         },
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "torch_dtype": "bfloat16",
-    }
+    )  # fmt: skip
 
 
 def v2lite_drafter_config(target: dict) -> dict:
-    return {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "vocab_size": target["vocab_size"],
-        "hidden_size": target["hidden_size"],
-        "intermediate_size": 6144,
-        "num_hidden_layers": 5,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 4,
-        "head_dim": 128,
-        "hidden_act": "silu",
-        "max_position_embeddings": 163840,
-        "rope_theta": 10000,
-        "rope_scaling": None,
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "block_size": BLOCK_SIZE,
-        "dflash_config": {
-            "target_layer_ids": [1, 7, 13, 19, 25],
-            "mask_token": "<|MASK|>",
-            "mask_token_id": MASK_ID,
-            "num_target_layers": target["num_hidden_layers"],
-        },
-    }
+    return dflash_drafter_config(
+        target, **MOE_DRAFTER_LAYERS, max_position_embeddings=163840, rope_theta=10000,
+        target_layer_ids=[1, 7, 13, 19, 25],
+    )  # fmt: skip
 
 
 def qwen3_8b_config() -> dict:
     """Qwen3-8B's published shape (GQA: 36 layers, 32 query and 8 KV heads of 128)."""
-    return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "vocab_size": 151936,
-        "hidden_size": 4096,
-        "intermediate_size": 12288,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "hidden_act": "silu",
-        "max_position_embeddings": 40960,
-        "rope_theta": 1000000,
-        "rope_scaling": None,
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "torch_dtype": "bfloat16",
-    }
+    return qwen3_config(
+        vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        rope_theta=1000000,
+    )  # fmt: skip
 
 
 def qwen36_a3b_config() -> dict:
     """Qwen3.6-35B-A3B's text stack (10 x [3 Gated DeltaNet + 1 gated attention],
     MoE everywhere) on the Qwen3-Next architecture, which has the same blocks and
     which upstream serves text-only with DFlash hooks."""
-    layers = 40
-    return {
-        "architectures": ["Qwen3NextForCausalLM"],
-        "model_type": "qwen3_next",
-        "vocab_size": 248320,
-        "hidden_size": 2048,
-        "intermediate_size": 5120,
-        "num_hidden_layers": layers,
-        "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)],
-        "full_attention_interval": 4,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 2,
-        "head_dim": 256,
-        "partial_rotary_factor": 0.25,
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 32,
-        "num_experts": 256,
-        "num_experts_per_tok": 8,
-        "moe_intermediate_size": 512,
-        "shared_expert_intermediate_size": 512,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "norm_topk_prob": True,
-        "hidden_act": "silu",
-        "max_position_embeddings": 262144,
-        "rope_theta": 10000000,
-        "rope_scaling": None,
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "torch_dtype": "bfloat16",
-    }
+    return qwen3_next_config(
+        vocab_size=248320, hidden_size=2048, intermediate_size=5120, num_hidden_layers=40,
+        full_attention_interval=4, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+        linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
+        linear_num_value_heads=32, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,
+        shared_expert_intermediate_size=512, max_position_embeddings=262144, rope_theta=10000000,
+    )  # fmt: skip
 
 
 def qwen3_8b_drafter_config(target: dict) -> dict:
-    """A 5-layer DFlash drafter in the target's own attention shape, as the public
-    Qwen3 DFlash drafters are."""
-    return {
-        "architectures": ["DFlashDraftModel"],
-        "model_type": "qwen3",
-        "vocab_size": target["vocab_size"],
-        "hidden_size": target["hidden_size"],
-        "intermediate_size": target["intermediate_size"],
-        "num_hidden_layers": 5,
-        "num_attention_heads": target["num_attention_heads"],
-        "num_key_value_heads": target["num_key_value_heads"],
-        "head_dim": target["head_dim"],
-        "hidden_act": "silu",
-        "max_position_embeddings": target["max_position_embeddings"],
-        "rope_theta": target["rope_theta"],
-        "rope_scaling": None,
-        "rms_norm_eps": 1e-6,
-        "attention_bias": False,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "block_size": BLOCK_SIZE,
-        "dflash_config": {
-            "target_layer_ids": [1, 9, 17, 25, 33],
-            "mask_token": "<|MASK|>",
-            "mask_token_id": MASK_ID,
-            "num_target_layers": target["num_hidden_layers"],
-        },
-    }
+    """Features from five spread layers of the 36-layer target."""
+    return same_shape_drafter_config(target, [1, 9, 17, 25, 33])
 
 
 def hybrid_drafter_config(target: dict) -> dict:
     """A DFlash drafter of the public drafters' shape for that target: five
     layers at the target's hidden size, features from five spread target layers."""
     layers = target["num_hidden_layers"]
-    cfg = v2lite_drafter_config(target)
-    cfg["max_position_embeddings"] = target["max_position_embeddings"]
-    cfg["rope_theta"] = target["rope_theta"]
-    cfg["dflash_config"]["target_layer_ids"] = [1 + i * (layers - 3) // 4 for i in range(5)]
-    return cfg
+    return dflash_drafter_config(
+        target, **MOE_DRAFTER_LAYERS, max_position_embeddings=target["max_position_embeddings"],
+        rope_theta=target["rope_theta"], target_layer_ids=[1 + i * (layers - 3) // 4 for i in range(5)],
+    )  # fmt: skip
 
 
 def gptoss_20b_config() -> dict:
@@ -1099,9 +1043,7 @@ def gptoss_20b_config() -> dict:
 def gptoss_20b_drafter_config(target: dict) -> dict:
     """A 5-layer DFlash drafter in the target's attention shape (64 query and 8 KV
     heads of 64), features from five spread target layers."""
-    cfg = qwen3_8b_drafter_config({**target, "rope_theta": target["rope_parameters"]["rope_theta"]})
-    cfg["dflash_config"]["target_layer_ids"] = [1, 6, 11, 16, 21]
-    return cfg
+    return same_shape_drafter_config(target, [1, 6, 11, 16, 21], rope_theta=target["rope_parameters"]["rope_theta"])
 
 
 # ----------------------------------------------------------------------------
@@ -1121,11 +1063,28 @@ def save_model(out: Path, weights: dict | None, config: dict) -> None:
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
+# (--only kind, name, target builder); the drafter is always ``dflash_drafter``.
+TINY_PAIRS = (
+    ("mla", "tiny-mla", mla_target),
+    ("qwen3", "tiny-qwen3", qwen3_target),
+    ("hybrid", "tiny-qwen3next", qwen3next_target),
+    ("gptoss", "tiny-gptoss", gptoss_target),
+)
+# (--only kind, name, target config, drafter config from the target's), served with --load-format dummy.
+SHAPE_PAIRS = (
+    ("shapes", "v2lite-shape", v2lite_config, v2lite_drafter_config),
+    ("shapes", "qwen3-8b-shape", qwen3_8b_config, qwen3_8b_drafter_config),
+    ("hybrid-shapes", "qwen36-a3b-shape", qwen36_a3b_config, hybrid_drafter_config),
+    ("swa-shapes", "gptoss-20b-shape", gptoss_20b_config, gptoss_20b_drafter_config),
+)
+KINDS = ("mla", "qwen3", "hybrid", "shapes", "hybrid-shapes", "gptoss", "swa-shapes")
+
+
 def generate(
     outdir: Path,
     seed: int = 0,
     noise: float = 0.02,
-    which=("mla", "qwen3", "hybrid", "shapes", "hybrid-shapes", "gptoss", "swa-shapes"),
+    which=KINDS,
 ) -> dict:
     rng = np.random.default_rng(seed)
     vocab_words = words(rng)
@@ -1143,61 +1102,21 @@ def generate(
         "models": {},
     }
 
-    def pair(name, build_target):
-        tw, tcfg = build_target(codes, np.random.default_rng([seed, len(name)]), noise)
-        dw, dcfg = dflash_drafter(codes, tcfg, np.random.default_rng([seed, 99, len(name)]), noise)
-        save_model(outdir / name, tw, tcfg)
+    def save_pair(name, target_weights, target_cfg, drafter_weights, drafter_cfg, **facts):
+        save_model(outdir / name, target_weights, target_cfg)
         save_tokenizer(outdir / name, vocab_words)
-        save_model(outdir / f"{name}-dflash", dw, dcfg)
-        manifest["models"][name] = {"target": name, "drafter": f"{name}-dflash"}
+        save_model(outdir / f"{name}-dflash", drafter_weights, drafter_cfg)
+        manifest["models"][name] = {"target": name, "drafter": f"{name}-dflash", **facts}
 
-    if "mla" in which:
-        pair("tiny-mla", mla_target)
-    if "qwen3" in which:
-        pair("tiny-qwen3", qwen3_target)
-    if "hybrid" in which:
-        pair("tiny-qwen3next", qwen3next_target)
-    if "gptoss" in which:
-        pair("tiny-gptoss", gptoss_target)
-    if "shapes" in which:
-        tcfg = v2lite_config()
-        save_model(outdir / "v2lite-shape", None, tcfg)
-        save_tokenizer(outdir / "v2lite-shape", vocab_words)
-        save_model(outdir / "v2lite-shape-dflash", None, v2lite_drafter_config(tcfg))
-        manifest["models"]["v2lite-shape"] = {
-            "target": "v2lite-shape",
-            "drafter": "v2lite-shape-dflash",
-            "load_format": "dummy",
-        }
-        tcfg = qwen3_8b_config()
-        save_model(outdir / "qwen3-8b-shape", None, tcfg)
-        save_tokenizer(outdir / "qwen3-8b-shape", vocab_words)
-        save_model(outdir / "qwen3-8b-shape-dflash", None, qwen3_8b_drafter_config(tcfg))
-        manifest["models"]["qwen3-8b-shape"] = {
-            "target": "qwen3-8b-shape",
-            "drafter": "qwen3-8b-shape-dflash",
-            "load_format": "dummy",
-        }
-    if "hybrid-shapes" in which:
-        tcfg = qwen36_a3b_config()
-        save_model(outdir / "qwen36-a3b-shape", None, tcfg)
-        save_tokenizer(outdir / "qwen36-a3b-shape", vocab_words)
-        save_model(outdir / "qwen36-a3b-shape-dflash", None, hybrid_drafter_config(tcfg))
-        manifest["models"]["qwen36-a3b-shape"] = {
-            "target": "qwen36-a3b-shape",
-            "drafter": "qwen36-a3b-shape-dflash",
-            "load_format": "dummy",
-        }
-    if "swa-shapes" in which:
-        tcfg = gptoss_20b_config()
-        save_model(outdir / "gptoss-20b-shape", None, tcfg)
-        save_tokenizer(outdir / "gptoss-20b-shape", vocab_words)
-        save_model(outdir / "gptoss-20b-shape-dflash", None, gptoss_20b_drafter_config(tcfg))
-        manifest["models"]["gptoss-20b-shape"] = {
-            "target": "gptoss-20b-shape",
-            "drafter": "gptoss-20b-shape-dflash",
-            "load_format": "dummy",
-        }
+    for kind, name, build_target in TINY_PAIRS:
+        if kind in which:
+            tw, tcfg = build_target(codes, np.random.default_rng([seed, len(name)]), noise)
+            dw, dcfg = dflash_drafter(codes, tcfg, np.random.default_rng([seed, 99, len(name)]), noise)
+            save_pair(name, tw, tcfg, dw, dcfg)
+    for kind, name, target_config, drafter_config in SHAPE_PAIRS:
+        if kind in which:
+            tcfg = target_config()
+            save_pair(name, None, tcfg, None, drafter_config(tcfg), load_format="dummy")
     path = outdir / "manifest.json"
     if path.exists():  # a partial run (--only) into a full set keeps the set's other pairs listed
         old = json.loads(path.read_text())
@@ -1212,8 +1131,7 @@ def main(argv=None) -> int:
     ap.add_argument("outdir", type=Path)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--noise", type=float, default=0.02, help="std of the non-structural weights")
-    kinds = ["mla", "qwen3", "hybrid", "shapes", "hybrid-shapes", "gptoss", "swa-shapes"]
-    ap.add_argument("--only", nargs="+", choices=kinds, default=kinds)
+    ap.add_argument("--only", nargs="+", choices=KINDS, default=list(KINDS))
     args = ap.parse_args(argv)
     generate(args.outdir, seed=args.seed, noise=args.noise, which=tuple(args.only))
     print(f"wrote {', '.join(sorted(os.listdir(args.outdir)))} under {args.outdir}")

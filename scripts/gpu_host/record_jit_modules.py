@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# Run by path on the GPU host: make_test_models and the GPU tier's conftest belong to no package.
 sys.path.insert(0, str(REPO / "tests" / "gpu"))
 sys.path.insert(0, str(REPO / "scripts"))
 

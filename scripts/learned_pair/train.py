@@ -53,6 +53,18 @@ class WSD:
     def done(self, step: int) -> bool:
         return self.total is not None and step >= self.total
 
+    @classmethod
+    def for_config(cls, cfg: "TargetTrainConfig | DrafterTrainConfig") -> "WSD":
+        """The phase's schedule: with ``cfg.steps`` (a replay) the decay starts at
+        ``cfg.decay_start``, or at the default fraction when that is not given."""
+        sched = cls(cfg.lr, cfg.warmup)
+        if cfg.steps is not None:
+            sched.total = cfg.steps
+            sched.decay_start = (
+                cfg.decay_start if cfg.decay_start is not None else int(cfg.steps * (1 - sched.decay_frac))
+            )
+        return sched
+
 
 def _optimizer(params, lr, wd):
     decay = [p for p in params if p.dim() >= 2]
@@ -60,6 +72,17 @@ def _optimizer(params, lr, wd):
     fused = all(p.is_cuda for p in decay + no_decay)
     return torch.optim.AdamW([{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}],
                              lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+
+
+def _optimizer_step(opt: torch.optim.Optimizer, params: list, loss: torch.Tensor, lr: float,
+                    grad_clip: float) -> None:
+    """Backward ``loss`` and take one clipped step at ``lr``."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
 
 
 def _autocast(device: torch.device):
@@ -96,25 +119,18 @@ def train_target(model: Target, tokens: torch.Tensor, cfg: TargetTrainConfig, se
     """Next-token training on random windows of ``tokens`` (1-D, on the model's device)."""
     dev = tokens.device
     gen = torch.Generator(device=dev).manual_seed(seed)
-    opt = _optimizer(list(model.parameters()), cfg.lr, cfg.weight_decay)
-    sched = WSD(cfg.lr, cfg.warmup)
-    if cfg.steps is not None:
-        sched.total, sched.decay_start = cfg.steps, cfg.decay_start if cfg.decay_start is not None else int(
-            cfg.steps * (1 - sched.decay_frac))
+    params = list(model.parameters())
+    opt = _optimizer(params, cfg.lr, cfg.weight_decay)
+    sched = WSD.for_config(cfg)
     t0 = time.monotonic()
     end = t0 + seconds
     step, losses, step_s = 0, [], None
     model.train()
     while step < cfg.max_steps and not sched.done(step):
-        for g in opt.param_groups:
-            g["lr"] = sched.lr(step)
         x = random_windows(tokens, cfg.batch, cfg.seq_len + 1, gen)
         with _autocast(dev):
             loss = lm_loss(model, x)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
+        _optimizer_step(opt, params, loss, sched.lr(step), cfg.grad_clip)
         step += 1
         if step % 10 == 0 or step == 1:
             losses.append((step, float(loss.detach())))  # a sync every 10 steps keeps the timing honest
@@ -193,25 +209,18 @@ def train_drafter(drafter: Drafter, target: Target, seqs: torch.Tensor, prompt_l
     gen = torch.Generator(device=dev).manual_seed(seed)
     for p in target.parameters():
         p.requires_grad_(False)
-    opt = _optimizer(list(drafter.parameters()), cfg.lr, cfg.weight_decay)
-    sched = WSD(cfg.lr, cfg.warmup)
-    if cfg.steps is not None:
-        sched.total, sched.decay_start = cfg.steps, cfg.decay_start if cfg.decay_start is not None else int(
-            cfg.steps * (1 - sched.decay_frac))
+    params = list(drafter.parameters())
+    opt = _optimizer(params, cfg.lr, cfg.weight_decay)
+    sched = WSD.for_config(cfg)
     t0 = time.monotonic()
     end = t0 + seconds
     step, curve, acc = 0, [], None
     drafter.train()
     while step < cfg.max_steps and not sched.done(step):
-        for g in opt.param_groups:
-            g["lr"] = sched.lr(step)
         rows = torch.randint(0, seqs.shape[0], (cfg.batch,), generator=gen, device=dev)
         with _autocast(dev):
             loss, acc = drafter_step_loss(drafter, target, seqs[rows], prompt_len, cfg.anchors, mask_token_id, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), cfg.grad_clip)
-        opt.step()
+        _optimizer_step(opt, params, loss, sched.lr(step), cfg.grad_clip)
         step += 1
         if step % 10 == 0 or step == 1:
             curve.append((step, float(loss.detach())))

@@ -35,15 +35,18 @@ def _accepted(rng, bs, budget, num_depths, vocab, pad_prob):
     return ct, pred, res, slots
 
 
-@settings(max_examples=60, deadline=None, database=None)
-@given(
+# The batches the tests below draw through ``_accepted``.
+_ACCEPTED_TREES = dict(
     bs=st.integers(1, 4),
     budget=st.integers(1, 50),
     num_depths=st.integers(1, 8),
     vocab=st.integers(1, 4),
-    pad_prob=st.sampled_from([0.0, 0.5]),
     seed=st.integers(0, 2**31 - 1),
 )
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(**_ACCEPTED_TREES, pad_prob=st.sampled_from([0.0, 0.5]))
 def test_remap_keeps_the_path_and_frees_the_rest(bs, budget, num_depths, vocab, pad_prob, seed):
     rng = np.random.default_rng(seed)
     ct, pred, res, slots = _accepted(rng, bs, budget, num_depths, vocab, pad_prob)
@@ -66,13 +69,7 @@ def test_remap_keeps_the_path_and_frees_the_rest(bs, budget, num_depths, vocab, 
 
 
 @settings(max_examples=60, deadline=None, database=None)
-@given(
-    bs=st.integers(1, 4),
-    budget=st.integers(1, 50),
-    num_depths=st.integers(1, 8),
-    vocab=st.integers(1, 4),
-    seed=st.integers(0, 2**31 - 1),
-)
+@given(**_ACCEPTED_TREES)
 def test_compaction_moves_path_kv_to_the_front(bs, budget, num_depths, vocab, seed):
     rng = np.random.default_rng(seed)
     ct, pred, res, slots = _accepted(rng, bs, budget, num_depths, vocab, 0.3)

@@ -141,9 +141,6 @@ def test_two_versions_of_one_package_are_refused(tmp_path):
 
 
 def test_series_digest_is_the_apply_tools():
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        from patchkit.series import load_series
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    from patchkit.series import load_series  # scripts/ is an import root (pytest.ini)
+
     assert wh.series_digest(REPO) == load_series(REPO / "patches", REPO / "sglang").digest("copy")
