@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where the GPU time of one decode step goes, from the server's own torch profiler.
 
 SGLang 0.5.17 profiles through ``POST /start_profile`` (body: the ``ProfileReq`` fields of

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Decode step time of the whole server on a dummy model of a real shape.
 
 One server start per configuration (60-190 s at this shape: CUDA-graph capture for the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where one layer of ``flashmla_split`` spends its time.
 
 Times, per shape (CUDA-graph replay medians, as ``verify_attention.py``): the page

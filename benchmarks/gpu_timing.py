@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Timing and ceilings shared by the GPU micro-benchmarks (median of CUDA-graph replays)."""
 
 import torch

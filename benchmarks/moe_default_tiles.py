@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Fused-MoE time per call under upstream's default row-tile rule and this fork's (patch 0060).
 
 Without a tuned config file, upstream 0.5.17 switches the fused-MoE kernel from its 16-row to

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tree-verify attention benchmark: every strategy over the DDTree verify shapes.
 
 For each shape (``--attn mla``: absorbed MLA, Dqk 576, Dv 512, one KV head;

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Entrypoint of the ddtree-sglang:sm120 image.
 
 ``docker run --gpus all IMAGE --model-path M --speculative-draft-model-path D`` starts

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Last step of the image build: prove the series is what got applied, record the build.
 
 Fails the build when the stamp that scripts/apply_patches.sh wrote into the installed sglang

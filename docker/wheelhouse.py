@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Wheelhouse tools for scripts/build_wheelhouse.sh and the image build (stdlib only).
 
 Three jobs a plain `pip download` does not do:

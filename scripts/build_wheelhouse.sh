@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Build an offline, hash-pinned wheelhouse of the ddtree-sglang stack: the pinned sglang wheel
 # (sha256-checked against upstream.lock) and every dependency it resolves to, pinned to the
 # versions in constraints/dev.txt, plus requirements.txt with a --hash for every wheel.
@@ -28,7 +29,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 OUT="" PY=python3 PYVER="" PLAT="" GLIBC=2.34 GPU_ARCH="" CONSTRAINTS="$REPO/constraints/dev.txt"
 PIP_EXTRA=()
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '3,26p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "build_wheelhouse.sh: $*" >&2; exit 1; }
 
 while [ $# -gt 0 ]; do

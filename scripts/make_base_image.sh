@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Build a minimal Debian base image with debootstrap and `docker import` it.
 #
 # Why: the CPU build hosts reach Debian's package mirror and PyPI but no image registry,
@@ -16,7 +17,7 @@ FORCE=0
 DOCKER=${DOCKER:-docker}
 PACKAGES=python3,python3-venv,python3-pip,python3-dev,gcc,g++,make,libc6-dev,ca-certificates,libnuma1
 
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '3,10p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [ $# -gt 0 ]; do
     case "$1" in

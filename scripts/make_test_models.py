@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Generate the seeded, offline test models for the GPU end-to-end tests.
 
 Random weights give degenerate text and a drafter that never agrees with its

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One-command dev environment: .venv with the pinned upstream sglang (hash-checked wheel), its
 # pinned dependencies and the test tools; the pristine upstream tree under .cache/upstream/;
 # the overlay and patch series applied to the venv's sglang.

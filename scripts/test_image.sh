@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Build ddtree-sglang:sm120 and smoke-test it in containers, on a machine without a GPU.
 #
 # Usage: scripts/test_image.sh [options]
@@ -27,7 +28,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 TAG=ddtree-sglang:sm120-test BASE="" WORKTREE=0 CACHE="" USE_CACHE=1 SKIP_BUILD=0 RM_IMAGE=0 SETUP=0
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '3,26p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --tag) TAG=$2; shift 2 ;;

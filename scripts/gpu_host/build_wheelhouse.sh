@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Build the offline install for the H200 GPU test host as carry folders of at most
 # $PART_MIB MiB each (a command sent to the GPU host carries 64 MiB, working tree included).
 #

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Source on the GPU host after scripts/gpu_host/install.sh: the installed stack ahead of the image's.
 export DDTREE_SITE=${DDTREE_SITE:-/tmp/site}
 case ":${PYTHONPATH:-}:" in *":$DDTREE_SITE:"*) ;; *) export PYTHONPATH="$DDTREE_SITE${PYTHONPATH:+:$PYTHONPATH}" ;; esac

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Install the patched stack on the GPU host from one carry folder per call
 # (scripts/gpu_host/build_wheelhouse.sh makes them; docs/GPU_HOST.md has the procedure).
 #

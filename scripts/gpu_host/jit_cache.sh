@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Carry the GPU host's JIT caches from one machine to the next. A fresh host spends minutes
 # compiling what an earlier host of the same kind already built: FlashInfer's kernels (a
 # `ddtree_flashinfer` suite took 414 s cold on 2026-11-30) and the servers' Triton kernels (a
@@ -100,5 +101,5 @@ case "${1:-}" in
     pack) shift; pack "$@" ;;
     keep) shift; keep "$@" ;;
     unpack) shift; unpack "$@" ;;
-    *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '3,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The whole GPU test tier in one command on the GPU host (after scripts/gpu_host/install.sh).
 #
 #   scripts/gpu_host/run_gpu_tier.sh [--only DIR,DIR] [--jobs N] [--dir-timeout SECONDS] [--list] [--] [pytest args...]
@@ -41,7 +42,7 @@ PIECES=(
     "serving_defaults|serving_defaults||alone"
 )
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; echo "dirs: ${ALL_DIRS[*]}"; }
+usage() { sed -n '3,16p' "$0" | sed 's/^# \{0,1\}//'; echo "dirs: ${ALL_DIRS[*]}"; }
 only="" dir_timeout=0 jobs="" list=0
 while [ $# -gt 0 ]; do
     case "$1" in

@@ -1,1 +1,2 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tooling for the ddtree-sglang patch series (stdlib only: it runs where nothing is installed)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """scripts/apply_patches.sh: put the overlay and the series onto an installed or unpacked sglang.
 
 Exit status: 0 applied, reversed, checked or nothing to do; 1 a patch does not apply to this

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """scripts/bump_upstream.sh VERSION: how the series fares on another upstream release.
 
 Fetches that release's wheel (sha256 checked against PyPI's published hash), tries every

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Apply, check and reverse the series on a target tree, all or nothing.
 
 Everything is computed in memory first; the target is written only when every patch applied,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Download an upstream sglang wheel, check its hash, unpack its pristine tree.
 
 The pinned release is checked against upstream.lock; other releases (bumps) against the

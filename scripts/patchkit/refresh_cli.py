@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """scripts/refresh_patches.sh: rewrite the patch files from an edited, patched sglang tree.
 
 Workflow: apply the series, edit the patched upstream files in place, refresh. Each file's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The patch series and the overlay as they stand in the repository."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Unified-diff parsing and zero-fuzz hunk application.
 
 GNU patch would do for applying, but the series tooling needs more than it gives: exact

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``python -m sglang.cli.ddtree_doctor``: what this machine offers ddtree-sglang, and verdicts.
 
 Reports the GPUs, driver and CUDA versions the process can see, the arch helpers' verdicts for

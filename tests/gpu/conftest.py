@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared GPU-tier fixtures: test models and a patched sglang server per configuration.
 
 ``launch_server(model, args)`` starts ``python -m sglang.launch_server`` on a free port in

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Exact GPU architecture predicates and per-arch limits.
 
 Upstream's helpers in ``sglang.srt.utils.common`` group by major version only:

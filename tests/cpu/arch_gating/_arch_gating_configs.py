@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tiny HF model configs (no weights) for the arch-gating tests (CPU and GPU tier)."""
 
 _COMMON = {

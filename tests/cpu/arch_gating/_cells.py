@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run ServerArgs for a list of cells with a faked GPU capability; print outcomes as JSON.
 
 Executed in a subprocess (``python _cells.py SPEC.json``) so that the faked

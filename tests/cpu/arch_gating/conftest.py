@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fixtures for the arch-gating tests: tiny HF configs and a ServerArgs cell runner.
 
 The cell runner executes ``_cells.py`` in a subprocess, once against the

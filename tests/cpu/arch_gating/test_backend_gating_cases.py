@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Split prefill/decode flags, speculative roles and defaults on sm_12x.
 
 Same harness as the matrix (real ServerArgs, faked capability, compared with

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every registered attention backend x capability x MLA/MHA x speculative on/off.
 
 Each cell runs the real (patched) upstream ServerArgs resolution with only the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """backend_support's table against the real registry, and the registry guard."""
 
 import types

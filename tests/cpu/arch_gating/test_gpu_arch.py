@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """gpu_arch: exact predicates, per-arch limits, the kernel-arch override."""
 
 import importlib.util

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """benchmarks/e2e_step.py's client side (concurrent streams, the bounded decode window, the
 profiler handshake) against a local HTTP server that speaks SGLang's /generate stream and
 /start_profile protocol, so the device run does not discover client bugs."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The profiler-trace breakdown of benchmarks/e2e_profile.py on small synthetic Chrome traces,
 and its kernel-name rules against the real kernel names in the installed (patched) sglang."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The pure parts of benchmarks/e2e_step.py: configuration specs, server flags (parsed by the
 real pinned upstream ServerArgs parser), step statistics, the wall-clock guard, ratios
 against a reference run, the README table and merging split runs."""

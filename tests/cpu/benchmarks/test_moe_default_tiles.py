@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """benchmarks/moe_default_tiles.py on the CPU: the configs each rule picks (real patched
 upstream function), the report, and its refusals. The timing itself runs on the GPU host."""
 

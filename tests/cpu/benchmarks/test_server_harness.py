@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The GPU tier's server harness (tests/gpu/conftest.py ServerProcess) with a stand-in HTTP
 server in place of sglang: a taken port gets a relaunch on a new one, a server that dies or
 never answers raises with its log. The stand-in behaves like uvicorn does in sglang: when

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """benchmarks/verify_attention.py on the CPU (Triton interpreter): the inputs,
 the arithmetic of the roofline, and that every strategy row of the matrix is
 produced and checked against the fp32 reference, for the MLA and GQA layouts.

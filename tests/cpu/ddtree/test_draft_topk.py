@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The vocabulary-sharded per-depth top-K equals the unsharded one: same ids in
 the same order (ties towards the lower id), same log-probs."""
 

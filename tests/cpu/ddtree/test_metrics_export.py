@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DDTree tree statistics in /metrics, through upstream's real export path.
 
 SGLang exports Prometheus metrics in multiprocess mode: the scheduler process

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DDTree acceptance: greedy and target-only sampling (torch path) against
 naive walks, and the sampling path's output distribution against the target's."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DDTree build: the Triton kernel (interpreted) against the heap reference and
 against brute-force enumeration of all prefixes."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DDTree compile: tokens, positions, ancestor bitmask and retrive_* links
 against naive per-node walks."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The build and compile kernels compile for real GPUs (sm_90, sm_120), not just under the
 interpreter, which accepts code the compiler rejects. Runs in a subprocess
 because TRITON_INTERPRET=1 (set for this test session) changes how

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """KV bookkeeping after acceptance: nothing leaked, nothing freed twice, the
 accepted path's KV ends up at the request's next positions in depth order."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tiny on-disk model configs (no weights) for ServerArgs-level tests."""
 
 import json

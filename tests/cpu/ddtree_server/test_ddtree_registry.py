@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DDTREE is registered in the real (patched) upstream spec registry and answers
 every question the scheduler asks an algorithm."""
 

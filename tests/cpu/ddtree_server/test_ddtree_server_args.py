@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The real patched ServerArgs accepts DDTREE and refuses what it cannot serve.
 
 No GPU is faked: ``device="cuda"`` is passed explicitly, which is all the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The worker's pure pieces on CPU tensors: verify input from a compiled tree,
 the dense TARGET_VERIFY mask from the ancestor bitmask, and the step's
 request-state glue (``step_io``: KV window permutation, emitted tokens, drafter context rows).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`python -m sglang.cli.ddtree_doctor` on this GPU-less machine, with the real patched sglang."""
 
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The image entrypoint: env/flag translation, DDTree default, GPU refusal, health check.
 
 The flag tables are checked against upstream's real argument parser (patched, as `make test`

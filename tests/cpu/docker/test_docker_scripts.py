@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The image's build inputs: scripts parse and explain themselves, the Dockerfile and the
 .dockerignore agree on what the build context must hold, and the build fails loudly."""
 

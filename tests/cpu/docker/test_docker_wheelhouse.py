@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """docker/wheelhouse.py: which kernel libraries each GPU set can drop, wheel rewriting, hashes.
 
 The slim test builds a wheel laid out like sglang-kernel 0.4.5 (the real one is 383 MB, too

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """scripts/gpu_host/run_gpu_tier.sh: the GPU tier's pieces cover every test directory and e2e
 configuration, run at most --jobs at a time with the tensor-parallel piece alone after them,
 and a run in which nothing ran is a failure. Run here for real, on a machine without a GPU,

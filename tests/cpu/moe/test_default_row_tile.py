@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The fused-MoE default config's row tile on the real patched upstream module (patch 0060)."""
 
 import importlib

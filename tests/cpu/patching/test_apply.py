@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """scripts/apply_patches.sh behaviour on real upstream 0.5.17 files."""
 
 import json

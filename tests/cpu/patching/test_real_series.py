@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The repository's own series against the pristine pinned upstream, and the patched venv."""
 
 import json

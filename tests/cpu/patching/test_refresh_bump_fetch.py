@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """refresh_patches.sh, bump_upstream.sh and the hash-checked fetch, on real upstream files."""
 
 import zipfile

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """scripts/gpu_host/jit_cache.sh: the GPU host's JIT caches packed into parts that fit what a
 GPU host command brings back, kept here, and restored on a later host; a bad carry changes nothing."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The generated test models load as ordinary HF checkpoints and behave as constructed.
 
 The targets are run through transformers' own DeepseekV2 / Qwen3 / Qwen3-Next

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Load private, interpreted copies of the tree-verify Triton kernels.
 
 Triton decides between compiling and interpreting when ``@triton.jit`` runs,

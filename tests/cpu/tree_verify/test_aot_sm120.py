@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every config the dispatcher can select on 12.x compiles for sm_120 on this
 CPU machine and fits 99 KiB (101,376 B) of shared memory per block.
 

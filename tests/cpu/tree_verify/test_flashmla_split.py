@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """flashmla_split's page gather and chunk merge (the Triton kernels, interpreted,
 against their torch references and the attention reference), its KV-chunk layout,
 and what the strategy refuses. FlashMLA itself runs on the GPU host only

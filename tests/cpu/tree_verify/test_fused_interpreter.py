@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The fused split-KV kernels under TRITON_INTERPRET=1 against the fp32 torch
 reference, with random trees, ragged batches and awkward sizes (fp16 inputs:
 triton 3.6's interpreter mis-computes bf16 tl.dot)."""

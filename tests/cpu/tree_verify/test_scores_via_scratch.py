@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ``scores_via_scratch`` prefix loop (absorbed MLA: K.Q^T scores, P handed
 to the PV product through a per-program global scratch) under
 TRITON_INTERPRET=1 against the fp32 reference, at the real 576/512 dims with V

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Realistic TARGET_VERIFY inputs on CPU tensors for the patched backends.
 
 The backends are the real (patched) classes, built with ``object.__new__``

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CUDA-graph buffers of the hook (fixed addresses and launch shapes across
 replays), the patched FlashInfer MLA and MHA backends, and the verify-backend
 policy."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The patched Triton backend serves DDTREE / DFLASH TARGET_VERIFY through the
 tree-verify path and matches the dense-custom-mask attention."""
 

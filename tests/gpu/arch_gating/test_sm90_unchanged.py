@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """On a real Hopper GPU (the H200 test host) the patched series changes no
 attention-backend decision: every registered backend x MLA/MHA x speculative
 on/off resolves (or fails) exactly as pristine upstream 0.5.17 does.

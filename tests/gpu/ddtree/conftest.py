@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Servers for the DDTREE end-to-end tests (GPU host only), on the shared GPU
 harness of ``tests/gpu/conftest.py`` (``ServerProcess``, ``tiny_models``,
 ``gpu_log_dir``).

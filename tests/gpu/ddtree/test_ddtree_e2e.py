@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DDTREE through the real server on the GPU host: lossless greedy output
 (single and 8 concurrent), max_new_tokens and stop tokens inside an accepted
 run, aborts, sampling on a peaked target, no KV leak, metrics.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DDTree algorithm core on a real GPU: the compiled Triton build kernel
 against the heap reference at serving shapes, the sglang-kernel acceptance ops
 against the torch path, CUDA-graph capture of the whole per-step pipeline, and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The patched server end to end on the tiny constructed models (GPU host only).
 
 Every configuration must produce exactly the target's greedy continuation, which for these

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Source on the GPU test host (no network, no full sglang install) to import
 # the tree_verify overlay plus upstream's UNMODIFIED Triton extend kernel:
 #   source tests/gpu/tree_verify/device_env.sh [DIR_WITH_UPSTREAM_KERNELS]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tree-verify attention on the GPU at real shapes (bf16 and fp16), the sm_120
 configs forced through SGLANG_DDTREE_KERNEL_ARCH, CUDA-graph replay, and
 agreement with the other strategies where they are installed."""

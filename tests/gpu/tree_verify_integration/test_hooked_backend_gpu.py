@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GPU: the patched Triton backend's TARGET_VERIFY through the tree-verify hook
 against upstream's own extend path with the dense custom mask, at real shapes,
 eager and under CUDA-graph capture/replay; the patched FlashInfer MHA and MLA

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which attention backends can run on which GPU, checked at startup.
 
 Upstream 0.5.17 lets several backends through its argument checks on

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DDTree speculative decoding (Ringel & Romano, arXiv 2604.12989).
 
 One DFlash draft forward yields L independent per-depth distributions; DDTree

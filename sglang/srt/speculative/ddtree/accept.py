@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Lossless acceptance of a verified DDTree.
 
 Greedy: walk from the root while the target's argmax at the current node is one

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Per-depth top-K of the drafter's log-softmax under the target's LM head.
 
 The DFlash drafter has no head of its own; DDTREE scores its hidden states with

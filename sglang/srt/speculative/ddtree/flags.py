@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Server-argument resolution for ``--speculative-algorithm DDTREE``.
 
 DDTREE rides on the DFlash drafter: the draft checkpoint, its block size and

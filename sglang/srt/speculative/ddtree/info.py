@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The DDTree verify input: a compiled tree packaged for the target forward.
 
 The attention backends see a ``DFlashVerifyInput`` (spec_input_type

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Which KV slots a DDTree verify keeps, and where the kept KV goes.
 
 The verify wrote the KV of all N tree tokens into ``out_cache_loc [bs, N]``.

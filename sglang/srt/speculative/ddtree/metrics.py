@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DDTree step statistics without host syncs in the decode loop.
 
 Accepted length per step already reaches the logs and ``/metrics`` through the

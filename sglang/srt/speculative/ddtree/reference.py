@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Plain-Python references for the DDTree algorithm core.
 
 Slow and obvious on purpose: loops, a ``heapq`` and explicit parent walks.

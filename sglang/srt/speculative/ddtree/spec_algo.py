@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DDTREE in upstream's speculative-algorithm registry.
 
 Imported at the end of ``sglang.srt.speculative.spec_info`` (patch 0051), so

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A DDTree step's reads and writes of request state: the tree's window in
 ``req_to_token``, the tokens the scheduler emits, the drafter's context rows.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DDTree construction: best-first selection of the top-B draft prefixes.
 
 The DFlash drafter gives, per request, L independent distributions (one per

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Compile a DDTree into what the verify forward and acceptance consume.
 
 Node i of a request's tree (N = B + 1 nodes, node 0 = root = bonus token):

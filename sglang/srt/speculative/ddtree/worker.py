@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DDTREE speculative decoding worker (spec-v2, overlap and non-overlap).
 
 Rides on ``DFlashWorkerV2``: same drafter, draft KV pool, prefill path, idle

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Tree-verify attention: every node of a speculative token tree attends to its
 request's committed prefix and to the tree nodes its ancestor bitmask allows.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Ahead-of-time compilation of the tree-verify kernels for a chosen target.
 
 Triton compiles for a GPU it is not running on, which lets a CPU machine prove

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Per-arch tile configurations for the fused tree-verify kernel.
 
 Selection is keyed by :func:`sglang.srt.utils.gpu_arch.kernel_arch`, so

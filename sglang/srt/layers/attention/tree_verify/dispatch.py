@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One entry point over the tree-verify strategies.
 
 Every strategy computes the same attention (each tree node over its request's

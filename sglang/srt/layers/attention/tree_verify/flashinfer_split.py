@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """FlashInfer prefix pass + our masked tree tail, merged in the tail's epilogue.
 
 The prefix is plain attention with no mask, which FlashInfer serves well

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """FlashMLA prefix pass + our masked tree tail, merged in the tail's epilogue (sm_90 / sm_100).
 
 FlashMLA runs the prefix of a wide tree at several times our Triton tile's rate on

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Packed ancestor bitmasks for tree verify.
 
 A tree of ``N`` nodes (root first, parents before children) is described per

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Fused prefix-split tree-verify attention (Triton).
 
 Every one of a request's N tree nodes sees the whole committed prefix, so all

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Plain torch fp32 tree-verify attention: the definition the kernels are tested
 against, and the documented fallback where no kernel strategy is available.
 

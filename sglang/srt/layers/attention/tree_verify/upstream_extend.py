@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Baseline strategy: upstream's Triton ``extend_attention_fwd`` with a dense
 custom mask, which is what upstream's Triton backend runs for a tree verify.
 

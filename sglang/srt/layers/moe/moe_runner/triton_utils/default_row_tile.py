@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Row tile of the fused-MoE kernel's default config, from the rows each expert gets.
 
 Without a tuned config file, upstream's default keeps its 16-row tile only while the batch
