@@ -16,7 +16,7 @@ over prefix + tree with the dense custom mask. Writes JSON and a PNG plot to
 ``benchmarks/results/``.
 
     python benchmarks/verify_attention.py               # full MLA matrix
-    python benchmarks/verify_attention.py --quick       # the target shapes
+    python benchmarks/verify_attention.py --quick       # the target shapes of the verify kernels
     python benchmarks/verify_attention.py --attn gqa    # GQA matrix, FlashInfer's path included
     python benchmarks/verify_attention.py --tune        # sweep MLA tile configs / splits
     python benchmarks/verify_attention.py --tune --tune-set sm12x --one-per-sm   # the 99 KiB tiles
@@ -88,7 +88,7 @@ HEADS = {h.name: h for h in (MLA, GQA, *WINDOWED)}
 DQK, DV = MLA.dqk, MLA.dv
 DEVICE = "cuda"
 GRAPH = [True]  # time CUDA-graph replays (--no-graph: eager calls)
-TARGET_SHAPES = [  # (H, N, P, bs) the targets
+TARGET_SHAPES = [  # (H, N, P, bs) the shapes with stated time targets
     (16, 65, 16384, 1),
     (16, 17, 65536, 1),
     (128, 65, 65536, 1),
@@ -637,7 +637,7 @@ def write_results(meta, rows, out_dir, tag, heads):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="only the issue's target shapes")
+    ap.add_argument("--quick", action="store_true", help="only the shapes with time targets")
     ap.add_argument("--tune", action="store_true", help="sweep tile configs and splits")
     ap.add_argument("--attn", default="mla",
                     help=f"KV layout of the shapes, or a comma list of them: {', '.join(HEADS)}")
