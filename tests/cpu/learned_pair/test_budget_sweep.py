@@ -348,7 +348,7 @@ def test_launch_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, pro
             "--configs", "nospec,dflash,ddtree4,ddtree16", "--prompts", str(prompts), "--batch", "1,2",
             "--temperature", "0,1", "--num-prompts", "3", "--max-new-tokens", "24", "--step-ctx", "64",
             "--sampling-check", "--sampling-prompts", str(sp), "--sampling-samples", "300",
-            "--deadline-s", "300", "--start-timeout-s", "60", "--log-dir", str(tmp_path / "logs"),
+            "--deadline-s", "900", "--start-timeout-s", "240", "--log-dir", str(tmp_path / "logs"),
             "--tag", "launch", "--out-dir", str(tmp_path)]
     assert bs.main(argv) == 0
     r = json.loads((tmp_path / "budget_sweep_launch.json").read_text())
