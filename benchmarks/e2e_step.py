@@ -168,16 +168,19 @@ def row_key(r: dict) -> tuple:
 #: --target: the model directories under --models (target, drafter), the
 #: scripts/make_test_models.py ``--only`` kind that writes them, their architecture, and how
 #: plots name them. ``linear_attention``: a Gated DeltaNet hybrid; ``sliding_window``:
-#: sliding-window layers with attention sinks.
+#: sliding-window layers with attention sinks; ``ddtree_goals``: the step-time goals of
+#: DDTREE B / DFLASH on that target (DDTREE_GOALS otherwise).
 TARGETS = {
     "v2lite": {"dirs": ("v2lite-shape", "v2lite-shape-dflash"), "kind": "shapes",
                "architecture": "DeepseekV2ForCausalLM", "title": "DeepSeek-V2-Lite"},
     "qwen3-8b": {"dirs": ("qwen3-8b-shape", "qwen3-8b-shape-dflash"), "kind": "shapes",
                  "architecture": "Qwen3ForCausalLM", "title": "Qwen3-8B"},
     "qwen36-a3b": {"dirs": ("qwen36-a3b-shape", "qwen36-a3b-shape-dflash"), "kind": "hybrid-shapes",
-                   "architecture": "Qwen3NextForCausalLM", "title": "Qwen3.6-35B-A3B", "linear_attention": True},
+                   "architecture": "Qwen3NextForCausalLM", "title": "Qwen3.6-35B-A3B", "linear_attention": True,
+                   "ddtree_goals": {16: 1.3}},
     "gptoss-20b": {"dirs": ("gptoss-20b-shape", "gptoss-20b-shape-dflash"), "kind": "swa-shapes",
-                   "architecture": "GptOssForCausalLM", "title": "gpt-oss-20b", "sliding_window": True},
+                   "architecture": "GptOssForCausalLM", "title": "gpt-oss-20b", "sliding_window": True,
+                   "ddtree_goals": {16: 1.3}},
 }  # fmt: skip
 
 
@@ -507,8 +510,14 @@ def _reference_kind(label: str) -> Optional[str]:
     return None
 
 
-def ratios(rows: list[dict], reference: list[dict]) -> list[dict]:
-    """Per (ctx, batch): the issue-6 ratios of this run, then against the reference run."""
+#: Step-time goal of DDTREE B=<budget> fused / DFLASH fused, unless the target names its own.
+DDTREE_GOALS = {64: 1.25}
+
+
+def ratios(rows: list[dict], reference: list[dict], goals: Optional[dict] = None) -> list[dict]:
+    """Per (ctx, batch): the issue-6 ratios of this run, then against the reference run.
+    ``goals``: the target's DDTREE B / DFLASH step-time goals by budget (DDTREE_GOALS)."""
+    goals = DDTREE_GOALS if goals is None else goals
     ms = {(*row_key(r), r["ctx"], r["batch"]): r["ms_per_step"] for r in rows}
     ref = {(_reference_kind(r["config"]), r["ctx"], r["batch"]): r["ms_per_step"] for r in reference}
     out = []
@@ -527,13 +536,11 @@ def ratios(rows: list[dict], reference: list[dict]) -> list[dict]:
         add("DFLASH upstream-triton / DFLASH fused (speedup)", get("dflash", "upstream_extend"), fused)
         add("DFLASH upstream-flashinfer / DFLASH fused", get("dflash", "upstream_extend", "flashinfer"), fused)
         for b in sorted({ddtree_budget(r["config"]) for r in rows} - {None}):
-            add(f"DDTREE B={b} fused / DFLASH fused", get(f"ddtree{b}", "fused"), fused,
-                target=1.25 if b == 64 else None)
+            add(f"DDTREE B={b} fused / DFLASH fused", get(f"ddtree{b}", "fused"), fused, target=goals.get(b))
             # The server's default verify route (FlashMLA's prefix pass where it serves).
-            add(f"DDTREE B={b} default / DFLASH fused", get(f"ddtree{b}", "auto"), fused,
-                target=1.25 if b == 64 else None)
+            add(f"DDTREE B={b} default / DFLASH fused", get(f"ddtree{b}", "auto"), fused, target=goals.get(b))
             add(f"DDTREE B={b} flashmla_split / DFLASH fused", get(f"ddtree{b}", "flashmla_split"), fused,
-                target=1.25 if b == 64 else None)
+                target=goals.get(b))
             add(f"DDTREE B={b} upstream / DDTREE B={b} fused (speedup)", get(f"ddtree{b}", "upstream_extend"),
                 get(f"ddtree{b}", "fused"))
         add("DFLASH fused / no speculation", fused, get("nospec", "-"))
@@ -668,7 +675,10 @@ def plot(result: dict, path: Path) -> None:
 def finish(result: dict, reference: list[dict]) -> dict:
     if result.get("expert_routing", "model") != "model":
         reference = []  # the reference run routes by the dummy router: not comparable
-    result["ratios"] = ratios(result["rows"], reference)
+    target = result.get("target", "v2lite")
+    if target != "v2lite":
+        reference = []  # the reference run is of the DeepSeek-V2-Lite shape
+    result["ratios"] = ratios(result["rows"], reference, TARGETS[target].get("ddtree_goals"))
     result["verify_attention"] = verify_shares(result.get("profiles", []))
     return result
 

@@ -211,3 +211,21 @@ def test_linear_verify_share_reaches_the_table():
     # a target without linear layers keeps the table it had
     plain = [dict(p, categories={"tree_verify": {"ms_per_step": 1.0}}) for p in profiles[:2]]
     assert "linear" not in es.markdown(rows, es.verify_shares(plain))
+
+
+def test_the_issue_goal_and_no_v2lite_reference_on_the_new_targets():
+    """DDTREE B=16 within 1.3x of DFLASH on the hybrid and sliding-window targets; the
+    reference run (upstream on the DeepSeek-V2-Lite shape) is compared with V2-Lite runs only."""
+    rows = [{"config": c, "verify": "fused", "backend": "triton", "ctx": 16384, "batch": 1, "ms_per_step": ms,
+             "accept_length": 1.0} for c, ms in (("dflash", 10.0), ("ddtree16", 12.0), ("ddtree64", 20.0))]
+    reference = [{"config": "DFLASH chain (16 tokens verified), --attention-backend flashinfer", "ctx": 16384,
+                  "batch": 1, "ms_per_step": 9.0}]
+    for target in ("qwen36-a3b", "gptoss-20b"):
+        got = {q["ratio"]: q for q in es.finish({"target": target, "rows": rows}, reference)["ratios"]}
+        assert got["DDTREE B=16 fused / DFLASH fused"]["target"] == 1.3
+        assert got["DDTREE B=16 fused / DFLASH fused"]["value"] == pytest.approx(1.2)
+        assert "target" not in got["DDTREE B=64 fused / DFLASH fused"]
+        assert all(q["source"] == "this run" for q in got.values())
+    v2 = {q["ratio"]: q for q in es.finish({"target": "v2lite", "rows": rows}, reference)["ratios"]}
+    assert v2["DDTREE B=64 fused / DFLASH fused"]["target"] == 1.25 and "target" not in v2["DDTREE B=16 fused / DFLASH fused"]
+    assert any(q["source"] != "this run" for q in v2.values())
