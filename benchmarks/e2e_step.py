@@ -52,6 +52,8 @@ models are generated into $DDTREE_TEST_MODELS when missing):
       --tag h200_sm120_proxy --out-dir $OUT
   python3 benchmarks/e2e_step.py --target qwen3-8b --backend flashinfer \\
       --configs dflash@upstream_extend,dflash@auto,ddtree16@auto --ctx 16384 --tag h200_qwen3 --out-dir $OUT
+  python3 benchmarks/e2e_step.py --target qwen36-a3b --configs dflash,ddtree16,nospec,ddtree64 \\
+      --ctx 1024,16384 --batch 1,8 --deadline-s 560 --tag qwen36_a3b_h200_<date> --out-dir $OUT
 Here:  python3 benchmarks/e2e_step.py --report results/e2e_step_h200_*.json --tag h200 --markdown
 """
 

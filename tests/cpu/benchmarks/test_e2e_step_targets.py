@@ -144,7 +144,7 @@ def test_sliding_window_target_experts_ignore_the_uniform_routing_switch(models)
     assert "SGLANG_SIMULATE_UNIFORM_EXPERTS" not in inspect.getsource(topk.routing)
     with pytest.raises(ValueError, match="triton_kernel.*--expert-routing model"):
         es.check_target("gptoss-20b", [es.parse_spec("dflash")], "uniform")
-    es.check_target("qwen36-a3b", [es.parse_spec("dflash")], "uniform")  # fused MoE: the switch works
+    es.check_target("qwen36-a3b", [es.parse_spec("dflash")], "uniform")  # its experts go through select_experts
 
 
 @pytest.mark.parametrize("text,msg", [
