@@ -16,6 +16,8 @@ depend on it. On the upstream verify path the target's verify attention runs ups
 Triton extend kernel, which the DFlash drafter's own attention also uses, so
 ``extend_attention`` there holds both; subtract the same configuration's fused-path
 ``extend_attention`` (the drafter part) to isolate the verify (``verify_attention_ms``).
+On a hybrid target the Gated DeltaNet layers verify the tree with their own kernels
+(``linear_verify``, :func:`linear_verify_ms`), beside the full-attention layers' verify.
 
 :func:`host_calls` and ``gpu_idle_ms_per_step`` read the host side: a step whose GPU idles
 between kernels (the host launching one by one, or blocked in a sync) is host-bound, and
@@ -44,9 +46,31 @@ CATEGORIES = (
     # FlashInfer's MLA kernels (fa2 mla.cuh, fa3 mla_hopper.cuh): on a Triton-backend server
     # the prefix pass of the flashinfer_split verify path
     ("flashinfer_mla", re.compile(r"BatchMLAPagedAttentionKernel|BatchMLAPageAttentionHopperKernel")),
+    # The linear-attention (Gated DeltaNet) layers of a hybrid target. Their tree verify
+    # (patch 0054 switches upstream's kernels to tree mode): the short causal conv and the
+    # gated-delta recurrence along each node's root path, then the copy of the accepted
+    # node's state into the request's slot (kernels/ops/mamba/causal_conv1d_triton.py,
+    # kernels/ops/attention/fla/fused_sigmoid_gating_recurrent.py,
+    # kernels/ops/mamba/mamba_state_scatter_triton.py). A speculative step runs no target
+    # decode forward, so there these are the verify's; a no-speculation step's decode
+    # shares the conv kernel.
+    ("linear_verify", re.compile(r"^(_causal_conv1d_update_kernel|fused_sigmoid_gating_delta_rule_update_kernel"
+                                 r"|_fused_mamba_state_scatter_with_mask_kernel"
+                                 r"|_fused_conv_window_scatter_with_mask_kernel)$")),
+    # The rest of those layers: their decode and prefill kernels, the gating, the
+    # projection splits and the gated norm around the recurrence.
+    ("linear_other", re.compile(r"^(_causal_conv1d_fwd_kernel|fused_recurrent_gated_delta_rule_\w*kernel"
+                                r"|fused_gdn_gating_kernel|chunk_gated_delta_rule_\w+|chunk_fwd_kernel_o"
+                                r"|chunk_local_cumsum_\w+|recompute_w_u_fwd_kernel|l2norm_fwd_kernel1?"
+                                r"|fused_qkvzba_split_reshape_cat(_contiguous)?_kernel|fused_qkv_split_gdn_prefill_kernel"
+                                r"|layer_norm_gated_fwd_kernel1?|_layer_norm_fwd_1pass_kernel"
+                                r"|track_mamba_state_if_needed_kernel|track_mamba_states_all_layers_kernel)$")),
     ("other_attention", re.compile(r"attn|attention|flashinfer|flash_|mla|merge_state|BatchPrefill|BatchDecode",
                                    re.IGNORECASE)),
-    ("moe", re.compile(r"moe|expert", re.IGNORECASE)),
+    # upstream's fused MoE, and the triton_kernels matmuls upstream runs gpt-oss's experts
+    # with (moe_runner_backend triton_kernel: ``_matmul_ogs_...``, or ``_matmul_o<g|s>...``
+    # after their gather / scatter in newer releases)
+    ("moe", re.compile(r"moe|expert|matmul_ogs|^_matmul_o[gs]+_", re.IGNORECASE)),
     ("gemm", re.compile(r"gemm|gemv|nvjet|cutlass|xmma|cublas|matmul|bmm|splitk", re.IGNORECASE)),
 )
 MEMORY_EVENT_CATS = {"gpu_memcpy", "gpu_memset"}
@@ -200,6 +224,17 @@ def verify_attention_ms(prof: dict, verify: Optional[str], fused_twin: Optional[
             return None  # not separable from the drafter's attention without the twin
         ms -= fused_twin["categories"].get("extend_attention", {}).get("ms_per_step", 0.0)
     return max(ms, 0.0)
+
+
+def linear_verify_ms(prof: dict, verify: Optional[str]) -> Optional[float]:
+    """The linear-attention layers' tree verify, ms per step, on a hybrid target's
+    speculative server; None without speculation or without linear-attention layers."""
+    if verify is None or verify == "-":
+        return None
+    cats = prof["categories"]
+    if "linear_verify" not in cats and "linear_other" not in cats:
+        return None
+    return cats.get("linear_verify", {}).get("ms_per_step", 0.0)
 
 
 def load_trace(path: Path) -> dict:

@@ -13,9 +13,16 @@ whichever comes first, so slow paths cost bounded time. The accept length is
 (accept length ~1), so the step time, not tokens/s, is the number to compare; it is what
 upstream's reference run reports (../shared/reference/e2e_baseline_h200.jsonl).
 
-The target is DeepSeek-V2-Lite's shape (``--target v2lite``, absorbed MLA, 16 heads) or
-Qwen3-8B's (``--target qwen3-8b``, GQA 32/8 heads of 128); the config-only model
-directories are written when missing.
+The target is DeepSeek-V2-Lite's shape (``--target v2lite``, absorbed MLA, 16 heads),
+Qwen3-8B's (``--target qwen3-8b``, GQA 32/8 heads of 128), Qwen3.6-35B-A3B's
+(``--target qwen36-a3b``: 30 Gated DeltaNet and 10 gated full-attention layers, 256 experts;
+DDTREE budgets up to 64, one recurrent-state slot per running request) or gpt-oss-20b's
+(``--target gptoss-20b``: alternating 128-token sliding windows, attention sinks, 32
+experts; triton backend only, the experts on upstream's own runner choice), each with
+its drafter's shape; scripts/make_test_models.py writes the config-only pairs when missing.
+Configurations the target's server would refuse at startup are refused before any server
+starts. On the hybrid target the profile also gives the share of the step that the linear
+layers' tree verify takes (``linear_verify``).
 
 A configuration is ``CONFIG[@VERIFY][:BACKEND][+sm120]``: ``ddtree64@upstream_extend`` runs
 DDTREE B=64 with SGLANG_DDTREE_VERIFY_STRATEGY=upstream_extend (the fork's hook off:
@@ -45,6 +52,8 @@ models are generated into $DDTREE_TEST_MODELS when missing):
       --tag h200_sm120_proxy --out-dir $OUT
   python3 benchmarks/e2e_step.py --target qwen3-8b --backend flashinfer \\
       --configs dflash@upstream_extend,dflash@auto,ddtree16@auto --ctx 16384 --tag h200_qwen3 --out-dir $OUT
+  python3 benchmarks/e2e_step.py --target qwen36-a3b --configs dflash,ddtree16,nospec,ddtree64 \\
+      --ctx 1024,16384 --batch 1,8 --deadline-s 560 --tag qwen36_a3b_h200_<date> --out-dir $OUT
 Here:  python3 benchmarks/e2e_step.py --report results/e2e_step_h200_*.json --tag h200 --markdown
 """
 
@@ -158,38 +167,55 @@ def row_key(r: dict) -> tuple:
     return (r["config"], r["verify"], r["backend"], r.get("policy", NATIVE))
 
 
-def qwen3_8b_config() -> dict:
-    """Qwen3-8B's shape (its published config): GQA, 32 query and 8 KV heads of 128."""
-    return {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
-        "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
-        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu",
-        "max_position_embeddings": 40960, "rope_theta": 1000000, "rope_scaling": None,
-        "rms_norm_eps": 1e-6, "attention_bias": False, "tie_word_embeddings": False,
-        "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16",
-    }  # fmt: skip
-
-
-def qwen3_8b_drafter_config(target: dict) -> dict:
-    """A DFlash drafter of the public Qwen3-8B DFlash drafters' shape: five Qwen3 layers of
-    the target's width reading five target layers, 16-token blocks."""
-    layers = target["num_hidden_layers"]
-    return {
-        **{k: target[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
-                                  "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings",
-                                  "rope_theta", "rope_scaling", "rms_norm_eps", "attention_bias", "torch_dtype")},
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "num_hidden_layers": 5,
-        "tie_word_embeddings": False, "block_size": 16,
-        "dflash_config": {"target_layer_ids": [1, 9, 17, 25, 33], "mask_token": "<|MASK|>",
-                          "mask_token_id": target["vocab_size"] - 1, "num_target_layers": layers},
-    }  # fmt: skip
-
-
-#: --target: the model directories under --models (target, drafter) and how plots name them.
+#: --target: the model directories under --models (target, drafter), the
+#: scripts/make_test_models.py ``--only`` kind that writes them, their architecture, and how
+#: plots name them. ``linear_attention``: a Gated DeltaNet hybrid; ``sliding_window``:
+#: sliding-window layers with attention sinks; ``ddtree_goals``: the step-time goals of
+#: DDTREE B / DFLASH on that target (DDTREE_GOALS otherwise).
 TARGETS = {
-    "v2lite": {"dirs": ("v2lite-shape", "v2lite-shape-dflash"), "title": "DeepSeek-V2-Lite"},
-    "qwen3-8b": {"dirs": ("qwen3-8b-shape", "qwen3-8b-shape-dflash"), "title": "Qwen3-8B"},
-}
+    "v2lite": {"dirs": ("v2lite-shape", "v2lite-shape-dflash"), "kind": "shapes",
+               "architecture": "DeepseekV2ForCausalLM", "title": "DeepSeek-V2-Lite"},
+    "qwen3-8b": {"dirs": ("qwen3-8b-shape", "qwen3-8b-shape-dflash"), "kind": "shapes",
+                 "architecture": "Qwen3ForCausalLM", "title": "Qwen3-8B"},
+    "qwen36-a3b": {"dirs": ("qwen36-a3b-shape", "qwen36-a3b-shape-dflash"), "kind": "hybrid-shapes",
+                   "architecture": "Qwen3NextForCausalLM", "title": "Qwen3.6-35B-A3B", "linear_attention": True,
+                   "ddtree_goals": {16: 1.3}},
+    "gptoss-20b": {"dirs": ("gptoss-20b-shape", "gptoss-20b-shape-dflash"), "kind": "swa-shapes",
+                   "architecture": "GptOssForCausalLM", "title": "gpt-oss-20b", "sliding_window": True,
+                   "ddtree_goals": {16: 1.3}},
+}  # fmt: skip
+
+
+def check_target(target: str, specs: list[Spec], expert_routing: str = "model") -> None:
+    """Refuse, before any server starts, a configuration the target's server would refuse
+    at startup (minutes of GPU time each) or would run without the asked-for condition."""
+    info = TARGETS[target]
+    for spec in specs:
+        b = ddtree_budget(spec.config)
+        if info.get("linear_attention") and b is not None:
+            from sglang.srt.speculative.ddtree.linear_state import MAX_HYBRID_BUDGET
+
+            if b > MAX_HYBRID_BUDGET:
+                raise ValueError(
+                    f"{spec.label}: DDTREE on the hybrid target {target} takes budgets up to "
+                    f"{MAX_HYBRID_BUDGET} (the server refuses more: speculative/ddtree/linear_state.py); "
+                    f"use ddtree{MAX_HYBRID_BUDGET} or less")
+        if info.get("sliding_window"):
+            if spec.backend != "triton":
+                raise ValueError(
+                    f"{spec.label}: {target} runs on the triton backend only here: upstream serves "
+                    f"GptOssForCausalLM on triton, fa3 or trtllm_mha, not {spec.backend}, and DDTREE "
+                    f"verifies sliding-window layers only through Triton's tree-verify path")
+            if b is not None and spec.verify == "upstream_extend":
+                raise ValueError(
+                    f"{spec.label}: DDTREE on a target with sliding-window layers refuses the upstream "
+                    f"verify path (its dense mask counts a node's window from its index, not its depth: "
+                    f"speculative/ddtree/flags.py); use @fused or @auto")
+    if info.get("sliding_window") and expert_routing != "model":
+        raise ValueError(
+            f"--expert-routing {expert_routing}: upstream runs {target}'s experts with triton_kernels "
+            f"(moe_runner_backend triton_kernel), whose routing ignores SGLANG_SIMULATE_UNIFORM_EXPERTS; "
+            f"use --expert-routing model")
 
 
 def table_summary(path: Optional[Path]) -> Optional[dict]:
@@ -202,22 +228,14 @@ def table_summary(path: Optional[Path]) -> Optional[dict]:
 
 
 def shape_models(models: Path, target: str) -> tuple[Path, Path]:
-    """The config-only target and drafter of ``target`` for ``--load-format dummy``. The
-    V2-Lite pair comes from scripts/make_test_models.py (run when missing); the Qwen3-8B
-    pair is written here from its config, with the V2-Lite pair's tokenizer files (the
-    server skips tokenizer init; the tokenizer only has to load)."""
-    v2_target = models / TARGETS["v2lite"]["dirs"][0]
-    if not (v2_target / "config.json").exists():  # the full set (seconds): a partial one would hide the tiny pairs
-        subprocess.run([sys.executable, str(REPO / "scripts" / "make_test_models.py"), str(models)], check=True)
-    target_dir, drafter_dir = (models / d for d in TARGETS[target]["dirs"])
-    if target == "qwen3-8b":
-        tcfg = qwen3_8b_config()
-        for d, cfg in ((target_dir, tcfg), (drafter_dir, qwen3_8b_drafter_config(tcfg))):
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        for f in v2_target.iterdir():
-            if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
-                (target_dir / f.name).write_bytes(f.read_bytes())
+    """The config-only target and drafter of ``target`` for ``--load-format dummy``, from
+    scripts/make_test_models.py (its ``--only`` kind for the pair, run when missing; the
+    pairs come with a tokenizer, which only has to load: the server skips tokenizer init)."""
+    info = TARGETS[target]
+    target_dir, drafter_dir = (models / d for d in info["dirs"])
+    if not all((d / "config.json").exists() for d in (target_dir, drafter_dir)):
+        subprocess.run([sys.executable, str(REPO / "scripts" / "make_test_models.py"), str(models),
+                        "--only", info["kind"]], check=True)  # fmt: skip
     return target_dir, drafter_dir
 
 
@@ -226,15 +244,16 @@ def prefill_chunk(max_ctx: int) -> int:
     return max(16384, max_ctx + CONTEXT_MARGIN)
 
 
-def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int]) -> list[str]:
+def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int], target: str = "v2lite") -> list[str]:
     """Capture CUDA graphs for exactly the measured batch sizes: each extra size costs start time."""
+    max_running = max(8, *batches)
     args = [
         "--load-format", "dummy",
         "--attention-backend", spec.backend,
         "--disable-radix-cache",
         "--skip-tokenizer-init",
         "--context-length", str(max_ctx + CONTEXT_MARGIN),
-        "--max-running-requests", str(max(8, *batches)),
+        "--max-running-requests", str(max_running),
         "--cuda-graph-bs-decode", *[str(b) for b in sorted(set(batches))],
         "--mem-fraction-static", "0.8",
         # Every prompt prefills alone and in one chunk. A prompt split into chunks holds a
@@ -252,6 +271,12 @@ def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int]) -> l
         # batch would never decode together (what batch 8 at 16K hit).
         "--min-free-slots-delay", "1",
     ] + config_args(spec.config)
+    if TARGETS[target].get("linear_attention"):
+        # One recurrent-state slot per running request, whatever the radix-cache branch of
+        # upstream's pool sizing: its per-node verify scratch (intermediate_ssm, conv
+        # windows) is sized by these slots times the verify width, and must leave the
+        # dummy weights and the KV pool room on the GPU.
+        args += ["--max-mamba-cache-size", str(max_running)]
     if spec.config != "nospec":
         args += ["--speculative-draft-model-path", drafter]
     return args
@@ -487,8 +512,14 @@ def _reference_kind(label: str) -> Optional[str]:
     return None
 
 
-def ratios(rows: list[dict], reference: list[dict]) -> list[dict]:
-    """Per (ctx, batch): the issue-6 ratios of this run, then against the reference run."""
+#: Step-time goal of DDTREE B=<budget> fused / DFLASH fused, unless the target names its own.
+DDTREE_GOALS = {64: 1.25}
+
+
+def ratios(rows: list[dict], reference: list[dict], goals: Optional[dict] = None) -> list[dict]:
+    """Per (ctx, batch): the issue-6 ratios of this run, then against the reference run.
+    ``goals``: the target's DDTREE B / DFLASH step-time goals by budget (DDTREE_GOALS)."""
+    goals = DDTREE_GOALS if goals is None else goals
     ms = {(*row_key(r), r["ctx"], r["batch"]): r["ms_per_step"] for r in rows}
     ref = {(_reference_kind(r["config"]), r["ctx"], r["batch"]): r["ms_per_step"] for r in reference}
     out = []
@@ -507,13 +538,11 @@ def ratios(rows: list[dict], reference: list[dict]) -> list[dict]:
         add("DFLASH upstream-triton / DFLASH fused (speedup)", get("dflash", "upstream_extend"), fused)
         add("DFLASH upstream-flashinfer / DFLASH fused", get("dflash", "upstream_extend", "flashinfer"), fused)
         for b in sorted({ddtree_budget(r["config"]) for r in rows} - {None}):
-            add(f"DDTREE B={b} fused / DFLASH fused", get(f"ddtree{b}", "fused"), fused,
-                target=1.25 if b == 64 else None)
+            add(f"DDTREE B={b} fused / DFLASH fused", get(f"ddtree{b}", "fused"), fused, target=goals.get(b))
             # The server's default verify route (FlashMLA's prefix pass where it serves).
-            add(f"DDTREE B={b} default / DFLASH fused", get(f"ddtree{b}", "auto"), fused,
-                target=1.25 if b == 64 else None)
+            add(f"DDTREE B={b} default / DFLASH fused", get(f"ddtree{b}", "auto"), fused, target=goals.get(b))
             add(f"DDTREE B={b} flashmla_split / DFLASH fused", get(f"ddtree{b}", "flashmla_split"), fused,
-                target=1.25 if b == 64 else None)
+                target=goals.get(b))
             add(f"DDTREE B={b} upstream / DDTREE B={b} fused (speedup)", get(f"ddtree{b}", "upstream_extend"),
                 get(f"ddtree{b}", "fused"))
         add("DFLASH fused / no speculation", fused, get("nospec", "-"))
@@ -540,7 +569,10 @@ def ratios(rows: list[dict], reference: list[dict]) -> list[dict]:
 
 
 def verify_shares(profiles: list[dict]) -> list[dict]:
-    """The verify attention's ms and share of the step per profiled server."""
+    """The verify attention's ms and share of the step per profiled server; on a hybrid
+    target also the linear-attention layers' tree verify (``linear_verify_ms``,
+    ``linear_share``). ``verify_attention_ms`` and ``share`` are None where the verify
+    attention cannot be separated (the upstream path without its fused twin)."""
     def twin_key(p):
         return (p["config"], p["backend"], p.get("policy", NATIVE), p["ctx"])
 
@@ -548,12 +580,17 @@ def verify_shares(profiles: list[dict]) -> list[dict]:
     out = []
     for p in profiles:
         ms = e2e_profile.verify_attention_ms(p, p["verify"], fused.get(twin_key(p)))
-        if ms is None:
+        linear = e2e_profile.linear_verify_ms(p, p["verify"])
+        if ms is None and linear is None:
             continue
-        out.append({"config": p["config"], "verify": p["verify"], "backend": p["backend"],
-                    "policy": p.get("policy", NATIVE), "ctx": p["ctx"], "batch": p["batch"],
-                    "verify_attention_ms": ms, "gpu_ms_per_step": p["gpu_ms_per_step"],
-                    "share": ms / p["gpu_ms_per_step"]})
+        step = p["gpu_ms_per_step"]
+        rec = {"config": p["config"], "verify": p["verify"], "backend": p["backend"],
+               "policy": p.get("policy", NATIVE), "ctx": p["ctx"], "batch": p["batch"],
+               "verify_attention_ms": ms, "gpu_ms_per_step": step,
+               "share": None if ms is None else ms / step}
+        if linear is not None:
+            rec.update(linear_verify_ms=linear, linear_share=linear / step)
+        out.append(rec)
     return out
 
 
@@ -561,8 +598,12 @@ def markdown(rows: list[dict], shares: list[dict] = ()) -> str:
     base = {(r["ctx"], r["batch"], r.get("policy", NATIVE)): r["ms_per_step"] for r in rows
             if (r["config"], r["verify"], r["backend"]) == BASELINE}
     share = {(*row_key(s), s["ctx"], s["batch"]): s["share"] for s in shares}
-    lines = ["| config | verify path | backend | ctx | bs | ms/step | x DFLASH-fused | accept len | verify attn share |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    linear = {(*row_key(s), s["ctx"], s["batch"]): s["linear_share"] for s in shares if "linear_share" in s}
+    head = "| config | verify path | backend | ctx | bs | ms/step | x DFLASH-fused | accept len | verify attn share |"
+    rule = "|---|---|---|---:|---:|---:|---:|---:|---:|"
+    if linear:  # a hybrid target: its linear-attention layers verify the tree too
+        head, rule = head + " linear verify share |", rule + "---:|"
+    lines = [head, rule]
     for r in sorted(rows, key=lambda r: (r["ctx"], r["batch"], r.get("policy", NATIVE),
                                          config_order(r["config"]), r["verify"], r["backend"])):
         policy = r.get("policy", NATIVE)
@@ -570,8 +611,12 @@ def markdown(rows: list[dict], shares: list[dict] = ()) -> str:
         s = share.get((*row_key(r), r["ctx"], r["batch"]))
         rel = f"{r['ms_per_step'] / b:.2f}" if b else "-"
         pct = f"{100 * s:.0f} %" if s is not None else "-"
-        lines.append(f"| {r['config']}{POLICIES[policy]} | {r['verify']} | {r['backend']} | {r['ctx']} | {r['batch']} | "
-                     f"{r['ms_per_step']:.2f} | {rel} | {r['accept_length']:.2f} | {pct} |")
+        line = (f"| {r['config']}{POLICIES[policy]} | {r['verify']} | {r['backend']} | {r['ctx']} | {r['batch']} | "
+                f"{r['ms_per_step']:.2f} | {rel} | {r['accept_length']:.2f} | {pct} |")
+        if linear:
+            lin = linear.get((*row_key(r), r["ctx"], r["batch"]))
+            line += f" {100 * lin:.0f} % |" if lin is not None else " - |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -632,7 +677,10 @@ def plot(result: dict, path: Path) -> None:
 def finish(result: dict, reference: list[dict]) -> dict:
     if result.get("expert_routing", "model") != "model":
         reference = []  # the reference run routes by the dummy router: not comparable
-    result["ratios"] = ratios(result["rows"], reference)
+    target = result.get("target", "v2lite")
+    if target != "v2lite":
+        reference = []  # the reference run is of the DeepSeek-V2-Lite shape
+    result["ratios"] = ratios(result["rows"], reference, TARGETS[target].get("ddtree_goals"))
     result["verify_attention"] = verify_shares(result.get("profiles", []))
     return result
 
@@ -662,7 +710,8 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
     budget = Budget(args.deadline_s, args.start_estimate_s)
     profile_at = _parse_point(args.profile_at, ctxs) if args.profile_steps > 0 else None
     result = {
-        "what": "decode step time, DeepSeek-V2-Lite-shaped target (dummy weights), benchmarks/e2e_step.py",
+        "what": f"decode step time, {TARGETS[args.target]['title']}-shaped target (dummy weights), "
+                "benchmarks/e2e_step.py",
         "date": time.strftime("%Y-%m-%d"),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "argv": sys.argv[1:],
@@ -685,7 +734,7 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
             write(finish(result, reference), out)
             continue
         t0 = time.monotonic()
-        sargs = server_args(spec, str(drafter), max(ctxs), batches)
+        sargs = server_args(spec, str(drafter), max(ctxs), batches, args.target)
         try:
             with launch_server(spec.label.replace(":", "-").replace("@", "-"), str(target), sargs, args.log_dir,
                                timeout=max(60.0, min(600.0, budget.left())), env=server_env(spec, args.triton_cache, args.expert_routing, args.moe_tile_rule,
@@ -824,7 +873,8 @@ def main(argv=None) -> int:
                     help="a measured verify-strategy table for every server (SGLANG_DDTREE_STRATEGY_TABLE; "
                          "benchmarks/verify_strategy_table.py writes one); default: the shipped table")
     ap.add_argument("--target", choices=list(TARGETS), default="v2lite",
-                    help="model shape: DeepSeek-V2-Lite (MLA) or Qwen3-8B (GQA); config-only, dummy weights")
+                    help="model shape: DeepSeek-V2-Lite (MLA), Qwen3-8B (GQA), Qwen3.6-35B-A3B (Gated DeltaNet "
+                         "hybrid, MoE) or gpt-oss-20b (sliding windows, sinks, MoE); config-only, dummy weights")
     ap.add_argument("--expert-routing", choices=list(EXPERT_ROUTING), default="model",
                     help="MoE routing of the dummy target: its router (model) or spread over the experts (uniform)")
     args = ap.parse_args(argv)
@@ -854,6 +904,10 @@ def main(argv=None) -> int:
             ap.error(str(e))
         if len({s.key for s in specs}) != len(specs):
             ap.error("a configuration is listed twice")
+        try:
+            check_target(args.target, specs, args.expert_routing)
+        except ValueError as e:
+            ap.error(str(e))
         result = run(args, specs, ctxs, batches, out, reference)
     plot(result, out.with_suffix(".png"))
     print(f"{'config':36} {'ctx':>6} {'bs':>3} {'ms/step':>8} {'accept':>6}")
@@ -867,8 +921,13 @@ def main(argv=None) -> int:
               + (f" (target <= {q['target']})" if "target" in q else "")
               + ("" if q["source"] == "this run" else f"  [{q['source']}]"))
     for v in result["verify_attention"]:
-        print(f"verify attention {Spec(*row_key(v)).label} ctx {v['ctx']}: "
-              f"{v['verify_attention_ms']:.2f} of {v['gpu_ms_per_step']:.2f} GPU ms/step ({100 * v['share']:.0f} %)")
+        if v["verify_attention_ms"] is not None:
+            print(f"verify attention {Spec(*row_key(v)).label} ctx {v['ctx']}: "
+                  f"{v['verify_attention_ms']:.2f} of {v['gpu_ms_per_step']:.2f} GPU ms/step ({100 * v['share']:.0f} %)")
+        if "linear_verify_ms" in v:
+            print(f"linear-attention tree verify {Spec(*row_key(v)).label} ctx {v['ctx']}: "
+                  f"{v['linear_verify_ms']:.2f} of {v['gpu_ms_per_step']:.2f} GPU ms/step "
+                  f"({100 * v['linear_share']:.0f} %)")
     if args.markdown:
         print(markdown(result["rows"], result["verify_attention"]))
     print(f"wrote {out}")

@@ -129,6 +129,10 @@ def test_bare_event_list_is_accepted():
     ("void flashinfer::mla::BatchMLAPagedAttentionKernel<KernelTraits<...>, MLAParams<...>>(...)", "flashinfer_mla"),
     ("void flashinfer::mla::hopper::BatchMLAPageAttentionHopperKernel<...>(...)", "flashinfer_mla"),
     ("fused_moe_kernel", "moe"),
+    # triton_kernels' MoE matmuls (gpt-oss's experts on moe_runner_backend triton_kernel): the
+    # name its make_matmul_repr gives them, not a dense GEMM
+    ("_matmul_ogs_NNT_bf16xbf16xbf16_64x128x64x1", "moe"),
+    ("_matmul_og_ptma_NNT_bf16xbf16xbf16_128x256x64x1", "moe"),
     ("moe_align_block_size_kernel", "moe"),
     ("sm90_xmma_gemm_bf16bf16_bf16f32", "gemm"),
     ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm>", "gemm"),
@@ -170,6 +174,52 @@ def test_rules_match_the_real_kernel_names():
     decode = {n for n in _triton_kernels(ops / "attention" / "decode_attention.py") if n.startswith("_fwd")}
     assert decode and {ep.categorize(n) for n in decode} == {"decode_attention"}
     assert "fused_moe_kernel" in _triton_kernels(ops / "moe" / "fused_moe_triton_kernels.py")
+
+
+def test_linear_attention_rules_match_the_real_kernel_names():
+    """The Gated DeltaNet layers' kernels, by the names upstream's Triton sources give them:
+    what the TARGET_VERIFY branch of the GDN backend runs (the tree-mode conv update and the
+    gated-delta update, the kernels patch 0054 puts in tree mode) and the copy of the
+    accepted node's state are ``linear_verify``; the layers' decode, prefill, gating,
+    splits and norms are ``linear_other``; the fused tree-verify kernels, which also serve
+    the sliding-window and sink layers (their window and sinks are constexpr switches of
+    the same kernels), stay ``tree_verify``."""
+    root = _sglang_dir()
+    ops = root / "kernels" / "ops"
+    fla = ops / "attention" / "fla"
+    conv = _triton_kernels(ops / "mamba" / "causal_conv1d_triton.py")
+    recurrent = _triton_kernels(fla / "fused_sigmoid_gating_recurrent.py")
+    scatter = _triton_kernels(ops / "mamba" / "mamba_state_scatter_triton.py")
+    assert {"_causal_conv1d_update_kernel", "_causal_conv1d_fwd_kernel"} <= conv and recurrent
+    verify = {"_causal_conv1d_update_kernel", "_fused_mamba_state_scatter_with_mask_kernel",
+              "_fused_conv_window_scatter_with_mask_kernel"} | recurrent
+    assert verify - recurrent - conv <= scatter
+    assert {n: ep.categorize(n) for n in verify} == {n: "linear_verify" for n in verify}
+    # The verify branch of upstream's GDN backend calls exactly these two kernels' wrappers.
+    backend = (root / "srt" / "layers" / "attention" / "linear" / "gdn_backend.py").read_text()
+    kernels = (root / "srt" / "layers" / "attention" / "linear" / "kernels" / "gdn_triton.py").read_text()
+    assert "causal_conv1d_update(" in backend.split("if is_target_verify:")[2]
+    assert "fused_sigmoid_gating_delta_rule_update(" in kernels.split("def target_verify(")[1]
+    other = (conv - {"_causal_conv1d_update_kernel"}) | (scatter - verify)
+    for path in (fla / "fused_recurrent.py", fla / "fused_gdn_gating.py", fla / "fused_norm_gate.py",
+                 fla / "layernorm_gated.py", fla / "l2norm.py", fla / "chunk_o.py", fla / "cumsum.py",
+                 fla / "wy_fast.py", fla / "chunk_delta_h.py", fla / "chunk_fwd.py",
+                 ops / "attention" / "triton_gdn_fused_proj.py"):
+        other |= {n for n in _triton_kernels(path) if "kda" not in n}
+    assert len(other) > 15
+    assert {n: ep.categorize(n) for n in other} == {n: "linear_other" for n in other}
+    overlay = REPO / "sglang" / "srt" / "layers" / "attention" / "tree_verify" / "prefix_split.py"
+    assert all(ep.categorize(n) == "tree_verify" for n in _triton_kernels(overlay) if n.startswith("_tree_verify_"))
+    assert ep.ORDER.index("tree_verify") < ep.ORDER.index("linear_verify") < ep.ORDER.index("other_attention")
+
+
+def test_linear_verify_ms_only_on_a_speculative_hybrid_step():
+    hybrid = {"categories": {"linear_verify": {"ms_per_step": 3.0}, "linear_other": {"ms_per_step": 1.0},
+                             "tree_verify": {"ms_per_step": 0.5}}}
+    assert ep.linear_verify_ms(hybrid, "fused") == 3.0
+    assert ep.linear_verify_ms(hybrid, "auto") == 3.0
+    assert ep.linear_verify_ms(hybrid, "-") is None  # no speculation: those kernels are its decode
+    assert ep.linear_verify_ms({"categories": {"tree_verify": {"ms_per_step": 0.5}}}, "fused") is None
 
 
 def test_verify_attention_ms_fused_and_upstream_with_drafter_twin():

@@ -164,27 +164,6 @@ def test_a_measured_strategy_table_reaches_every_server(tmp_path, monkeypatch):
         es.main(["--configs", "dflash", "--strategy-table", str(bad), "--out-dir", str(tmp_path)])
 
 
-def test_qwen3_8b_shape_models_load_with_the_pinned_upstream(tmp_path):
-    """The config-only Qwen3-8B pair: transformers reads the target (GQA 32/8 of 128) and
-    the pinned upstream's DFlash parser the drafter."""
-    from transformers import AutoConfig, PretrainedConfig
-
-    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
-
-    (tmp_path / "v2lite-shape").mkdir()
-    (tmp_path / "v2lite-shape" / "config.json").write_text("{}")  # make_test_models ran
-    (tmp_path / "v2lite-shape" / "tokenizer.json").write_text("{}")
-    target, drafter = es.shape_models(tmp_path, "qwen3-8b")
-    tcfg = json.loads((target / "config.json").read_text())
-    loaded = AutoConfig.from_pretrained(str(target))
-    assert (loaded.model_type, loaded.num_attention_heads, loaded.num_key_value_heads, loaded.head_dim) == (
-        "qwen3", 32, 8, 128)
-    assert (target / "tokenizer.json").exists()
-    dcfg = PretrainedConfig.from_dict(json.loads((drafter / "config.json").read_text()))
-    parsed = parse_dflash_draft_config(draft_hf_config=dcfg)
-    assert parsed.block_size == 16 and max(parsed.target_layer_ids) < tcfg["num_hidden_layers"]
-
-
 def test_uniform_expert_routing_is_upstreams_switch(tmp_path, monkeypatch):
     """The variable must be the one the pinned upstream's MoE top-k reads."""
     from sglang.srt.environ import envs
