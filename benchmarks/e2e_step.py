@@ -517,7 +517,7 @@ DDTREE_GOALS = {64: 1.25}
 
 
 def ratios(rows: list[dict], reference: list[dict], goals: Optional[dict] = None) -> list[dict]:
-    """Per (ctx, batch): the issue-6 ratios of this run, then against the reference run.
+    """Per (ctx, batch): the DDTREE-to-DFLASH step ratios of this run, then against the reference run.
     ``goals``: the target's DDTREE B / DFLASH step-time goals by budget (DDTREE_GOALS)."""
     goals = DDTREE_GOALS if goals is None else goals
     ms = {(*row_key(r), r["ctx"], r["batch"]): r["ms_per_step"] for r in rows}

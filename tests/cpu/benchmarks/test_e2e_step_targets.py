@@ -213,7 +213,7 @@ def test_linear_verify_share_reaches_the_table():
     assert "linear" not in es.markdown(rows, es.verify_shares(plain))
 
 
-def test_the_issue_goal_and_no_v2lite_reference_on_the_new_targets():
+def test_the_step_goal_and_no_v2lite_reference_on_the_new_targets():
     """DDTREE B=16 within 1.3x of DFLASH on the hybrid and sliding-window targets; the
     reference run (upstream on the DeepSeek-V2-Lite shape) is compared with V2-Lite runs only."""
     rows = [{"config": c, "verify": "fused", "backend": "triton", "ctx": 16384, "batch": 1, "ms_per_step": ms,
