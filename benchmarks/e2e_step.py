@@ -11,7 +11,7 @@ is decoding; a point stops after ``--new-tokens`` tokens or ``--point-max-s`` se
 whichever comes first, so slow paths cost bounded time. The accept length is
 ``completion_tokens / spec_verify_ct``. Dummy weights make a DFlash drafter useless
 (accept length ~1), so the step time, not tokens/s, is the number to compare; it is what
-upstream's reference run reports (../shared/reference/e2e_baseline_h200.jsonl).
+upstream's reference run reports (benchmarks/reference/e2e_baseline_h200.jsonl).
 
 The target is DeepSeek-V2-Lite's shape (``--target v2lite``, absorbed MLA, 16 heads),
 Qwen3-8B's (``--target qwen3-8b``, GQA 32/8 heads of 128), Qwen3.6-35B-A3B's
@@ -114,7 +114,7 @@ BACKENDS = ("triton", "flashinfer")
 #: explicitly, and "auto": the variable unset, the server's own choice (tree_verify/policy.py:
 #: per arch and batch size from the measured strategy table).
 VERIFY_PATHS = ("fused", "upstream_extend", "flashinfer_split", "flashmla_split", "reference", "auto")
-DEFAULT_REFERENCE = REPO.parent / "shared" / "reference" / "e2e_baseline_h200.jsonl"
+DEFAULT_REFERENCE = REPO / "benchmarks" / "reference" / "e2e_baseline_h200.jsonl"
 BASELINE = ("dflash", "fused", "triton")  # the "x DFLASH-fused" column divides by this
 
 
@@ -546,7 +546,7 @@ def ratios(rows: list[dict], reference: list[dict], goals: Optional[dict] = None
             add(f"DDTREE B={b} upstream / DDTREE B={b} fused (speedup)", get(f"ddtree{b}", "upstream_extend"),
                 get(f"ddtree{b}", "fused"))
         add("DFLASH fused / no speculation", fused, get("nospec", "-"))
-        ref_note = "reference run, not this run (../shared/reference/e2e_baseline_h200.jsonl)"
+        ref_note = "reference run, not this run (benchmarks/reference/e2e_baseline_h200.jsonl)"
         add("DFLASH fused / reference DFLASH flashinfer (causal, sm_90)", fused,
             ref.get(("dflash_flashinfer", ctx, batch)), ref_note, target=1.3)
         add("DDTREE B=64 fused / reference DFLASH flashinfer (causal, sm_90)", get("ddtree64", "fused"),

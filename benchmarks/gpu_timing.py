@@ -25,7 +25,7 @@ def measure_peaks():
 
 def bench(fn, slow=False, graph=True):
     """Median ms. With ``graph`` the call is captured once and its replays are
-    timed: device time without Python/launch overhead, as in the server's
+    timed: GPU time without Python/launch overhead, as in the server's
     CUDA-graph verify step."""
     fn()
     torch.cuda.synchronize()

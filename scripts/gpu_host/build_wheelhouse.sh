@@ -4,8 +4,8 @@
 # $PART_MIB MiB each (a command sent to the GPU host carries 64 MiB, working tree included).
 #
 # The host already has python 3.12, torch 2.11.0+cu130 and triton 3.6.0; this brings the rest of
-# what sglang 0.5.17 needs (scripts/gpu_host/wheels.txt, the set verified in
-# ../shared/reference/gpu-host-install.md), slimmed with docker/wheelhouse.py:
+# what sglang 0.5.17 needs (scripts/gpu_host/wheels.txt, the set verified on the H200 host),
+# slimmed with docker/wheelhouse.py:
 #   sglang-kernel without sgl_kernel/flash_ops (FA3, 1.1 GB unpacked) and sgl_kernel/sm100/
 #   (sm_90 loads sm90/), xgrammar without its static C++ archive (lib/, link time only).
 # The wheels are installed here for cp312 (pip --target, cross platform), then the tree is

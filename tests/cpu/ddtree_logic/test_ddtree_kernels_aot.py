@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The build and compile kernels compile for real GPUs (sm_90, sm_120), not just under the
 interpreter, which accepts code the compiler rejects. Runs in a subprocess
-because TRITON_INTERPRET=1 (set for this test session) changes how
+because TRITON_INTERPRET=1 (set for the CPU test run) changes how
 ``triton.jit`` decorates the kernel."""
 
 import json

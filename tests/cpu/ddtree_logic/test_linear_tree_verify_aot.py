@@ -4,7 +4,7 @@ them on a Qwen3.5/3.6-sized Gated DeltaNet layer (conv dim 10240; 16 key and
 48 value heads of 128), compile for sm_120 and sm_90 at the tree widths DDTREE
 allows there (up to ``linear_state.MAX_HYBRID_BUDGET + 1``) within sm_120's
 99 KiB of shared memory per block and without register spills. Runs in a
-subprocess: TRITON_INTERPRET=1 (this session's setting) changes what
+subprocess: TRITON_INTERPRET=1 (this pytest run's setting) changes what
 ``triton.jit`` returns."""
 
 import json

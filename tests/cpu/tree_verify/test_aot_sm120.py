@@ -2,8 +2,8 @@
 """Every config the dispatcher can select on 12.x compiles for sm_120 on this
 CPU machine and fits 99 KiB (101,376 B) of shared memory per block.
 
-Compilation runs in a child process without TRITON_INTERPRET: this test
-session interprets Triton (tests/cpu/conftest.py), and triton's own jit
+Compilation runs in a child process without TRITON_INTERPRET: the CPU test
+run interprets Triton (tests/cpu/conftest.py), and triton's own jit
 helpers cannot be compiled once imported that way.
 """
 

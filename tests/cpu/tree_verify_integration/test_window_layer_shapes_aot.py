@@ -6,7 +6,7 @@ its sliding layers and 512 on its full ones, the latter outside the per-class
 representatives of tests/cpu/tree_verify/test_aot_sm120.py), with the window where
 the layer has one, and the combine kernel with sinks at each head size.
 
-Compilation runs in a child process without TRITON_INTERPRET (this session
+Compilation runs in a child process without TRITON_INTERPRET (the CPU test run
 interprets Triton).
 """
 

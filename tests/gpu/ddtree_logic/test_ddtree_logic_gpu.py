@@ -224,7 +224,7 @@ def _time_us(fn, iters=200):
 
 @pytest.mark.parametrize("bs,budget", [(1, 64), (8, 64), (8, 256), (32, 64)])
 def test_step_time(bs, budget):
-    """Median device time of build (one launch), compile, greedy accept, KV plan."""
+    """Median GPU time of build (one launch), compile, greedy accept, KV plan."""
     num_depths, vocab = 15, 32000
     lp, ids = _draft(bs, num_depths, vocab, budget, torch.float32, seed=1)
     bonus = torch.randint(0, vocab, (bs,), device=DEV)
