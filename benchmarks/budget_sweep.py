@@ -54,7 +54,6 @@ import os
 import re
 import statistics
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request

@@ -79,7 +79,6 @@ def compile_tree(
     ops otherwise; ``use_triton`` forces a choice.
     """
     bs, budget = tree.node_token.shape
-    n = budget + 1
     device = tree.node_token.device
     if bonus.shape != (bs,) or committed_len.shape != (bs,):
         raise ValueError(
