@@ -590,7 +590,7 @@ def main(argv=None) -> int:
     lg.add_argument("--sampling-prompts", type=Path, help="JSON list of {prompt_ids} for the sampling check")
     lg.add_argument("--sampling-samples", type=int, default=3000)
     lg.add_argument("--sampling-ddtree", default="ddtree16", help="the DDTREE server the sampling check uses")
-    lg.add_argument("--sampling-max-s", type=float, default=120.0, help="time the sampling check may take")
+    lg.add_argument("--sampling-max-s", type=float, default=120.0, help="time the sampling check may take (0 leaves it out)")
     args = ap.parse_args(argv)
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -693,10 +693,12 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
                   flush=True)
         servers = [Server(c, procs[c].base_url, None, args.timeout_s) for c in labels]
         # Order of importance, so a short deadline drops the tail: batch 1 (T=0, then the other
-        # temperatures), the step times, the sampling check, then the larger batches.
+        # temperatures) and its lossless check, the step times, the larger batches, then the
+        # sampling check (which fits itself into what is left).
         points = sweep_points(args)
         first = [p for p in points if p[0] == min(args.batch)]
         run_points(servers, prompts, args, result, out, deadline, first)
+        check_lossless(servers, result, out)
         if args.step_ctx:
             e2e_step = _sibling("e2e_step", REPO / "benchmarks" / "e2e_step.py")
             vocab = json.loads((Path(args.model_path) / "config.json").read_text())["vocab_size"]
@@ -712,7 +714,10 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
                 except Exception as e:
                     result["skipped"].append({"config": c, "what": "step time", "reason": f"failed: {e}"[:2000]})
                 write(_public(finish(result)), out)
-        if args.sampling_check:
+        run_points(servers, prompts, args, result, out, deadline, [p for p in points if p not in first])
+        if args.sampling_check and args.sampling_max_s <= 0:
+            result["skipped"].append({"what": "sampling check", "reason": "--sampling-max-s 0"})
+        elif args.sampling_check:
             sc = _sibling("sampling_check", REPO / "benchmarks" / "sampling_check.py")
             chosen = [c for c in ("nospec", "dflash", args.sampling_ddtree) if c in procs]
             src = args.sampling_prompts
@@ -726,7 +731,6 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
                     {c: Server(c, procs[c].base_url, None, args.timeout_s) for c in chosen},
                     [p["prompt_ids"] for p in sprompts], samples=args.sampling_samples, deadline_s=budget)
                 write(_public(finish(result)), out)
-        run_points(servers, prompts, args, result, out, deadline, [p for p in points if p not in first])
         check_lossless(servers, result, out)
     finally:
         for p in procs.values():
@@ -734,16 +738,34 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
 
 
 def report(paths: list[Path], out: Path) -> int:
-    """Merge runs: a later file's row for the same (config, batch, sampling) replaces an earlier one."""
-    merged: dict = {}
+    """Merge runs (e.g. batch 1 and batch 8 measured in two calls on one machine): a later file's
+    row for the same (config, batch, sampling), step time for the same (config, context, batch),
+    lossless entry for the same (batch, config) and sampling check replace an earlier one's."""
+    rows: dict = {}
+    steps: dict = {}
+    same: dict = {}
     base = None
+    extra: dict = {"servers": [], "skipped": []}
     for p in paths:
         r = json.loads(Path(p).read_text())
         base = base or r
         for row in r["rows"]:
-            merged[(row["config"],) + _key(row)] = row
-    result = {**base, "rows": sorted(merged.values(), key=lambda r: (_key(r), config_order(r["config"]))),
-              "merged_from": [str(p) for p in paths]}
+            rows[(row["config"],) + _key(row)] = row
+        for s in r.get("steps") or []:
+            steps[(s["config"], s["ctx"], s["batch"])] = s
+        for e in r.get("lossless") or []:
+            same[(e["batch"], e["config"])] = e
+        if r.get("sampling_check"):
+            extra["sampling_check"] = r["sampling_check"]
+        extra["servers"] += r.get("servers") or []
+        extra["skipped"] += r.get("skipped") or []
+    result = {**base, **extra,
+              "rows": sorted(rows.values(), key=lambda r: (_key(r), config_order(r["config"]))),
+              "merged_from": [Path(p).name for p in paths]}
+    if steps:
+        result["steps"] = sorted(steps.values(), key=lambda s: (s["ctx"], s["batch"], config_order(s["config"])))
+    if same:
+        result["lossless"] = [same[k] for k in sorted(same, key=lambda k: (k[0], config_order(k[1])))]
     write(finish(result), out)
     plot(result, out.with_suffix(".png"))
     print("\n".join(summary_lines(result)))

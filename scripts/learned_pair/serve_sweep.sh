@@ -12,6 +12,10 @@
 # pair.tar.NN folders). Everything lands in $OUT (default /tmp/learned-out): the sweep JSON and
 # PNG, sweep.log, the server logs as sweep-logs.tgz. --seconds is the time this script may use
 # (default 520); the sweep's deadline is what is left after setup, less the packing.
+# Everything does not fit one 600-second call: arguments after -- override the sweep's, so batch 1
+# goes in one call (`-- --batch 1 --sampling-max-s 0 --tag learned_h200_b1`) and batch 8 with the
+# sampling check in the next (`-- --batch 8 --tag learned_h200_b8`); budget_sweep.py --report
+# merges the two (docs/learned-pair.md).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"

@@ -214,6 +214,41 @@ def test_report_merges_runs(fakes, prompts, tmp_path):
     assert r["ratios"][0]["configs"]["ddtree8"]["speedup_vs_nospec"] > 1.5
 
 
+
+def test_report_merges_steps_lossless_and_sampling_of_two_calls(tmp_path):
+    """Batch 1 and batch 8 measured in two calls: the merged report keeps both calls' rows, step
+    times, lossless entries and the one sampling check."""
+    def row(config, batch, tps):
+        kind, budget = bs.parse_config(config)
+        return {"config": config, "kind": kind, "budget": budget, "batch": batch, "temperature": 0.0,
+                "top_p": 1.0, "top_k": 0, "throughput_tok_s": tps, "accept_length": None if kind == "nospec" else 3.0,
+                "records": []}
+
+    def step(config, batch, ms):
+        return {"config": config, "ctx": 512, "batch": batch, "ms_per_step": ms}
+
+    a = {"what": "sweep", "date": "2026-12-02", "device": "GPU", "servers": [{"config": "nospec"}], "skipped": [],
+         "rows": [row("nospec", 1, 100.0), row("ddtree16", 1, 150.0)],
+         "steps": [step("nospec", 1, 1.0), step("ddtree16", 1, 3.0)],
+         "lossless": [{"batch": 1, "config": "ddtree16", "prompts": 4, "identical": 4, "differ": []}]}
+    b = {"what": "sweep", "date": "2026-12-02", "device": "GPU", "servers": [{"config": "nospec"}],
+         "skipped": [{"what": "step time", "reason": "off"}],
+         "rows": [row("nospec", 8, 400.0), row("ddtree16", 8, 500.0)],
+         "lossless": [{"batch": 8, "config": "ddtree16", "prompts": 4, "identical": 3, "differ": [{"prompt": 2}]}],
+         "sampling_check": {"verdict": {"reject": False}}}
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    assert bs.main(["--report", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--tag", "ab",
+                    "--out-dir", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "budget_sweep_ab.json").read_text())
+    assert [(x["config"], x["batch"]) for x in r["rows"]] == [("nospec", 1), ("ddtree16", 1), ("nospec", 8),
+                                                              ("ddtree16", 8)]
+    assert [(s["config"], s["batch"]) for s in r["steps"]] == [("nospec", 1), ("ddtree16", 1)]
+    assert [(e["batch"], e["identical"]) for e in r["lossless"]] == [(1, 4), (8, 3)]
+    assert r["sampling_check"]["verdict"] == {"reject": False} and len(r["skipped"]) == 1
+    assert r["merged_from"] == ["a.json", "b.json"] and len(r["servers"]) == 2
+    assert [p["batch"] for p in r["ratios"]] == [1, 8]
+
 def test_bad_servers_and_flags(fakes, prompts, tmp_path):
     start, _ = fakes
     u = start("a", algo="EAGLE")
@@ -364,7 +399,7 @@ def test_launch_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, pro
     assert not sc["verdict"]["reject"] and {c["server"] for c in sc["comparisons"]} == {
         "nospec (second sample)", "dflash", "ddtree16"}
     assert all(e["identical"] == 3 for e in r["lossless"])
-    # batch 1 came first, then the step times and the sampling check, then batch 2
+    # batch 1 came first (and its lossless check), then the step times, batch 2, the sampling check
     order = [(x["batch"], x["temperature"]) for x in r["rows"]]
     assert order == sorted(order, key=lambda p: (p[0] != 1, p != (1, 0.0)))
     # and the cost model reads this sweep, its own-shape check from these step times
