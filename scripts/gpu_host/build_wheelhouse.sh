@@ -7,7 +7,9 @@
 # what sglang 0.5.17 needs (scripts/gpu_host/wheels.txt, the set verified on the H200 host),
 # slimmed with docker/wheelhouse.py:
 #   sglang-kernel without sgl_kernel/flash_ops (FA3, 1.1 GB unpacked) and sgl_kernel/sm100/
-#   (sm_90 loads sm90/), xgrammar without its static C++ archive (lib/, link time only).
+#   (sm_90 loads sm90/), xgrammar without its static C++ archive (lib/, link time only),
+#   tokenspeed-triton without its AMD code generator (backends/amd/lib/libtriton_amd_codegen.so,
+#   loaded only to compile for a HIP target; its other files stay, so the backend still registers).
 # The wheels are installed here for cp312 (pip --target, cross platform), then the tree is
 # packed as one xz archive (about 80 MB instead of 144 MB of wheels) and split into parts:
 #   .whl-e2e-1/ .whl-e2e-2/ ...   each: site.tar.xz.NN, SHA256SUMS (whole archive), NPARTS
@@ -18,7 +20,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY=${PYTHON:-$REPO/.venv/bin/python}
 [ "${1:-}" = --python ] && PY=$2
-PART_MIB=${PART_MIB:-40}
+PART_MIB=${PART_MIB:-50}
 RAW="$REPO/.cache/gpu-wheels/raw"  # as downloaded (pip re-downloads a file whose hash changed)
 WHEELS="$REPO/.cache/gpu-wheels/slim"
 STAGE="$REPO/.cache/gpu-site"
@@ -40,7 +42,8 @@ echo "== slim"
 import pathlib, sys
 sys.path.insert(0, sys.argv[1])
 import wheelhouse  # the docker engineer's wheel rewriter (keeps RECORD consistent)
-drop = {"sglang_kernel": ["sgl_kernel/flash_ops", "sgl_kernel/sm100/"], "xgrammar": ["xgrammar/lib/"]}
+drop = {"sglang_kernel": ["sgl_kernel/flash_ops", "sgl_kernel/sm100/"], "xgrammar": ["xgrammar/lib/"],
+        "tokenspeed_triton": ["tokenspeed_triton/backends/amd/lib/libtriton_amd_codegen.so"]}
 for prefix, paths in drop.items():
     for whl in pathlib.Path(sys.argv[2]).glob(f"{prefix}-*.whl"):
         saved, _ = wheelhouse.slim_wheel(whl, paths)
