@@ -21,6 +21,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY=${PYTHON:-$REPO/.venv/bin/python}
 [ "${1:-}" = --python ] && PY=$2
 PART_MIB=${PART_MIB:-50}
+XZ_LEVEL=${XZ_LEVEL:-9}  # the xz preset: -9 packs smallest, -1 many times faster (a busy machine)
 RAW="$REPO/.cache/gpu-wheels/raw"  # as downloaded (pip re-downloads a file whose hash changed)
 WHEELS="$REPO/.cache/gpu-wheels/slim"
 STAGE="$REPO/.cache/gpu-site"
@@ -56,9 +57,9 @@ rm -rf "$STAGE"
 "$PY" -m pip install -q --no-deps --no-compile --target "$STAGE" "${TARGET[@]}" "$WHEELS"/*.whl
 find "$STAGE" -name __pycache__ -prune -exec rm -rf {} +
 
-echo "== pack (xz -9, a few minutes)"
+echo "== pack (xz -$XZ_LEVEL)"
 ARCHIVE="$REPO/.cache/gpu-site.tar.xz"
-tar -C "$STAGE" --sort=name --owner=0 --group=0 --numeric-owner -cf - . | nice xz -9 -T2 >"$ARCHIVE"
+tar -C "$STAGE" --sort=name --owner=0 --group=0 --numeric-owner -cf - . | nice xz -"$XZ_LEVEL" -T2 >"$ARCHIVE"
 rm -rf "$REPO"/.whl-e2e-*
 SUM=$(cd "$(dirname "$ARCHIVE")" && sha256sum "$(basename "$ARCHIVE")" | cut -d' ' -f1)
 TMP=$(mktemp -d)

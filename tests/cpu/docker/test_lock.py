@@ -45,7 +45,7 @@ def test_a_drifted_pin_is_caught(tmp_path, monkeypatch):
 
 
 def test_a_package_nobody_provides_is_caught(tmp_path, monkeypatch):
-    monkeypatch.setattr(lc, "HOST", _copy(tmp_path, lc.HOST, lambda t: t.replace("numpy==2.3.5\n", "")))
+    monkeypatch.setattr(lc, "WHEELS", _copy(tmp_path, lc.WHEELS, lambda t: t.replace("numpy==2.3.5\n", "")))
     errors = lc.check_files()
     assert errors == ["numpy (needed by sglang on the host) is neither carried, host-provided nor left out"]
 
