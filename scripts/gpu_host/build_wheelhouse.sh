@@ -7,7 +7,9 @@
 # what sglang 0.5.17 needs (scripts/gpu_host/wheels.txt, the set verified on the H200 host),
 # slimmed with docker/wheelhouse.py:
 #   sglang-kernel without sgl_kernel/flash_ops (FA3, 1.1 GB unpacked) and sgl_kernel/sm100/
-#   (sm_90 loads sm90/), xgrammar without its static C++ archive (lib/, link time only).
+#   (sm_90 loads sm90/), xgrammar without its static C++ archive (lib/, link time only),
+#   tokenspeed-triton without its AMD code generator (backends/amd/lib/libtriton_amd_codegen.so,
+#   loaded only to compile for a HIP target; its other files stay, so the backend still registers).
 # The wheels are installed here for cp312 (pip --target, cross platform), then the tree is
 # packed as one xz archive (about 80 MB instead of 144 MB of wheels) and split into parts:
 #   .whl-e2e-1/ .whl-e2e-2/ ...   each: site.tar.xz.NN, SHA256SUMS (whole archive), NPARTS
@@ -18,7 +20,8 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY=${PYTHON:-$REPO/.venv/bin/python}
 [ "${1:-}" = --python ] && PY=$2
-PART_MIB=${PART_MIB:-40}
+PART_MIB=${PART_MIB:-50}
+XZ_LEVEL=${XZ_LEVEL:-9}  # the xz preset: -9 packs smallest, -1 many times faster (a busy machine)
 RAW="$REPO/.cache/gpu-wheels/raw"  # as downloaded (pip re-downloads a file whose hash changed)
 WHEELS="$REPO/.cache/gpu-wheels/slim"
 STAGE="$REPO/.cache/gpu-site"
@@ -40,7 +43,8 @@ echo "== slim"
 import pathlib, sys
 sys.path.insert(0, sys.argv[1])
 import wheelhouse  # the docker engineer's wheel rewriter (keeps RECORD consistent)
-drop = {"sglang_kernel": ["sgl_kernel/flash_ops", "sgl_kernel/sm100/"], "xgrammar": ["xgrammar/lib/"]}
+drop = {"sglang_kernel": ["sgl_kernel/flash_ops", "sgl_kernel/sm100/"], "xgrammar": ["xgrammar/lib/"],
+        "tokenspeed_triton": ["tokenspeed_triton/backends/amd/lib/libtriton_amd_codegen.so"]}
 for prefix, paths in drop.items():
     for whl in pathlib.Path(sys.argv[2]).glob(f"{prefix}-*.whl"):
         saved, _ = wheelhouse.slim_wheel(whl, paths)
@@ -53,9 +57,9 @@ rm -rf "$STAGE"
 "$PY" -m pip install -q --no-deps --no-compile --target "$STAGE" "${TARGET[@]}" "$WHEELS"/*.whl
 find "$STAGE" -name __pycache__ -prune -exec rm -rf {} +
 
-echo "== pack (xz -9, a few minutes)"
+echo "== pack (xz -$XZ_LEVEL)"
 ARCHIVE="$REPO/.cache/gpu-site.tar.xz"
-tar -C "$STAGE" --sort=name --owner=0 --group=0 --numeric-owner -cf - . | nice xz -9 -T2 >"$ARCHIVE"
+tar -C "$STAGE" --sort=name --owner=0 --group=0 --numeric-owner -cf - . | nice xz -"$XZ_LEVEL" -T2 >"$ARCHIVE"
 rm -rf "$REPO"/.whl-e2e-*
 SUM=$(cd "$(dirname "$ARCHIVE")" && sha256sum "$(basename "$ARCHIVE")" | cut -d' ' -f1)
 TMP=$(mktemp -d)

@@ -15,6 +15,9 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SITE=${DDTREE_SITE:-/tmp/site}
 STAGE=${DDTREE_STAGE:-/tmp/ddtree-parts}
 PY=${PYTHON:-python3}
+# What must import once unpacked. sgl_kernel loads the CUDA driver at import, so a rehearsal on a
+# machine without a GPU (scripts/gpu_host/rehearse_host.sh) names the others only.
+IMPORTS=${DDTREE_INSTALL_IMPORTS:-sglang transformers sgl_kernel flashinfer}
 die() { echo "install.sh: $*" >&2; exit 1; }
 
 apply_series() {
@@ -58,8 +61,12 @@ mkdir -p "$SITE"
 xz -d -T0 <"$STAGE/site.tar.xz" | tar -x -C "$SITE"
 rm -rf "$STAGE"
 apply_series
-PYTHONPATH="$SITE" "$PY" -c 'import sglang, transformers, sgl_kernel, flashinfer; print("sglang", sglang.__version__, "transformers", transformers.__version__)' \
-    || die "the installed stack does not import"
+PYTHONPATH="$SITE" "$PY" -c 'import importlib, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+import sglang, transformers, numpy
+print("imported:", *sys.argv[1:], "| sglang", sglang.__version__, "transformers", transformers.__version__, "numpy", numpy.__version__)' $IMPORTS \
+    || die "the installed stack does not import ($IMPORTS)"
 date -u +%Y-%m-%dT%H:%M:%SZ >"$SITE/.ddtree-installed"
 echo "install.sh: installed into $SITE in $(( $(date +%s) - t0 )) s"
 check_lock

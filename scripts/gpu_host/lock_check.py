@@ -132,30 +132,97 @@ def check_files(with_closure: bool = True) -> list[str]:
     return errors
 
 
-def check_installed() -> tuple[list[str], int]:
-    import importlib.metadata as md
-
+def check_installed() -> tuple[list[str], int, list[str]]:
+    """The drifts, the number of checks, and the packages installed more than once."""
     lock, wheels, host = load_lock(), read_pins(WHEELS), read_pins(HOST)
-    errors, checked = [], 0
+    errors, checked, shadowed = [], 0, []
     for source, pins in (("carried", wheels), ("host image", host)):
         for name, version in sorted(pins.items()):
             if version is None:
                 continue
             checked += 1
-            try:
-                have = md.version(name)
-            except md.PackageNotFoundError:
+            # Every copy on sys.path, first one first: the first is what importlib.metadata reports
+            # (md.version) and, for a carried package shadowing the host's, what must be imported.
+            dists = _copies(name)
+            if not dists:
                 errors.append(f"{name}: not installed ({source}); the lock pins {lock.get(name)}")
                 continue
+            have = dists[0].version
             if have.split("+", 1)[0] != lock.get(name):
                 errors.append(f"{name}: {have} installed ({source}), the lock pins {lock.get(name)}")
+            elif len(dists) > 1:
+                shadowed.append(f"{name} {have} over {', '.join(d.version for d in dists[1:])}")
+                errors.extend(f"{name}: {have} is the installed version but {problem}"
+                              for problem in _imports_elsewhere(dists))
     nvcc = _nvcc_release()
     if nvcc is None:
         errors.append("no nvcc found (CUDA_HOME, PATH, /usr/local/cuda): the JIT kernels cannot compile")
     elif nvcc != release(lock["nvidia-cuda-nvcc"]):
         errors.append(f"nvcc {nvcc[0]}.{nvcc[1]} on the host, the lock pins nvidia-cuda-nvcc=="
                       f"{lock['nvidia-cuda-nvcc']}")
-    return errors, checked + 1
+    return errors, checked + 1, shadowed
+
+
+def _copies(name: str) -> list:
+    """The distributions named ``name`` in sys.path order (a directory listed twice counts once)."""
+    import importlib.metadata as md
+    import os
+
+    copies, seen = [], set()
+    for dist in md.distributions(name=name):
+        where = os.path.realpath(dist.locate_file(""))
+        if where not in seen:
+            seen.add(where)
+            copies.append(dist)
+    return copies
+
+
+def _import_names(dist) -> dict[str, str]:
+    """The importable top-level names of ``dist`` (a namespace directory such as ``google/``
+    stands for its shallowest regular packages, ``google.protobuf``), each with the file that
+    defines it, relative to the distribution's location; read from its RECORD."""
+    found: dict[str, tuple[int, str]] = {}
+    for f in dist.files or []:
+        parts = f.parts
+        if not parts or parts[0] == ".." or parts[0].endswith((".dist-info", ".egg-info", ".data")):
+            continue
+        if len(parts) == 1 and parts[0].endswith((".py", ".so")):
+            module, depth = parts[0].split(".", 1)[0], 0
+        elif parts[-1] == "__init__.py":
+            module, depth = ".".join(parts[:-1]), len(parts) - 1
+        else:
+            continue
+        if not all(p.isidentifier() for p in module.split(".")):
+            continue
+        top = module.split(".", 1)[0]
+        if top not in found or depth < found[top][0]:
+            found[top] = (depth, "/".join(parts))
+    return {path.rsplit("/", 1)[0].replace("/", ".") if path.endswith("/__init__.py") else top: path
+            for top, (_, path) in found.items()}
+
+
+def _imports_elsewhere(dists) -> list[str]:
+    """For a package installed more than once on sys.path: the modules of the first copy (the
+    version importlib.metadata reports) that Python would import from another copy."""
+    import importlib.util
+    import os
+
+    first, rest = dists[0], dists[1:]
+    problems = []
+    for module, path in sorted(_import_names(first).items()):
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            spec = None
+        origin = os.path.realpath(spec.origin) if spec is not None and spec.origin else None
+        if origin == os.path.realpath(first.locate_file(path)):
+            continue
+        other = next((d for d in rest if origin == os.path.realpath(d.locate_file(path))), None)
+        if other is not None:
+            problems.append(f"`import {module}` loads the {other.version} copy ({origin})")
+        elif origin is None:
+            problems.append(f"`import {module}` finds nothing")
+    return problems
 
 
 def _nvcc_release():
@@ -183,8 +250,11 @@ def main(argv: list[str] | None = None) -> int:
             errors = check_files(with_closure=not args.no_closure)
             ok = f"wheels.txt and host_provided.txt pin the lock's versions ({LOCK.relative_to(REPO)})"
         else:
-            errors, n = check_installed()
+            errors, n, shadowed = check_installed()
             ok = f"{n} packages installed at the lock's versions ({LOCK.relative_to(REPO)})"
+            if shadowed:
+                print(f"{len(shadowed)} packages are installed more than once; the first copy on "
+                      f"sys.path is the one imported and reported: {'; '.join(shadowed)}")
     except (OSError, ValueError) as e:
         print(f"lock_check.py: error: {e}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@
 # step times the cost model needs, and the two-sample sampling check, all on one set of
 # servers started together (benchmarks/budget_sweep.py --launch).
 #
-# Usage, on the host, in the repo root, after scripts/gpu_host/install.sh (both parts):
+# Usage, on the host, in the repo root, after scripts/gpu_host/install.sh (every part):
 #   bash scripts/learned_pair/serve_sweep.sh [--pair DIR] [--parts DIR,DIR] [--seconds S] [-- sweep args]
 # The pair is --pair (default /tmp/learned-pair, where `python3 -m scripts.learned_pair build`
 # left it on this machine); if it is missing there it is reassembled from --parts (carried

@@ -45,7 +45,7 @@ def test_a_drifted_pin_is_caught(tmp_path, monkeypatch):
 
 
 def test_a_package_nobody_provides_is_caught(tmp_path, monkeypatch):
-    monkeypatch.setattr(lc, "HOST", _copy(tmp_path, lc.HOST, lambda t: t.replace("numpy==2.3.5\n", "")))
+    monkeypatch.setattr(lc, "WHEELS", _copy(tmp_path, lc.WHEELS, lambda t: t.replace("numpy==2.3.5\n", "")))
     errors = lc.check_files()
     assert errors == ["numpy (needed by sglang on the host) is neither carried, host-provided nor left out"]
 
@@ -73,3 +73,56 @@ def test_install_sh_checks_the_lock():
     text = (REPO / "scripts" / "gpu_host" / "install.sh").read_text()
     assert text.count("check_lock") >= 3  # defined, after a fresh install, on every later call
     assert 'lock_check.py" installed' in text and "DDTREE_ALLOW_LOCK_DRIFT" in text
+
+
+def _dist(site, name, version, files):
+    """A package installed in ``site`` the way pip does it: its files and a dist-info with RECORD."""
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    for rel, text in files.items():
+        if text is not None:
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            (site / rel).write_text(text)
+    (info / "RECORD").write_text("".join(f"{rel},,\n" for rel in [*files, f"{info.name}/METADATA"]))
+    return info
+
+
+def _installed(tmp_path, *sites):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, sites)), "CUDA_HOME": str(tmp_path / "no-cuda")}
+    return subprocess.run([sys.executable, str(SCRIPT), "installed"], capture_output=True, text=True, env=env)
+
+
+def test_a_carried_copy_shadows_the_hosts_for_metadata_and_import(tmp_path):
+    """The host's own older easydict behind the carried site: the first copy is reported and imported."""
+    carried, host = tmp_path / "site", tmp_path / "host"
+    lock = lc.load_lock()["easydict"]
+    _dist(carried, "easydict", lock, {"easydict/__init__.py": "CARRIED = True\n"})
+    _dist(host, "easydict", "1.10", {"easydict/__init__.py": "CARRIED = False\n"})
+    proc = _installed(tmp_path, carried, host)
+    assert not [line for line in proc.stdout.splitlines() if line.startswith("DRIFT  easydict")], proc.stdout
+    assert f"easydict {lock} over 1.10" in proc.stdout  # (then the dev venv's own copy)
+
+
+def test_metadata_without_its_module_is_drift(tmp_path):
+    """A carried dist-info whose module is missing: Python imports the host's copy, which is drift."""
+    carried, host = tmp_path / "site", tmp_path / "host"
+    lock = lc.load_lock()["easydict"]
+    _dist(carried, "easydict", lock, {"easydict/__init__.py": None})
+    _dist(host, "easydict", "1.10", {"easydict/__init__.py": "CARRIED = False\n"})
+    proc = _installed(tmp_path, carried, host)
+    assert proc.returncode == 1
+    assert (f"DRIFT  easydict: {lock} is the installed version but `import easydict` loads the 1.10 copy "
+            f"({os.path.realpath(host / 'easydict' / '__init__.py')})") in proc.stdout
+
+
+def test_import_names_are_read_from_record(tmp_path):
+    import importlib.metadata as md
+
+    info = _dist(tmp_path, "protobuf", "6.33.6", {
+        "google/protobuf/__init__.py": "", "google/protobuf/internal/__init__.py": "",
+        "google/_upb/_message.abi3.so": "", "six.py": "", "_cffi_backend.cpython-312-x86_64-linux-gnu.so": "",
+        "protobuf-6.33.6.data/scripts/x": "", "../../bin/tool": None})
+    assert lc._import_names(md.PathDistribution(info)) == {
+        "google.protobuf": "google/protobuf/__init__.py", "six": "six.py",
+        "_cffi_backend": "_cffi_backend.cpython-312-x86_64-linux-gnu.so"}
