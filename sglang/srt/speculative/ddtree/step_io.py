@@ -19,7 +19,7 @@ functions above it, which it must match exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import triton
@@ -30,9 +30,20 @@ from sglang.srt.speculative.ddtree.kv_slot_plan import plan_kv_remap
 from sglang.srt.speculative.ddtree.tree_build import triton_interpreted
 
 
+_OFFSETS: Dict[Tuple[int, str], torch.Tensor] = {}
+
+
+def _offsets(n: int, device: torch.device) -> torch.Tensor:
+    """``int64 [n]`` 0..n-1, made once per width and device (read-only)."""
+    key = (n, str(device))
+    cached = _OFFSETS.get(key)
+    if cached is None:
+        cached = _OFFSETS[key] = torch.arange(n, device=device, dtype=torch.int64)
+    return cached
+
+
 def _window(prefix_lens: torch.Tensor, n: int) -> torch.Tensor:
-    offsets = torch.arange(n, device=prefix_lens.device, dtype=torch.int64)
-    return prefix_lens.to(torch.int64).unsqueeze(1) + offsets
+    return prefix_lens.to(torch.int64).unsqueeze(1) + _offsets(n, prefix_lens.device)
 
 
 def tree_cache_locs(
