@@ -120,3 +120,22 @@ def test_lm_head_topk_on_one_rank(rows_per_chunk):
     ref_lp, ref_ids = reference_topk(hidden, weight, k, vocab)
     assert torch.equal(ids, ref_ids)  # random logits: no ties
     torch.testing.assert_close(lp.double(), ref_lp, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows,vocab,k,offset", [(15, 512, 16, 0), (8, 300, 64, 0), (4, 50, 50, 7)])
+def test_single_rank_fast_path_equals_chunked_path(monkeypatch, rows, vocab, k, offset):
+    """One rank, one chunk: the short path gives exactly what the chunked path gives."""
+    from sglang.srt.speculative.ddtree import draft_topk
+
+    g = torch.Generator().manual_seed(rows + vocab)
+    hidden, weight = torch.randn(rows, 32, generator=g), torch.randn(vocab, 32, generator=g)
+    fast = lm_head_topk(hidden, weight, k, offset, vocab)
+    # A chunk smaller than the rows takes the staged, chunked path.
+    monkeypatch.setattr(draft_topk, "_CHUNK_ELEMS", vocab * 2)
+    chunked = lm_head_topk(hidden, weight, k, offset, vocab)
+    assert torch.equal(fast[1], chunked[1])
+    # Chunks of rows may round differently in the matmul.
+    torch.testing.assert_close(fast[0], chunked[0], atol=1e-5, rtol=0)
+    want_v, want_i = reference_topk(hidden, weight, k, vocab)
+    assert torch.equal(fast[1], want_i + offset)
+    torch.testing.assert_close(fast[0].double(), want_v, atol=1e-4, rtol=0)

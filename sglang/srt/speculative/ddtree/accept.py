@@ -297,7 +297,9 @@ def _want_kernel(use_kernel: Optional[bool], ref: torch.Tensor) -> bool:
 def _kernel_buffers(tree: CompiledTree):
     bs, n = tree.tokens.shape
     device = tree.tokens.device
-    predicts = torch.zeros((bs * n,), dtype=torch.int32, device=device)
+    # The ops write ``predicts`` at every accepted row and read none of it;
+    # only accepted rows are read back (``_from_kernel``), so it needs no fill.
+    predicts = torch.empty((bs * n,), dtype=torch.int32, device=device)
     accept_index = torch.full((bs, tree.max_depth + 1), -1, dtype=torch.int32, device=device)
     accept_num = torch.zeros((bs,), dtype=torch.int32, device=device)
     return predicts, accept_index, accept_num
@@ -306,13 +308,11 @@ def _kernel_buffers(tree: CompiledTree):
 def _from_kernel(tree: CompiledTree, predicts, accept_index, accept_num) -> AcceptResult:
     bs, n = tree.tokens.shape
     flat = accept_index.to(torch.int64)
+    # The ops leave -1 after the path, so ``flat >= 0`` marks exactly the
+    # path's entries (columns 0..accept_num).
     valid = flat >= 0
-    off = torch.arange(bs, device=flat.device).unsqueeze(1) * n
-    local = torch.where(valid, flat - off, -1)
-    tokens = torch.where(valid, predicts.to(torch.int64)[flat.clamp(min=0)], -1)
-    col = torch.arange(flat.shape[1], device=flat.device).unsqueeze(0)
-    tokens = torch.where(col <= accept_num.to(torch.int64).unsqueeze(1), tokens, -1)
-    local = torch.where(col <= accept_num.to(torch.int64).unsqueeze(1), local, -1)
+    local = torch.where(valid, flat.remainder(n), -1)
+    tokens = torch.where(valid, predicts[flat.clamp(min=0)].to(torch.int64), -1)
     next_bonus = torch.gather(tokens, 1, accept_num.to(torch.int64).unsqueeze(1)).squeeze(1)
     return AcceptResult(local, accept_num, tokens, next_bonus)
 

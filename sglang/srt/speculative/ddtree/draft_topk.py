@@ -96,10 +96,18 @@ def lm_head_topk(
     means this rank holds the whole vocabulary.
     """
     rows = hidden.shape[0]
+    cols = max(1, min(int(num_valid), weight.shape[0]))
+    if gather is None and rows <= max(1, _CHUNK_ELEMS // cols) and k <= num_valid == cols:
+        # One rank, one chunk, every column a real token: the same ops as the
+        # general path below without its staging buffers.
+        logits = torch.matmul(hidden.to(weight.dtype), weight[:cols].T).float()
+        values, ids = torch.topk(logits, k, dim=-1, largest=True, sorted=True)
+        if id_offset:
+            ids = ids + int(id_offset)
+        return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
     local_v = torch.empty((rows, k), dtype=torch.float32, device=hidden.device)
     local_i = torch.empty((rows, k), dtype=torch.int64, device=hidden.device)
     local_lse = torch.empty((rows,), dtype=torch.float32, device=hidden.device)
-    cols = max(1, min(int(num_valid), weight.shape[0]))
     chunk = max(1, _CHUNK_ELEMS // cols)
     w = weight[:cols]
     for start in range(0, rows, chunk):

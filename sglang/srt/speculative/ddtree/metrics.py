@@ -133,6 +133,7 @@ class DDTreeStepStats:
         self.interval = interval
         self.steps = 0
         self._counts: Optional[torch.Tensor] = None  # [2, budget + 1] int64
+        self._ones: Optional[torch.Tensor] = None  # [max bs seen] int64, the increments
         self._host: Optional[torch.Tensor] = None
         self._event = None
         self._pending = False
@@ -167,9 +168,13 @@ class DDTreeStepStats:
             self._counts = torch.zeros(
                 (2, self.budget + 1), dtype=torch.int64, device=num_accepted.device
             )
-        ones = torch.ones_like(num_accepted, dtype=torch.int64)
-        self._counts[_ACCEPTED].index_add_(0, num_accepted.to(torch.int64), ones)
-        self._counts[_TREE].index_add_(0, depth.max(dim=1).values.to(torch.int64), ones)
+        bs = num_accepted.shape[0]
+        if self._ones is None or self._ones.shape[0] < bs:
+            self._ones = torch.ones((bs,), dtype=torch.int64, device=num_accepted.device)
+        ones = self._ones[:bs]
+        # index_add_ takes int32 and int64 indices alike: no casts.
+        self._counts[_ACCEPTED].index_add_(0, num_accepted, ones)
+        self._counts[_TREE].index_add_(0, depth.max(dim=1).values, ones)
         self.steps += 1
         if not self._pending and self.steps % self.interval == 0:
             self._snapshot()

@@ -10,20 +10,40 @@ owns never changes, so nothing leaks and nothing is double-freed, and the
 dropped slots stay reserved as the next step's spare slots. page_size 1 only.
 
 Everything here is batched torch with host-known shapes: no host sync.
+``commit_accepted`` does a step's whole commit (the window permutation and write,
+the emitted tokens, the drafter's context rows, the committed lengths) in one
+Triton launch on a GPU; its plain torch reference is the composition of the
+functions above it, which it must match exactly.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
 
 import torch
+import triton
+import triton.language as tl
 
 from sglang.srt.speculative.ddtree.accept import AcceptResult
+from sglang.srt.speculative.ddtree.kv_slot_plan import plan_kv_remap
+from sglang.srt.speculative.ddtree.tree_build import triton_interpreted
+
+
+_OFFSETS: Dict[Tuple[int, str], torch.Tensor] = {}
+
+
+def _offsets(n: int, device: torch.device) -> torch.Tensor:
+    """``int64 [n]`` 0..n-1, made once per width and device (read-only)."""
+    key = (n, str(device))
+    cached = _OFFSETS.get(key)
+    if cached is None:
+        cached = _OFFSETS[key] = torch.arange(n, device=device, dtype=torch.int64)
+    return cached
 
 
 def _window(prefix_lens: torch.Tensor, n: int) -> torch.Tensor:
-    offsets = torch.arange(n, device=prefix_lens.device, dtype=torch.int64)
-    return prefix_lens.to(torch.int64).unsqueeze(1) + offsets
+    return prefix_lens.to(torch.int64).unsqueeze(1) + _offsets(n, prefix_lens.device)
 
 
 def tree_cache_locs(
@@ -92,3 +112,185 @@ def draft_context_inputs(
         new_cache_loc[:, :width].contiguous(),
         commit_lens,
     )
+
+
+@dataclass
+class StepCommit:
+    """Everything a DDTree step commits after acceptance (``commit_accepted``)."""
+
+    new_cache_loc: torch.Tensor  # int64 [bs, N], the permuted window (kept path first)
+    output_tokens: torch.Tensor  # int64 [bs, N], see ``output_tokens``
+    commit_lens: torch.Tensor  # int32 [bs] = num_accepted + 1
+    new_seq_lens: torch.Tensor  # [bs] prefix_lens + commit_lens, prefix_lens' dtype
+    ctx_rows: torch.Tensor  # int64 [bs * (D + 1)] rows of the flattened verify hidden states
+    ctx_positions: torch.Tensor  # int64 [bs * (D + 1)]
+    ctx_cache_loc: torch.Tensor  # int64 [bs, D + 1]
+
+
+def commit_accepted(
+    res: AcceptResult,
+    cache_loc_2d: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    *,
+    use_triton: Optional[bool] = None,
+) -> StepCommit:
+    """Commit an accepted path: permute the tree's KV window so the kept path
+    comes first (``plan_kv_remap``), write it into ``req_to_token``
+    (``write_tree_window``), and return the emitted tokens (``output_tokens``),
+    the committed lengths and the drafter's context rows
+    (``draft_context_inputs``: its hidden states are ``verify_hidden[ctx_rows]``).
+
+    One Triton launch on CUDA tensors (or under ``TRITON_INTERPRET=1``), the
+    torch reference otherwise; ``use_triton`` forces a choice. No host sync.
+    """
+    bs, n = cache_loc_2d.shape
+    width = res.accept_index.shape[1]
+    if res.accept_index.shape[0] != bs or width > n or res.accept_tokens.shape != (bs, width):
+        raise ValueError(
+            f"accept_index / accept_tokens must be [bs={bs}, D+1 <= {n}], got "
+            f"{tuple(res.accept_index.shape)} / {tuple(res.accept_tokens.shape)}"
+        )
+    if prefix_lens.shape != (bs,) or req_pool_indices.shape != (bs,) or res.num_accepted.shape != (bs,):
+        raise ValueError(
+            f"prefix_lens, req_pool_indices and num_accepted must be [bs={bs}], got "
+            f"{tuple(prefix_lens.shape)}, {tuple(req_pool_indices.shape)}, {tuple(res.num_accepted.shape)}"
+        )
+    runnable = cache_loc_2d.is_cuda or triton_interpreted()
+    if use_triton and not runnable:
+        raise RuntimeError(
+            "the DDTree commit kernel needs CUDA tensors or TRITON_INTERPRET=1 set before import"
+        )
+    if bs == 0 or not (runnable if use_triton is None else use_triton):
+        return commit_accepted_torch(res, cache_loc_2d, prefix_lens, req_to_token, req_pool_indices)
+
+    device = cache_loc_2d.device
+    out = StepCommit(
+        new_cache_loc=torch.empty((bs, n), dtype=torch.int64, device=device),
+        output_tokens=torch.empty((bs, n), dtype=torch.int64, device=device),
+        commit_lens=torch.empty((bs,), dtype=torch.int32, device=device),
+        new_seq_lens=torch.empty((bs,), dtype=prefix_lens.dtype, device=device),
+        ctx_rows=torch.empty((bs * width,), dtype=torch.int64, device=device),
+        ctx_positions=torch.empty((bs * width,), dtype=torch.int64, device=device),
+        ctx_cache_loc=torch.empty((bs, width), dtype=torch.int64, device=device),
+    )
+    _ddtree_commit_kernel[(bs,)](
+        res.accept_index,
+        res.num_accepted,
+        res.accept_tokens,
+        cache_loc_2d,
+        prefix_lens,
+        req_pool_indices,
+        req_to_token,
+        out.new_cache_loc,
+        out.output_tokens,
+        out.commit_lens,
+        out.new_seq_lens,
+        out.ctx_rows,
+        out.ctx_positions,
+        out.ctx_cache_loc,
+        res.accept_index.stride(0),
+        res.accept_tokens.stride(0),
+        cache_loc_2d.stride(0),
+        req_to_token.stride(0),
+        n,
+        width,
+        BLOCK_N=triton.next_power_of_2(n),
+        BLOCK_W=triton.next_power_of_2(width),
+        num_warps=1 if n <= 64 else 4,
+    )
+    return out
+
+
+def commit_accepted_torch(
+    res: AcceptResult,
+    cache_loc_2d: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+) -> StepCommit:
+    """Reference of ``commit_accepted``: the step's commit as separate torch ops."""
+    bs, n = cache_loc_2d.shape
+    width = res.accept_index.shape[1]
+    kv = plan_kv_remap(cache_loc_2d, res.accept_index, res.num_accepted)
+    write_tree_window(req_to_token, req_pool_indices, prefix_lens, kv.new_cache_loc)
+    commit_lens = (res.num_accepted.to(torch.int32) + 1).contiguous()
+    rows = res.accept_index.clamp(min=0).to(torch.int64) + _row_starts(bs, n, cache_loc_2d.device)
+    return StepCommit(
+        new_cache_loc=kv.new_cache_loc,
+        output_tokens=output_tokens(res, n),
+        commit_lens=commit_lens,
+        new_seq_lens=prefix_lens + commit_lens.to(prefix_lens.dtype),
+        ctx_rows=rows.reshape(-1),
+        ctx_positions=_window(prefix_lens, width).reshape(-1),
+        ctx_cache_loc=kv.new_cache_loc[:, :width].contiguous(),
+    )
+
+
+def _row_starts(bs: int, n: int, device) -> torch.Tensor:
+    return (torch.arange(bs, device=device, dtype=torch.int64) * n).unsqueeze(1)
+
+
+@triton.jit
+def _ddtree_commit_kernel(
+    accept_index_ptr,  # [bs, W] node of each depth on the path, -1 after it
+    num_accepted_ptr,  # [bs]
+    accept_tokens_ptr,  # [bs, W] emitted tokens, -1 after the bonus
+    cache_loc_ptr,  # [bs, N] the tree's KV slots, node order
+    prefix_lens_ptr,  # [bs]
+    req_pool_indices_ptr,  # [bs]
+    req_to_token_ptr,  # [pool, context]
+    new_cache_loc_ptr,  # out [bs, N] int64
+    output_tokens_ptr,  # out [bs, N] int64
+    commit_lens_ptr,  # out [bs] int32
+    new_seq_lens_ptr,  # out [bs]
+    ctx_rows_ptr,  # out [bs, W] int64
+    ctx_positions_ptr,  # out [bs, W] int64
+    ctx_cache_loc_ptr,  # out [bs, W] int64
+    stride_accept,
+    stride_tokens,
+    stride_loc,
+    stride_r2t,
+    n,
+    width,
+    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    # One program per request. A node's rank in the permuted window is its
+    # depth if it is on the path, else num_kept + (dropped nodes before it).
+    b = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK_N)
+    in_tree = i < n
+    w = tl.arange(0, BLOCK_W)
+    in_path_width = w < width
+
+    prefix = tl.load(prefix_lens_ptr + b)
+    num_kept = tl.load(num_accepted_ptr + b).to(tl.int64) + 1
+    pool_row = tl.load(req_pool_indices_ptr + b).to(tl.int64)
+    path = tl.load(accept_index_ptr + b * stride_accept + w, mask=in_path_width, other=-1).to(tl.int64)
+
+    on_depth = (path[None, :] == i[:, None].to(tl.int64)) & (path[None, :] >= 0)  # [BLOCK_N, BLOCK_W]
+    on_path = tl.max(on_depth.to(tl.int32), axis=1) > 0
+    depth = tl.sum(tl.where(on_depth, w[None, :], 0), axis=1).to(tl.int64)
+    dropped = (in_tree & (on_path == 0)).to(tl.int32)
+    rank = tl.where(on_path, depth, num_kept + tl.cumsum(dropped, axis=0).to(tl.int64) - 1)
+
+    loc = tl.load(cache_loc_ptr + b * stride_loc + i, mask=in_tree, other=0).to(tl.int64)
+    tl.store(new_cache_loc_ptr + b * n + rank, loc, mask=in_tree)
+    window = req_to_token_ptr + pool_row * stride_r2t + prefix.to(tl.int64) + rank
+    tl.store(window, loc.to(req_to_token_ptr.dtype.element_ty), mask=in_tree)
+
+    tokens = tl.load(accept_tokens_ptr + b * stride_tokens + i, mask=i < width, other=0).to(tl.int64)
+    tl.store(output_tokens_ptr + b * n + i, tl.maximum(tokens, 0), mask=in_tree)
+
+    # The drafter's context: the first D + 1 entries of the permuted window.
+    at_rank = (rank[:, None] == w[None, :].to(tl.int64)) & in_tree[:, None]
+    ctx_loc = tl.sum(tl.where(at_rank, loc[:, None], 0), axis=0)
+    out = b * width + w
+    tl.store(ctx_cache_loc_ptr + out, ctx_loc, mask=in_path_width)
+    tl.store(ctx_rows_ptr + out, b * n + tl.maximum(path, 0), mask=in_path_width)
+    tl.store(ctx_positions_ptr + out, prefix.to(tl.int64) + w, mask=in_path_width)
+
+    tl.store(commit_lens_ptr + b, num_kept.to(tl.int32))
+    tl.store(new_seq_lens_ptr + b, (prefix + num_kept).to(new_seq_lens_ptr.dtype.element_ty))

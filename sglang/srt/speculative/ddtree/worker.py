@@ -44,7 +44,6 @@ from sglang.srt.speculative.ddtree.info import (
     dense_mask_numel_bound,
     dense_verify_mask,
 )
-from sglang.srt.speculative.ddtree.kv_slot_plan import plan_kv_remap
 from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats
 from sglang.srt.speculative.ddtree.tree_build import build_tree
 from sglang.srt.speculative.ddtree.tree_compile import compile_tree, max_tree_depth
@@ -194,40 +193,36 @@ class DDTreeWorker(DFlashWorkerV2):
 
         # 5) accept.
         res = self._accept(compiled, logits_output.next_token_logits, sampling_info, draft_input, bs)
-        commit_lens = (res.num_accepted.to(torch.int32) + 1).contiguous()
-        new_seq_lens = prefix_lens + commit_lens.to(prefix_lens.dtype)
         if self._linear_state:
             self._commit_linear_state(batch, res, prefix_lens)
+
+        # 6) commit: the kept path's KV first in the window, the emitted tokens,
+        # the committed lengths and the drafter's context rows, in one launch.
+        commit = step_io.commit_accepted(
+            res, cache_loc_2d, prefix_lens, req_to_token, batch.req_pool_indices
+        )
+        new_seq_lens = commit.new_seq_lens
         if on_publish is not None:
             on_publish(new_seq_lens)
-
-        # 6) commit: the kept path's KV first in the window, then the drafter's context.
-        kv = plan_kv_remap(cache_loc_2d, res.accept_index, res.num_accepted)
-        step_io.write_tree_window(
-            req_to_token, batch.req_pool_indices, prefix_lens, kv.new_cache_loc
-        )
         self._publish_req_to_token_done()
 
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE verify requires target hidden states, but got None.")
-        ctx_hidden, ctx_positions, ctx_loc_2d, ctx_commit_lens = step_io.draft_context_inputs(
-            hidden, res, kv.new_cache_loc, prefix_lens
-        )
         self._dflash.append_draft_context(
-            target_hidden=ctx_hidden,
-            cache_loc=ctx_loc_2d.reshape(-1),
-            cache_loc_2d=ctx_loc_2d,
-            positions=ctx_positions,
-            commit_lens=ctx_commit_lens,
+            target_hidden=hidden.index_select(0, commit.ctx_rows),
+            cache_loc=commit.ctx_cache_loc.reshape(-1),
+            cache_loc_2d=commit.ctx_cache_loc,
+            positions=commit.ctx_positions,
+            commit_lens=commit.commit_lens,
         )
         logits_output.hidden_states = None
         self.stats.record(res.num_accepted, compiled.depth)
 
         return GenerationBatchResult(
             logits_output=logits_output,
-            next_token_ids=step_io.output_tokens(res, n).reshape(-1),
-            accept_lens=commit_lens,
+            next_token_ids=commit.output_tokens.reshape(-1),
+            accept_lens=commit.commit_lens,
             can_run_cuda_graph=can_run_cuda_graph,
             next_draft_input=make_draft_input_v2(
                 bonus_tokens=res.next_bonus, new_seq_lens=new_seq_lens

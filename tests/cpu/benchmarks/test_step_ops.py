@@ -1,0 +1,89 @@
+# SPDX-License-Identifier: Apache-2.0
+"""benchmarks/step_ops.py counts the real decode steps: DDTreeWorker's and upstream
+DFlashWorkerV2's own ``forward_batch_generation`` with stand-in forwards, the real
+overlay functions inside, the sglang-kernel accept path through a stand-in that
+keeps the op's contract, and counts that are deterministic."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks import step_ops
+from sglang.srt.speculative.ddtree import accept
+from sglang.srt.speculative.ddtree.tree_build import triton_interpreted
+from sglang.srt.speculative.ddtree.tree_compile import compile_tree, max_tree_depth
+
+pytestmark = pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1 before triton loads")
+
+RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
+#: The pieces of a DDTREE step the count must go through (function names in the overlay / upstream).
+DDTREE_SITES = ("lm_head_topk", "build_tree", "_compile_triton", "_greedy_accept_kernel", "_from_kernel",
+                "commit_accepted", "record", "_prepare_dflash_draft_block_unchecked", "tree_cache_locs")  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_stand_in_keeps_the_kernel_contract(seed):
+    """The stand-in read back by accept's kernel path equals accept's torch path."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ddtree_logic"))
+    from _ddtree_helpers import random_tree
+
+    rng = np.random.default_rng(seed)
+    bs, budget, depths = 5, 24, 6
+    tree = random_tree(rng, bs, budget, depths, vocab=4, pad_prob=0.3)
+    ct = compile_tree(tree, torch.zeros(bs, dtype=torch.int64), torch.zeros(bs, dtype=torch.int64),
+                      max_tree_depth(budget, depths))  # fmt: skip
+    n = budget + 1
+    pred = torch.from_numpy(rng.integers(0, 4, size=(bs, n)))
+    want = accept.greedy_accept(ct, pred, use_kernel=False)
+    predicts, accept_index, accept_num = accept._kernel_buffers(ct)
+    step_ops.verify_tree_greedy_cpu(
+        predicts=predicts, accept_index=accept_index, accept_token_num=accept_num, candidates=ct.tokens,
+        retrive_index=ct.retrive_index, retrive_next_token=ct.retrive_next_token,
+        retrive_next_sibling=ct.retrive_next_sibling, target_predict=pred,
+    )  # fmt: skip
+    got = accept._from_kernel(ct, predicts, accept_index, accept_num)
+    for name in ("accept_index", "num_accepted", "accept_tokens", "next_bonus"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert bool((want.num_accepted > 0).any())
+
+
+@pytest.mark.parametrize("bs", [1, 8])
+def test_ddtree_step_is_counted_through_its_real_pieces(bs):
+    world = step_ops.StepWorld("DDTREE", bs, 16, 16, 256)
+    before = world.worker.model_runner.req_to_token_pool.req_to_token.clone()
+    first = world.count_step()
+    second = step_ops.StepWorld("DDTREE", bs, 16, 16, 256).count_step()
+    assert first == second  # deterministic
+    sites = first["launches_by_site"]
+    missing = [s for s in DDTREE_SITES if not any(k.endswith("." + s) for k in sites)]
+    assert not missing, (missing, sites)
+    assert first["extension_kernels"] == {"verify_tree_greedy": 1}
+    assert set(first["triton_kernels"]) >= {"_ddtree_build_kernel", "_ddtree_compile_kernel", "_ddtree_commit_kernel"}
+    assert first["stand_ins"]["draft_forward"] == 1 and first["stand_ins"]["target_verify_forward"] == 1
+    # The steps permuted each request's tree window in req_to_token, losing no slot.
+    after = world.worker.model_runner.req_to_token_pool.req_to_token
+    assert torch.equal(after.flatten().sort().values, before.flatten().sort().values)
+
+
+def test_dflash_step_runs_upstream_worker():
+    counts = step_ops.StepWorld("DFLASH", 2, 0, 16, 256).count_step()
+    assert set(counts["triton_kernels"]) == {
+        "_prepare_dflash_draft_block_contig_kernel",
+        "_dflash_accept_bonus_contig_kernel",
+    }
+    assert any(k.startswith("dflash_worker_v2.") for k in counts["launches_by_site"])
+
+
+def test_committed_counts_are_the_code_and_below_the_baseline():
+    """The committed run matches the code as it is, and stays below the baseline run."""
+    after = json.loads((RESULTS / "step_ops_cpu_2026-12-02.json").read_text())
+    base = {(r["algo"], r["bs"], r["budget"]): r for r in after["baseline"]["rows"]}
+    row = next(r for r in after["rows"] if (r["algo"], r["bs"], r["budget"]) == ("DDTREE", 1, 16))
+    now = step_ops.StepWorld("DDTREE", 1, 16, 16, 512).count_step()
+    assert now["launches"] <= row["launches"]
+    assert row["launches"] < base[("DDTREE", 1, 16)]["launches"]
