@@ -130,8 +130,8 @@ def compile_sglang_jit(entries: list, arch: tuple[int, int], results: list) -> N
 
 # ----------------------------------------------------------------------------- Triton
 def ddtree_sources():
-    """The DDTree build and compile kernels at the budgets their launch helpers serve, as
-    ``(label, ASTSource, compile options)``: the same for every arch."""
+    """The DDTree build, compile and step-commit kernels at the budgets their launch helpers
+    serve, as ``(label, ASTSource, compile options)``: the same for every arch."""
     import triton
     from triton.compiler import ASTSource
 
@@ -161,6 +161,19 @@ def ddtree_sources():
         sig = {n: ("constexpr" if n in consts else types[n]) for n in fn.arg_names}
         yield (f"ddtree_compile budget={budget}", ASTSource(fn, sig, constexprs=consts),
                {"num_warps": 4})
+    from sglang.srt.speculative.ddtree.step_io import _ddtree_commit_kernel
+    from sglang.srt.speculative.ddtree.tree_compile import max_tree_depth
+
+    fn = _ddtree_commit_kernel
+    types = {n: "*i64" for n in fn.arg_names if n.endswith("_ptr")}
+    types.update(num_accepted_ptr="*i32", req_to_token_ptr="*i32", commit_lens_ptr="*i32")
+    types.update({n: "i32" for n in ("stride_accept", "stride_tokens", "stride_loc", "stride_r2t", "n", "width")})
+    for budget in sorted({1, 16, 64, 128, MAX_BUDGET}):
+        n, width = budget + 1, max_tree_depth(budget, 15) + 1  # a 16-token DFlash block: 15 depths
+        consts = dict(BLOCK_N=triton.next_power_of_2(n), BLOCK_W=triton.next_power_of_2(width))
+        sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
+        yield (f"ddtree_commit budget={budget}", ASTSource(fn, sig, constexprs=consts),
+               {"num_warps": 1 if n <= 64 else 4})
 
 
 def compile_triton(names: list, cap: tuple[int, int], results: list) -> None:
