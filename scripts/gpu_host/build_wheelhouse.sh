@@ -20,7 +20,7 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY=${PYTHON:-$REPO/.venv/bin/python}
 [ "${1:-}" = --python ] && PY=$2
-PART_MIB=${PART_MIB:-50}
+PART_MIB=${PART_MIB:-54}
 XZ_LEVEL=${XZ_LEVEL:-9}  # the xz preset: -9 packs smallest, -1 many times faster (a busy machine)
 RAW="$REPO/.cache/gpu-wheels/raw"  # as downloaded (pip re-downloads a file whose hash changed)
 WHEELS="$REPO/.cache/gpu-wheels/slim"
