@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -56,6 +56,25 @@ class AcceptResult:
         return torch.where(self.accept_index >= 0, self.accept_index + off, -1)
 
 
+@dataclass
+class KernelAccept:
+    """sglang-kernel's greedy outputs as the op leaves them, not yet read back.
+
+    ``step_io.commit_accepted`` reads them back inside its own launch (and
+    returns the ``AcceptResult``); ``to_result`` is the same read-back in torch.
+    """
+
+    #: ``[bs * N]`` int32: the emitted token at every accepted row, garbage elsewhere.
+    predicts: torch.Tensor
+    #: ``[bs, D + 1]`` int32 flat rows ``b * N + node`` of the path, ``-1`` after it.
+    accept_index: torch.Tensor
+    #: ``[bs]`` int32 accepted draft nodes (root excluded).
+    accept_num: torch.Tensor
+
+    def to_result(self, num_tokens: int) -> AcceptResult:
+        return _read_back(num_tokens, self.predicts, self.accept_index, self.accept_num)
+
+
 # ---------------------------------------------------------------------------
 # public entry points
 
@@ -65,16 +84,21 @@ def greedy_accept(
     target_predict: torch.Tensor,
     *,
     use_kernel: Optional[bool] = None,
-) -> AcceptResult:
+    read_back: bool = True,
+) -> Union[AcceptResult, KernelAccept]:
     """Greedy acceptance. ``target_predict`` is the target's argmax ``[bs, N]``.
 
     ``use_kernel=None`` uses sglang-kernel's ``verify_tree_greedy`` on CUDA when
     it loads, else the torch path; ``True``/``False`` forces a path.
+    ``read_back=False`` returns the kernel path's raw ``KernelAccept`` (for
+    ``step_io.commit_accepted`` to read back in its launch); the torch path
+    always returns an ``AcceptResult``.
     """
     bs, n = tree.tokens.shape
     target_predict = _as_bn(target_predict, bs, n, "target_predict").to(torch.int64)
     if _want_kernel(use_kernel, target_predict):
-        return _greedy_accept_kernel(tree, target_predict)
+        raw = _greedy_accept_kernel(tree, target_predict)
+        return raw.to_result(n) if read_back else raw
     return _accept_from_draws(tree, target_predict)
 
 
@@ -306,7 +330,10 @@ def _kernel_buffers(tree: CompiledTree):
 
 
 def _from_kernel(tree: CompiledTree, predicts, accept_index, accept_num) -> AcceptResult:
-    bs, n = tree.tokens.shape
+    return _read_back(tree.tokens.shape[1], predicts, accept_index, accept_num)
+
+
+def _read_back(n: int, predicts, accept_index, accept_num) -> AcceptResult:
     flat = accept_index.to(torch.int64)
     # The ops leave -1 after the path, so ``flat >= 0`` marks exactly the
     # path's entries (columns 0..accept_num).
@@ -317,7 +344,7 @@ def _from_kernel(tree: CompiledTree, predicts, accept_index, accept_num) -> Acce
     return AcceptResult(local, accept_num, tokens, next_bonus)
 
 
-def _greedy_accept_kernel(tree: CompiledTree, target_predict: torch.Tensor) -> AcceptResult:
+def _greedy_accept_kernel(tree: CompiledTree, target_predict: torch.Tensor) -> KernelAccept:
     verify_tree_greedy, _ = _kernel_ops()
     predicts, accept_index, accept_num = _kernel_buffers(tree)
     verify_tree_greedy(
@@ -330,7 +357,7 @@ def _greedy_accept_kernel(tree: CompiledTree, target_predict: torch.Tensor) -> A
         retrive_next_sibling=tree.retrive_next_sibling.contiguous(),
         target_predict=target_predict.contiguous(),
     )
-    return _from_kernel(tree, predicts, accept_index, accept_num)
+    return KernelAccept(predicts, accept_index, accept_num)
 
 
 def _sample_accept_kernel(
