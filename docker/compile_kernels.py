@@ -154,7 +154,8 @@ def ddtree_sources():
                                  "positions_ptr", "parent_ptr", "retrive_index_ptr",
                                  "next_token_ptr", "next_sibling_ptr")}
     types.update(node_parent_ptr="*i32", node_depth_ptr="*i32", depth_ptr="*i32", mask_ptr="*i32",
-                 budget="i32", max_depth="i32")
+                 req_to_token_ptr="*i32", req_pool_indices_ptr="*i64", cache_loc_ptr="*i64", stride_r2t="i32",
+                 with_cache_loc="i32", budget="i32", max_depth="i32")
     for budget in sorted({1, 16, 64, MAX_BUDGET}):
         words = mask_words(budget + 1)
         consts = dict(BLOCK_I=32, BLOCK_J=64, WORDS=words, WORDS_PAD=triton.next_power_of_2(words))

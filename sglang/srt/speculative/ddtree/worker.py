@@ -151,6 +151,8 @@ class DDTreeWorker(DFlashWorkerV2):
             bonus=draft_input.bonus_tokens.view(bs).to(torch.int64),
             committed_len=prefix_lens.view(bs),
             max_depth=self.max_depth,
+            req_to_token=req_to_token,
+            req_pool_indices=batch.req_pool_indices,
         )
         grammar_tree = (
             GrammarTree.from_device(
@@ -161,9 +163,8 @@ class DDTreeWorker(DFlashWorkerV2):
         )
 
         # 4) verify.
-        cache_loc_2d = step_io.tree_cache_locs(
-            req_to_token, batch.req_pool_indices, prefix_lens, n
-        )
+        # The tree window's KV slots (``step_io.tree_cache_locs``), read by the compile launch.
+        cache_loc_2d = compiled.cache_loc
         batch.out_cache_loc = cache_loc_2d.reshape(-1)
         if self._linear_state:
             # The radix cache's state snapshots go to the requests' current
