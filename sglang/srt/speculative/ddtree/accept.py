@@ -322,7 +322,7 @@ def _kernel_buffers(tree: CompiledTree):
     bs, n = tree.tokens.shape
     device = tree.tokens.device
     # The ops write ``predicts`` at every accepted row and read none of it;
-    # only accepted rows are read back (``_from_kernel``), so it needs no fill.
+    # only accepted rows are read back (``_read_back``, or the commit kernel), so it needs no fill.
     predicts = torch.empty((bs * n,), dtype=torch.int32, device=device)
     accept_index = torch.full((bs, tree.max_depth + 1), -1, dtype=torch.int32, device=device)
     accept_num = torch.zeros((bs,), dtype=torch.int32, device=device)

@@ -7,7 +7,8 @@ scheduler's spec-v2 plumbing (``accept_lens`` -> ``spec_accept_length``,
 specific to a tree: the histogram of accepted depths and of the depths of the
 trees drafted, per request and verify step.
 
-Counters live on the device. Every ``interval`` steps a snapshot is copied to
+Counters live on the device; the step's commit kernel adds each step to them
+(``step_io.commit_accepted``, reference ``add_step_counts``). Every ``interval`` steps a snapshot is copied to
 pinned host memory asynchronously; once its copy has landed (an event query,
 never a wait) it is logged and, with ``--enable-metrics``, the increments since
 the previous snapshot go to Prometheus under the scheduler collector's labels.
