@@ -44,12 +44,13 @@ def _step(rng, bs, budget, num_depths, vocab, pad_prob, follow):
 
 
 def _kernel_outputs(rng, ct, pred):
-    """sglang-kernel's ``verify_tree_greedy`` outputs (the contract's stand-in):
-    flat rows, -1 after the path, ``predicts`` unwritten (garbage) off the path."""
+    """sglang-kernel's ``verify_tree_greedy`` outputs (the contract's stand-in)
+    in unfilled buffers, as the step passes them: flat rows on the path, stale
+    rows after it, ``predicts`` stale off the path."""
     bs, n = ct.tokens.shape
     predicts = torch.from_numpy(rng.integers(-(2**30), 2**30, size=bs * n)).to(torch.int32)
-    accept_index = torch.full((bs, ct.max_depth + 1), -1, dtype=torch.int32)
-    accept_num = torch.zeros((bs,), dtype=torch.int32)
+    accept_index = torch.from_numpy(rng.integers(-3, bs * n, size=(bs, ct.max_depth + 1))).to(torch.int32)
+    accept_num = torch.from_numpy(rng.integers(-3, 99, size=bs)).to(torch.int32)
     verify_tree_greedy_cpu(
         predicts=predicts, accept_index=accept_index, accept_token_num=accept_num, candidates=ct.tokens,
         retrive_index=ct.retrive_index, retrive_next_token=ct.retrive_next_token,

@@ -66,7 +66,9 @@ class KernelAccept:
 
     #: ``[bs * N]`` int32: the emitted token at every accepted row, garbage elsewhere.
     predicts: torch.Tensor
-    #: ``[bs, D + 1]`` int32 flat rows ``b * N + node`` of the path, ``-1`` after it.
+    #: ``[bs, D + 1]`` int32 flat rows ``b * N + node`` of the path in columns
+    #: ``0..accept_num``; the columns after it are never read (the greedy op
+    #: leaves them as they were, and its buffers are not filled).
     accept_index: torch.Tensor
     #: ``[bs]`` int32 accepted draft nodes (root excluded).
     accept_num: torch.Tensor
@@ -318,12 +320,17 @@ def _want_kernel(use_kernel: Optional[bool], ref: torch.Tensor) -> bool:
     return use_kernel
 
 
-def _kernel_buffers(tree: CompiledTree):
+def _kernel_buffers(tree: CompiledTree, fill: bool = True):
     bs, n = tree.tokens.shape
     device = tree.tokens.device
     # The ops write ``predicts`` at every accepted row and read none of it;
     # only accepted rows are read back (``_read_back``, or the commit kernel), so it needs no fill.
     predicts = torch.empty((bs * n,), dtype=torch.int32, device=device)
+    if not fill:
+        # verify_tree_greedy writes accept_token_num and the path's columns of
+        # accept_index for every request, and the read-backs stop at the path.
+        accept_index = torch.empty((bs, tree.max_depth + 1), dtype=torch.int32, device=device)
+        return predicts, accept_index, torch.empty((bs,), dtype=torch.int32, device=device)
     accept_index = torch.full((bs, tree.max_depth + 1), -1, dtype=torch.int32, device=device)
     accept_num = torch.zeros((bs,), dtype=torch.int32, device=device)
     return predicts, accept_index, accept_num
@@ -334,19 +341,19 @@ def _from_kernel(tree: CompiledTree, predicts, accept_index, accept_num) -> Acce
 
 
 def _read_back(n: int, predicts, accept_index, accept_num) -> AcceptResult:
-    flat = accept_index.to(torch.int64)
-    # The ops leave -1 after the path, so ``flat >= 0`` marks exactly the
-    # path's entries (columns 0..accept_num).
-    valid = flat >= 0
+    # The path's entries are columns 0..accept_num; what follows is not read.
+    col = torch.arange(accept_index.shape[1], device=accept_index.device)
+    valid = col.unsqueeze(0) <= accept_num.to(torch.int64).unsqueeze(1)
+    flat = torch.where(valid, accept_index.to(torch.int64), 0)
     local = torch.where(valid, flat.remainder(n), -1)
-    tokens = torch.where(valid, predicts[flat.clamp(min=0)].to(torch.int64), -1)
+    tokens = torch.where(valid, predicts[flat].to(torch.int64), -1)
     next_bonus = torch.gather(tokens, 1, accept_num.to(torch.int64).unsqueeze(1)).squeeze(1)
     return AcceptResult(local, accept_num, tokens, next_bonus)
 
 
 def _greedy_accept_kernel(tree: CompiledTree, target_predict: torch.Tensor) -> KernelAccept:
     verify_tree_greedy, _ = _kernel_ops()
-    predicts, accept_index, accept_num = _kernel_buffers(tree)
+    predicts, accept_index, accept_num = _kernel_buffers(tree, fill=False)
     verify_tree_greedy(
         predicts=predicts,
         accept_index=accept_index,

@@ -289,7 +289,7 @@ def _row_starts(bs: int, n: int, device) -> torch.Tensor:
 
 @triton.jit
 def _ddtree_commit_kernel(
-    accept_index_ptr,  # [bs, W] node of each depth on the path (FROM_KERNEL: flat row b * N + node), -1 after it
+    accept_index_ptr,  # [bs, W] node of each depth on the path, -1 after it (FROM_KERNEL: flat row b * N + node, unread after it)
     num_accepted_ptr,  # [bs]
     accept_tokens_ptr,  # [bs, W] emitted tokens, -1 after the bonus (FROM_KERNEL: unused)
     predicts_ptr,  # FROM_KERNEL: [bs * N] emitted token at each accepted row
@@ -334,10 +334,13 @@ def _ddtree_commit_kernel(
     num_acc = tl.load(num_accepted_ptr + b)
     num_kept = num_acc.to(tl.int64) + 1
     pool_row = tl.load(req_pool_indices_ptr + b).to(tl.int64)
-    path = tl.load(accept_index_ptr + b * stride_accept + w, mask=in_path_width, other=-1).to(tl.int64)
     if FROM_KERNEL:
-        # sglang-kernel's rows are b * N + node; the emitted tokens sit at those rows of predicts.
-        row_i = tl.load(accept_index_ptr + b * stride_accept + i, mask=i < width, other=-1).to(tl.int64)
+        # sglang-kernel's rows are b * N + node in columns 0..num_accepted (the
+        # columns after it are not written); the emitted tokens sit at those rows of predicts.
+        on_path_w = in_path_width & (w <= num_acc)
+        path = tl.load(accept_index_ptr + b * stride_accept + w, mask=on_path_w, other=-1).to(tl.int64)
+        on_path_i = (i < width) & (i <= num_acc)
+        row_i = tl.load(accept_index_ptr + b * stride_accept + i, mask=on_path_i, other=-1).to(tl.int64)
         tokens = tl.load(predicts_ptr + tl.maximum(row_i, 0), mask=row_i >= 0, other=-1).to(tl.int64)
         path_tokens = tl.load(predicts_ptr + tl.maximum(path, 0), mask=path >= 0, other=-1).to(tl.int64)
         path = tl.where(path >= 0, path - b * n, -1)
@@ -347,6 +350,7 @@ def _ddtree_commit_kernel(
         bonus = tl.sum(tl.where(w.to(tl.int64) == num_kept - 1, path_tokens, 0), axis=0)
         tl.store(out_next_bonus_ptr + b, bonus)
     else:
+        path = tl.load(accept_index_ptr + b * stride_accept + w, mask=in_path_width, other=-1).to(tl.int64)
         tokens = tl.load(accept_tokens_ptr + b * stride_tokens + i, mask=i < width, other=0).to(tl.int64)
 
     on_depth = (path[None, :] == i[:, None].to(tl.int64)) & (path[None, :] >= 0)  # [BLOCK_N, BLOCK_W]
