@@ -154,7 +154,8 @@ def ddtree_sources():
                                  "positions_ptr", "parent_ptr", "retrive_index_ptr",
                                  "next_token_ptr", "next_sibling_ptr")}
     types.update(node_parent_ptr="*i32", node_depth_ptr="*i32", depth_ptr="*i32", mask_ptr="*i32",
-                 budget="i32", max_depth="i32")
+                 req_to_token_ptr="*i32", req_pool_indices_ptr="*i64", cache_loc_ptr="*i64", stride_r2t="i32",
+                 with_cache_loc="i32", budget="i32", max_depth="i32")
     for budget in sorted({1, 16, 64, MAX_BUDGET}):
         words = mask_words(budget + 1)
         consts = dict(BLOCK_I=32, BLOCK_J=64, WORDS=words, WORDS_PAD=triton.next_power_of_2(words))
@@ -166,14 +167,20 @@ def ddtree_sources():
 
     fn = _ddtree_commit_kernel
     types = {n: "*i64" for n in fn.arg_names if n.endswith("_ptr")}
-    types.update(num_accepted_ptr="*i32", req_to_token_ptr="*i32", commit_lens_ptr="*i32")
-    types.update({n: "i32" for n in ("stride_accept", "stride_tokens", "stride_loc", "stride_r2t", "n", "width")})
+    types.update(num_accepted_ptr="*i32", req_to_token_ptr="*i32", commit_lens_ptr="*i32", depth_ptr="*i32")
+    types.update({n: "i32" for n in ("stride_accept", "stride_tokens", "stride_loc", "stride_r2t", "stride_depth",
+                                     "stride_counts", "n", "width", "record_stats")})
     for budget in sorted({1, 16, 64, 128, MAX_BUDGET}):
         n, width = budget + 1, max_tree_depth(budget, 15) + 1  # a 16-token DFlash block: 15 depths
-        consts = dict(BLOCK_N=triton.next_power_of_2(n), BLOCK_W=triton.next_power_of_2(width))
-        sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
-        yield (f"ddtree_commit budget={budget}", ASTSource(fn, sig, constexprs=consts),
-               {"num_warps": 1 if n <= 64 else 4})
+        # FROM_KERNEL: the greedy step reads sglang-kernel's int32 flat rows; the sampling step an AcceptResult.
+        for from_kernel in (True, False):
+            consts = dict(FROM_KERNEL=from_kernel, BLOCK_N=triton.next_power_of_2(n),
+                          BLOCK_W=triton.next_power_of_2(width))
+            sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
+            if from_kernel:  # accept_tokens_ptr is unused: the step passes the rows again
+                sig.update(accept_index_ptr="*i32", accept_tokens_ptr="*i32", predicts_ptr="*i32")
+            yield (f"ddtree_commit budget={budget} {'greedy kernel' if from_kernel else 'accept result'}",
+                   ASTSource(fn, sig, constexprs=consts), {"num_warps": 1 if n <= 64 else 4})
 
 
 def compile_triton(names: list, cap: tuple[int, int], results: list) -> None:

@@ -309,7 +309,7 @@ def test_kernel_adapter_greedy(op_models, bs, budget, num_depths, vocab, seed):
     rng = np.random.default_rng(seed)
     ct = _compiled(rng, bs, budget, num_depths, vocab, 0.3)
     pred = _walk_biased_predictions(rng, ct, vocab, 0.8)
-    a = op_models._greedy_accept_kernel(ct, pred)
+    a = op_models._greedy_accept_kernel(ct, pred).to_result(ct.num_tokens)  # the raw outputs, read back
     b = greedy_accept(ct, pred, use_kernel=False)
     for name in ("accept_index", "num_accepted", "accept_tokens", "next_bonus"):
         assert torch.equal(getattr(a, name).long(), getattr(b, name).long()), name

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang.srt.speculative.ddtree.reference import ancestors_ref, compile_tree_ref
-from sglang.srt.speculative.ddtree.tree_build import build_tree_from_logits
+from sglang.srt.speculative.ddtree.tree_build import build_tree_from_logits, triton_interpreted
 from sglang.srt.speculative.ddtree.tree_compile import (
     compile_tree,
     mask_words,
@@ -153,3 +153,30 @@ def test_compile_rejects_bad_shapes():
         compile_tree(tree, torch.tensor([1]), torch.tensor([1, 2]), 3)
     with pytest.raises(ValueError, match="max_depth"):
         compile_tree(tree, torch.tensor([1, 1]), torch.tensor([1, 2]), 0)
+    with pytest.raises(ValueError, match="req_pool_indices"):
+        compile_tree(tree, torch.tensor([1, 1]), torch.tensor([1, 2]), 3, req_to_token=torch.zeros((4, 64)))
+
+
+@pytest.mark.parametrize("use_triton", [True, False])
+@pytest.mark.parametrize("bs", [1, 8])
+@pytest.mark.parametrize("budget", [4, 16, 33, 128])
+def test_compile_reads_the_tree_window(use_triton, bs, budget):
+    """With req_to_token, compile returns the tree window's KV slots, the same
+    as ``step_io.tree_cache_locs``; without it, none."""
+    from sglang.srt.speculative.ddtree.step_io import tree_cache_locs
+
+    if use_triton and not triton_interpreted():
+        pytest.skip("needs TRITON_INTERPRET=1 before triton loads")
+    rng = np.random.default_rng(budget + bs)
+    tree = random_tree(rng, bs, budget, 8, 6, 0.3)
+    pool, context = 2 * bs + 1, 512
+    req_to_token = torch.from_numpy(rng.permutation(pool * context).reshape(pool, context)).to(torch.int32)
+    rows = torch.from_numpy(rng.permutation(pool)[:bs]).to(torch.int64)
+    committed = torch.from_numpy(rng.integers(0, context - budget - 1, size=bs)).to(torch.int64)
+    bonus = torch.zeros(bs, dtype=torch.int64)
+    depth = max_tree_depth(budget, 8)
+    ct = compile_tree(tree, bonus, committed, depth, req_to_token=req_to_token, req_pool_indices=rows,
+                      use_triton=use_triton)  # fmt: skip
+    want = tree_cache_locs(req_to_token, rows, committed, budget + 1)
+    assert ct.cache_loc.dtype == want.dtype and torch.equal(ct.cache_loc, want)
+    assert compile_tree(tree, bonus, committed, depth, use_triton=use_triton).cache_loc is None

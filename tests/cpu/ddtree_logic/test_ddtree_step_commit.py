@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The fused commit kernel (``step_io.commit_accepted``, run by the Triton
 interpreter) against its torch reference (``plan_kv_remap`` +
-``write_tree_window`` + ``output_tokens`` + ``draft_context_inputs``):
+``write_tree_window`` + ``output_tokens`` + ``draft_context_inputs``, the
+torch read-back of sglang-kernel's greedy outputs, ``metrics.add_step_counts``):
 random trees, bs 1 and 8, budgets 4..128, ragged acceptance, padded trees."""
 
 import numpy as np
@@ -9,8 +10,10 @@ import pytest
 import torch
 from _ddtree_helpers import random_tree
 
+from benchmarks.step_ops import verify_tree_greedy_cpu
 from sglang.srt.speculative.ddtree import step_io
-from sglang.srt.speculative.ddtree.accept import greedy_accept
+from sglang.srt.speculative.ddtree.accept import KernelAccept, greedy_accept
+from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats
 from sglang.srt.speculative.ddtree.tree_build import triton_interpreted
 from sglang.srt.speculative.ddtree.tree_compile import compile_tree, max_tree_depth
 
@@ -32,11 +35,28 @@ def _step(rng, bs, budget, num_depths, vocab, pad_prob, follow):
             if kids and rng.random() < follow:
                 pred[b, i] = ct.tokens[b, int(rng.choice(kids))]
     res = greedy_accept(ct, pred, use_kernel=False)
+    raw = _kernel_outputs(rng, ct, pred)
     pool = 2 * bs + 1
     req_to_token = torch.from_numpy(rng.permutation(pool * 512).reshape(pool, 512)).to(torch.int32)
     pool_rows = torch.from_numpy(rng.permutation(pool)[:bs]).to(torch.int64)
     loc = step_io.tree_cache_locs(req_to_token, pool_rows, prefix, n)
-    return ct, res, loc, prefix, req_to_token, pool_rows
+    return ct, res, loc, prefix, req_to_token, pool_rows, raw
+
+
+def _kernel_outputs(rng, ct, pred):
+    """sglang-kernel's ``verify_tree_greedy`` outputs (the contract's stand-in)
+    in unfilled buffers, as the step passes them: flat rows on the path, stale
+    rows after it, ``predicts`` stale off the path."""
+    bs, n = ct.tokens.shape
+    predicts = torch.from_numpy(rng.integers(-(2**30), 2**30, size=bs * n)).to(torch.int32)
+    accept_index = torch.from_numpy(rng.integers(-3, bs * n, size=(bs, ct.max_depth + 1))).to(torch.int32)
+    accept_num = torch.from_numpy(rng.integers(-3, 99, size=bs)).to(torch.int32)
+    verify_tree_greedy_cpu(
+        predicts=predicts, accept_index=accept_index, accept_token_num=accept_num, candidates=ct.tokens,
+        retrive_index=ct.retrive_index, retrive_next_token=ct.retrive_next_token,
+        retrive_next_sibling=ct.retrive_next_sibling, target_predict=pred,
+    )  # fmt: skip
+    return KernelAccept(predicts, accept_index, accept_num)
 
 
 @pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1 before triton loads")
@@ -46,8 +66,8 @@ def _step(rng, bs, budget, num_depths, vocab, pad_prob, follow):
 def test_commit_kernel_matches_reference(bs, budget, seed):
     rng = np.random.default_rng(1000 * budget + 10 * bs + seed)
     num_depths = int(rng.integers(1, 16))
-    ct, res, loc, prefix, r2t, rows = _step(rng, bs, budget, num_depths, vocab=5, pad_prob=0.3,
-                                            follow=float(rng.choice([0.3, 0.9])))  # fmt: skip
+    ct, res, loc, prefix, r2t, rows, _ = _step(rng, bs, budget, num_depths, vocab=5, pad_prob=0.3,
+                                               follow=float(rng.choice([0.3, 0.9])))  # fmt: skip
     r2t_kernel, r2t_ref = r2t.clone(), r2t.clone()
     got = step_io.commit_accepted(res, loc, prefix, r2t_kernel, rows, use_triton=True)
     want = step_io.commit_accepted_torch(res, loc, prefix, r2t_ref, rows)
@@ -66,7 +86,7 @@ def test_commit_reference_is_the_step_glue(seed):
     slots as ``draft_context_inputs``; its tokens are ``output_tokens``."""
     rng = np.random.default_rng(seed)
     bs, budget = 3, 20
-    ct, res, loc, prefix, r2t, rows = _step(rng, bs, budget, 6, vocab=4, pad_prob=0.0, follow=0.8)
+    ct, res, loc, prefix, r2t, rows, _ = _step(rng, bs, budget, 6, vocab=4, pad_prob=0.0, follow=0.8)
     n = budget + 1
     hidden = torch.randn(bs * n, 8)
     commit = step_io.commit_accepted_torch(res, loc, prefix, r2t.clone(), rows)
@@ -81,8 +101,68 @@ def test_commit_reference_is_the_step_glue(seed):
 
 def test_commit_rejects_mismatched_shapes():
     rng = np.random.default_rng(0)
-    ct, res, loc, prefix, r2t, rows = _step(rng, 2, 6, 3, vocab=3, pad_prob=0.0, follow=0.5)
+    ct, res, loc, prefix, r2t, rows, raw = _step(rng, 2, 6, 3, vocab=3, pad_prob=0.0, follow=0.5)
     with pytest.raises(ValueError, match="prefix_lens"):
         step_io.commit_accepted(res, loc, prefix[:1], r2t, rows)
     with pytest.raises(ValueError, match="accept_index"):
         step_io.commit_accepted(res, loc[:, :2], prefix, r2t, rows)
+    with pytest.raises(ValueError, match="predicts"):
+        step_io.commit_accepted(KernelAccept(raw.predicts[:3], raw.accept_index, raw.accept_num), loc, prefix,
+                                r2t, rows)  # fmt: skip
+    with pytest.raises(ValueError, match="tree_depth"):
+        step_io.commit_accepted(res, loc, prefix, r2t, rows, stats_counts=torch.zeros((2, 7), dtype=torch.int64))
+
+
+ACCEPT_FIELDS = ("accept_index", "num_accepted", "accept_tokens", "next_bonus")
+
+
+@pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1 before triton loads")
+@pytest.mark.parametrize("bs", [1, 8])
+@pytest.mark.parametrize("budget", [4, 7, 16, 33, 64, 128])
+@pytest.mark.parametrize("seed", range(2))
+def test_commit_kernel_reads_back_the_greedy_kernel(bs, budget, seed):
+    """Given sglang-kernel's raw greedy outputs, the commit launch commits what
+    the torch accept path + torch commit do, and returns the same acceptance."""
+    rng = np.random.default_rng(7000 * budget + 10 * bs + seed)
+    num_depths = int(rng.integers(1, 16))
+    ct, res, loc, prefix, r2t, rows, raw = _step(rng, bs, budget, num_depths, vocab=5, pad_prob=0.3,
+                                                 follow=float(rng.choice([0.3, 0.9])))  # fmt: skip
+    r2t_kernel, r2t_ref = r2t.clone(), r2t.clone()
+    got = step_io.commit_accepted(raw, loc, prefix, r2t_kernel, rows, use_triton=True)
+    want = step_io.commit_accepted_torch(res, loc, prefix, r2t_ref, rows)
+    for name in FIELDS:
+        g, w = getattr(got, name), getattr(want, name)
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert torch.equal(g, w), name
+    for name in ACCEPT_FIELDS:
+        g, w = getattr(got.accept, name), getattr(res, name)
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert torch.equal(g, w), name
+    assert torch.equal(r2t_kernel, r2t_ref)
+    # The torch commit reads back the same way.
+    ref = step_io.commit_accepted_torch(raw, loc, prefix, r2t.clone(), rows)
+    for name in ACCEPT_FIELDS:
+        assert torch.equal(getattr(ref.accept, name), getattr(res, name)), name
+
+
+@pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1 before triton loads")
+@pytest.mark.parametrize("raw_input", [False, True])
+@pytest.mark.parametrize("bs", [1, 8])
+def test_commit_kernel_counts_steps_as_stats_record(raw_input, bs):
+    """The counters after random steps counted by the commit launch equal
+    ``DDTreeStepStats.record``'s (the torch implementation's)."""
+    rng = np.random.default_rng(31 * bs + raw_input)
+    budget = 24
+    kernel_stats, torch_stats = (DDTreeStepStats(budget, interval=1 << 30) for _ in range(2))
+    for _ in range(12):
+        num_depths = int(rng.integers(1, 12))
+        ct, res, loc, prefix, r2t, rows, raw = _step(rng, bs, budget, num_depths, vocab=4, pad_prob=0.3,
+                                                     follow=float(rng.choice([0.3, 0.9])))  # fmt: skip
+        step_io.commit_accepted(raw if raw_input else res, loc, prefix, r2t, rows, use_triton=True,
+                                stats_counts=kernel_stats.counters(loc.device), tree_depth=ct.depth)  # fmt: skip
+        kernel_stats.step_counted()
+        torch_stats.record(res.num_accepted, ct.depth)
+    assert kernel_stats.steps == torch_stats.steps == 12
+    assert torch.equal(kernel_stats.counters("cpu"), torch_stats.counters("cpu"))
+    assert int(kernel_stats.counters("cpu").sum()) == 2 * 12 * bs
+    assert int(kernel_stats.counters("cpu")[0, 1:].sum()) > 0  # some steps accepted drafts

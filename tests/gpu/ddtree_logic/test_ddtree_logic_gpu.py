@@ -130,6 +130,35 @@ def test_greedy_kernel_matches_torch(bs, budget):
 
 
 @needs_sgl_kernel
+@pytest.mark.parametrize("bs,budget", [(1, 8), (8, 64), (4, 256)])
+def test_commit_reads_back_the_greedy_kernel(bs, budget):
+    """The commit kernel fed verify_tree_greedy's raw outputs commits and returns
+    what the torch accept path and the torch commit do."""
+    from sglang.srt.speculative.ddtree import step_io
+
+    for seed in range(3):
+        ct, logits = _random_step(bs, budget, 15, 512, seed)
+        pred = logits.argmax(-1)
+        n = budget + 1
+        pool = 2 * bs + 1
+        req_to_token = torch.randperm(pool * 20000, device=DEV).view(pool, 20000).to(torch.int32)
+        rows = torch.randperm(pool, device=DEV)[:bs]
+        prefix = ct.positions[:, 0].clone()
+        loc = step_io.tree_cache_locs(req_to_token, rows, prefix, n)
+        raw = greedy_accept(ct, pred, use_kernel=True, read_back=False)
+        want_res = greedy_accept(ct, pred, use_kernel=False)
+        r2t_k, r2t_t = req_to_token.clone(), req_to_token.clone()
+        got = step_io.commit_accepted(raw, loc, prefix, r2t_k, rows)
+        want = step_io.commit_accepted_torch(want_res, loc, prefix, r2t_t, rows)
+        for name in ("accept_index", "num_accepted", "accept_tokens", "next_bonus"):
+            assert torch.equal(getattr(got.accept, name).long(), getattr(want_res, name).long()), name
+        for name in ("new_cache_loc", "output_tokens", "commit_lens", "new_seq_lens", "ctx_rows",
+                     "ctx_positions", "ctx_cache_loc"):  # fmt: skip
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+        assert torch.equal(r2t_k, r2t_t)
+
+
+@needs_sgl_kernel
 @pytest.mark.parametrize("bs,budget", [(8, 64), (16, 32)])
 def test_sampling_kernel_matches_torch(bs, budget):
     agree = total = 0

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -56,6 +56,27 @@ class AcceptResult:
         return torch.where(self.accept_index >= 0, self.accept_index + off, -1)
 
 
+@dataclass
+class KernelAccept:
+    """sglang-kernel's greedy outputs as the op leaves them, not yet read back.
+
+    ``step_io.commit_accepted`` reads them back inside its own launch (and
+    returns the ``AcceptResult``); ``to_result`` is the same read-back in torch.
+    """
+
+    #: ``[bs * N]`` int32: the emitted token at every accepted row, garbage elsewhere.
+    predicts: torch.Tensor
+    #: ``[bs, D + 1]`` int32 flat rows ``b * N + node`` of the path in columns
+    #: ``0..accept_num``; the columns after it are never read (the greedy op
+    #: leaves them as they were, and its buffers are not filled).
+    accept_index: torch.Tensor
+    #: ``[bs]`` int32 accepted draft nodes (root excluded).
+    accept_num: torch.Tensor
+
+    def to_result(self, num_tokens: int) -> AcceptResult:
+        return _read_back(num_tokens, self.predicts, self.accept_index, self.accept_num)
+
+
 # ---------------------------------------------------------------------------
 # public entry points
 
@@ -65,16 +86,21 @@ def greedy_accept(
     target_predict: torch.Tensor,
     *,
     use_kernel: Optional[bool] = None,
-) -> AcceptResult:
+    read_back: bool = True,
+) -> Union[AcceptResult, KernelAccept]:
     """Greedy acceptance. ``target_predict`` is the target's argmax ``[bs, N]``.
 
     ``use_kernel=None`` uses sglang-kernel's ``verify_tree_greedy`` on CUDA when
     it loads, else the torch path; ``True``/``False`` forces a path.
+    ``read_back=False`` returns the kernel path's raw ``KernelAccept`` (for
+    ``step_io.commit_accepted`` to read back in its launch); the torch path
+    always returns an ``AcceptResult``.
     """
     bs, n = tree.tokens.shape
     target_predict = _as_bn(target_predict, bs, n, "target_predict").to(torch.int64)
     if _want_kernel(use_kernel, target_predict):
-        return _greedy_accept_kernel(tree, target_predict)
+        raw = _greedy_accept_kernel(tree, target_predict)
+        return raw.to_result(n) if read_back else raw
     return _accept_from_draws(tree, target_predict)
 
 
@@ -294,32 +320,40 @@ def _want_kernel(use_kernel: Optional[bool], ref: torch.Tensor) -> bool:
     return use_kernel
 
 
-def _kernel_buffers(tree: CompiledTree):
+def _kernel_buffers(tree: CompiledTree, fill: bool = True):
     bs, n = tree.tokens.shape
     device = tree.tokens.device
     # The ops write ``predicts`` at every accepted row and read none of it;
-    # only accepted rows are read back (``_from_kernel``), so it needs no fill.
+    # only accepted rows are read back (``_read_back``, or the commit kernel), so it needs no fill.
     predicts = torch.empty((bs * n,), dtype=torch.int32, device=device)
+    if not fill:
+        # verify_tree_greedy writes accept_token_num and the path's columns of
+        # accept_index for every request, and the read-backs stop at the path.
+        accept_index = torch.empty((bs, tree.max_depth + 1), dtype=torch.int32, device=device)
+        return predicts, accept_index, torch.empty((bs,), dtype=torch.int32, device=device)
     accept_index = torch.full((bs, tree.max_depth + 1), -1, dtype=torch.int32, device=device)
     accept_num = torch.zeros((bs,), dtype=torch.int32, device=device)
     return predicts, accept_index, accept_num
 
 
 def _from_kernel(tree: CompiledTree, predicts, accept_index, accept_num) -> AcceptResult:
-    bs, n = tree.tokens.shape
-    flat = accept_index.to(torch.int64)
-    # The ops leave -1 after the path, so ``flat >= 0`` marks exactly the
-    # path's entries (columns 0..accept_num).
-    valid = flat >= 0
+    return _read_back(tree.tokens.shape[1], predicts, accept_index, accept_num)
+
+
+def _read_back(n: int, predicts, accept_index, accept_num) -> AcceptResult:
+    # The path's entries are columns 0..accept_num; what follows is not read.
+    col = torch.arange(accept_index.shape[1], device=accept_index.device)
+    valid = col.unsqueeze(0) <= accept_num.to(torch.int64).unsqueeze(1)
+    flat = torch.where(valid, accept_index.to(torch.int64), 0)
     local = torch.where(valid, flat.remainder(n), -1)
-    tokens = torch.where(valid, predicts[flat.clamp(min=0)].to(torch.int64), -1)
+    tokens = torch.where(valid, predicts[flat].to(torch.int64), -1)
     next_bonus = torch.gather(tokens, 1, accept_num.to(torch.int64).unsqueeze(1)).squeeze(1)
     return AcceptResult(local, accept_num, tokens, next_bonus)
 
 
-def _greedy_accept_kernel(tree: CompiledTree, target_predict: torch.Tensor) -> AcceptResult:
+def _greedy_accept_kernel(tree: CompiledTree, target_predict: torch.Tensor) -> KernelAccept:
     verify_tree_greedy, _ = _kernel_ops()
-    predicts, accept_index, accept_num = _kernel_buffers(tree)
+    predicts, accept_index, accept_num = _kernel_buffers(tree, fill=False)
     verify_tree_greedy(
         predicts=predicts,
         accept_index=accept_index,
@@ -330,7 +364,7 @@ def _greedy_accept_kernel(tree: CompiledTree, target_predict: torch.Tensor) -> A
         retrive_next_sibling=tree.retrive_next_sibling.contiguous(),
         target_predict=target_predict.contiguous(),
     )
-    return _from_kernel(tree, predicts, accept_index, accept_num)
+    return KernelAccept(predicts, accept_index, accept_num)
 
 
 def _sample_accept_kernel(

@@ -7,7 +7,8 @@ scheduler's spec-v2 plumbing (``accept_lens`` -> ``spec_accept_length``,
 specific to a tree: the histogram of accepted depths and of the depths of the
 trees drafted, per request and verify step.
 
-Counters live on the device. Every ``interval`` steps a snapshot is copied to
+Counters live on the device; the step's commit kernel adds each step to them
+(``step_io.commit_accepted``, reference ``add_step_counts``). Every ``interval`` steps a snapshot is copied to
 pinned host memory asynchronously; once its copy has landed (an event query,
 never a wait) it is logged and, with ``--enable-metrics``, the increments since
 the previous snapshot go to Prometheus under the scheduler collector's labels.
@@ -18,7 +19,7 @@ records anything.
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -133,7 +134,6 @@ class DDTreeStepStats:
         self.interval = interval
         self.steps = 0
         self._counts: Optional[torch.Tensor] = None  # [2, budget + 1] int64
-        self._ones: Optional[torch.Tensor] = None  # [max bs seen] int64, the increments
         self._host: Optional[torch.Tensor] = None
         self._event = None
         self._pending = False
@@ -160,21 +160,28 @@ class DDTreeStepStats:
     def exports_metrics(self) -> bool:
         return self._series is not None
 
+    def counters(self, device) -> Optional[torch.Tensor]:
+        """The device counters ``[2, budget + 1]`` int64 (row 0: accepted depth,
+        row 1: tree depth), for a kernel that adds a step's counts into them
+        (``step_io.commit_accepted``); None when this rank records nothing."""
+        if not self.enabled:
+            return None
+        if self._counts is None:
+            self._counts = torch.zeros((2, self.budget + 1), dtype=torch.int64, device=device)
+        return self._counts
+
     def record(self, num_accepted: torch.Tensor, depth: torch.Tensor) -> None:
         """``num_accepted`` ``[bs]`` accepted draft nodes, ``depth`` ``[bs, N]``."""
         if not self.enabled or num_accepted.numel() == 0:
             return
-        if self._counts is None:
-            self._counts = torch.zeros(
-                (2, self.budget + 1), dtype=torch.int64, device=num_accepted.device
-            )
-        bs = num_accepted.shape[0]
-        if self._ones is None or self._ones.shape[0] < bs:
-            self._ones = torch.ones((bs,), dtype=torch.int64, device=num_accepted.device)
-        ones = self._ones[:bs]
-        # index_add_ takes int32 and int64 indices alike: no casts.
-        self._counts[_ACCEPTED].index_add_(0, num_accepted, ones)
-        self._counts[_TREE].index_add_(0, depth.max(dim=1).values, ones)
+        add_step_counts(self.counters(num_accepted.device), num_accepted, depth)
+        self.step_counted()
+
+    def step_counted(self) -> None:
+        """A step's counts are in ``counters()`` (queued on the stream): snapshot
+        and publish on the interval. No host sync."""
+        if not self.enabled:
+            return
         self.steps += 1
         if not self._pending and self.steps % self.interval == 0:
             self._snapshot()
@@ -215,6 +222,23 @@ class DDTreeStepStats:
             summary["mean_tree_depth"],
             summary["histogram"],
         )
+
+
+_ONES: Dict[Tuple[int, str], torch.Tensor] = {}
+
+
+def add_step_counts(counts: torch.Tensor, num_accepted: torch.Tensor, depth: torch.Tensor) -> None:
+    """Add one step to ``counts`` ``[2, budget + 1]``: each request's accepted
+    depth (``num_accepted`` ``[bs]``) and tree depth (the max of ``depth``
+    ``[bs, N]``). The reference of the commit kernel's counter update."""
+    bs = num_accepted.shape[0]
+    key = (bs, str(counts.device))
+    ones = _ONES.get(key)
+    if ones is None:
+        ones = _ONES[key] = torch.ones((bs,), dtype=torch.int64, device=counts.device)
+    # index_add_ takes int32 and int64 indices alike: no casts.
+    counts[_ACCEPTED].index_add_(0, num_accepted, ones)
+    counts[_TREE].index_add_(0, depth.max(dim=1).values, ones)
 
 
 def summarize(hist: torch.Tensor, depth: torch.Tensor) -> Optional[dict]:

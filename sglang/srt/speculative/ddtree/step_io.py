@@ -19,14 +19,15 @@ functions above it, which it must match exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 import triton
 import triton.language as tl
 
-from sglang.srt.speculative.ddtree.accept import AcceptResult
+from sglang.srt.speculative.ddtree.accept import AcceptResult, KernelAccept
 from sglang.srt.speculative.ddtree.kv_slot_plan import plan_kv_remap
+from sglang.srt.speculative.ddtree.metrics import add_step_counts
 from sglang.srt.speculative.ddtree.tree_build import triton_interpreted
 
 
@@ -125,15 +126,18 @@ class StepCommit:
     ctx_rows: torch.Tensor  # int64 [bs * (D + 1)] rows of the flattened verify hidden states
     ctx_positions: torch.Tensor  # int64 [bs * (D + 1)]
     ctx_cache_loc: torch.Tensor  # int64 [bs, D + 1]
+    accept: AcceptResult  # the acceptance committed (read back here from a ``KernelAccept``)
 
 
 def commit_accepted(
-    res: AcceptResult,
+    res: Union[AcceptResult, KernelAccept],
     cache_loc_2d: torch.Tensor,
     prefix_lens: torch.Tensor,
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
     *,
+    stats_counts: Optional[torch.Tensor] = None,
+    tree_depth: Optional[torch.Tensor] = None,
     use_triton: Optional[bool] = None,
 ) -> StepCommit:
     """Commit an accepted path: permute the tree's KV window so the kept path
@@ -142,20 +146,36 @@ def commit_accepted(
     the committed lengths and the drafter's context rows
     (``draft_context_inputs``: its hidden states are ``verify_hidden[ctx_rows]``).
 
+    ``res`` may be sglang-kernel's raw greedy outputs (``KernelAccept``): they
+    are read back here, into ``StepCommit.accept``. With ``stats_counts`` (the
+    step statistics' ``[2, budget + 1]`` counters) the step's accepted depths
+    and tree depths (the max of ``tree_depth`` ``[bs, N]``) are added to them
+    (``metrics.add_step_counts``).
+
     One Triton launch on CUDA tensors (or under ``TRITON_INTERPRET=1``), the
     torch reference otherwise; ``use_triton`` forces a choice. No host sync.
     """
     bs, n = cache_loc_2d.shape
+    raw = isinstance(res, KernelAccept)
+    num_accepted = res.accept_num if raw else res.num_accepted
     width = res.accept_index.shape[1]
-    if res.accept_index.shape[0] != bs or width > n or res.accept_tokens.shape != (bs, width):
+    if res.accept_index.shape[0] != bs or width > n or (not raw and res.accept_tokens.shape != (bs, width)):
         raise ValueError(
             f"accept_index / accept_tokens must be [bs={bs}, D+1 <= {n}], got "
-            f"{tuple(res.accept_index.shape)} / {tuple(res.accept_tokens.shape)}"
+            f"{tuple(res.accept_index.shape)}"
+            + ("" if raw else f" / {tuple(res.accept_tokens.shape)}")
         )
-    if prefix_lens.shape != (bs,) or req_pool_indices.shape != (bs,) or res.num_accepted.shape != (bs,):
+    if prefix_lens.shape != (bs,) or req_pool_indices.shape != (bs,) or num_accepted.shape != (bs,):
         raise ValueError(
             f"prefix_lens, req_pool_indices and num_accepted must be [bs={bs}], got "
-            f"{tuple(prefix_lens.shape)}, {tuple(req_pool_indices.shape)}, {tuple(res.num_accepted.shape)}"
+            f"{tuple(prefix_lens.shape)}, {tuple(req_pool_indices.shape)}, {tuple(num_accepted.shape)}"
+        )
+    if raw and res.predicts.shape != (bs * n,):
+        raise ValueError(f"predicts must be [bs * N = {bs * n}], got {tuple(res.predicts.shape)}")
+    if stats_counts is not None and (tree_depth is None or tree_depth.shape != (bs, n)):
+        raise ValueError(
+            f"stats_counts needs tree_depth [bs={bs}, N={n}], got "
+            f"{None if tree_depth is None else tuple(tree_depth.shape)}"
         )
     runnable = cache_loc_2d.is_cuda or triton_interpreted()
     if use_triton and not runnable:
@@ -163,9 +183,23 @@ def commit_accepted(
             "the DDTree commit kernel needs CUDA tensors or TRITON_INTERPRET=1 set before import"
         )
     if bs == 0 or not (runnable if use_triton is None else use_triton):
-        return commit_accepted_torch(res, cache_loc_2d, prefix_lens, req_to_token, req_pool_indices)
+        return commit_accepted_torch(
+            res, cache_loc_2d, prefix_lens, req_to_token, req_pool_indices,
+            stats_counts=stats_counts, tree_depth=tree_depth,
+        )  # fmt: skip
 
     device = cache_loc_2d.device
+    if raw:
+        accept = AcceptResult(
+            accept_index=torch.empty((bs, width), dtype=torch.int64, device=device),
+            num_accepted=num_accepted,
+            accept_tokens=torch.empty((bs, width), dtype=torch.int64, device=device),
+            next_bonus=torch.empty((bs,), dtype=torch.int64, device=device),
+        )
+        tokens_in, predicts = res.accept_index, res.predicts  # tokens are read through the rows
+    else:
+        accept = res
+        tokens_in, predicts = res.accept_tokens, res.accept_tokens  # predicts unused
     out = StepCommit(
         new_cache_loc=torch.empty((bs, n), dtype=torch.int64, device=device),
         output_tokens=torch.empty((bs, n), dtype=torch.int64, device=device),
@@ -174,15 +208,21 @@ def commit_accepted(
         ctx_rows=torch.empty((bs * width,), dtype=torch.int64, device=device),
         ctx_positions=torch.empty((bs * width,), dtype=torch.int64, device=device),
         ctx_cache_loc=torch.empty((bs, width), dtype=torch.int64, device=device),
+        accept=accept,
     )
+    record = stats_counts is not None
     _ddtree_commit_kernel[(bs,)](
         res.accept_index,
-        res.num_accepted,
-        res.accept_tokens,
+        num_accepted,
+        tokens_in,
+        predicts,
         cache_loc_2d,
         prefix_lens,
         req_pool_indices,
         req_to_token,
+        # Not recording: same-typed stand-ins that the kernel never touches.
+        tree_depth if record else out.commit_lens,
+        stats_counts if record else out.new_cache_loc,
         out.new_cache_loc,
         out.output_tokens,
         out.commit_lens,
@@ -190,12 +230,19 @@ def commit_accepted(
         out.ctx_rows,
         out.ctx_positions,
         out.ctx_cache_loc,
+        accept.accept_index,
+        accept.accept_tokens,
+        accept.next_bonus,
         res.accept_index.stride(0),
-        res.accept_tokens.stride(0),
+        tokens_in.stride(0),
         cache_loc_2d.stride(0),
         req_to_token.stride(0),
+        tree_depth.stride(0) if record else 0,
+        stats_counts.stride(0) if record else 0,
         n,
         width,
+        int(record),
+        FROM_KERNEL=raw,
         BLOCK_N=triton.next_power_of_2(n),
         BLOCK_W=triton.next_power_of_2(width),
         num_warps=1 if n <= 64 else 4,
@@ -204,19 +251,26 @@ def commit_accepted(
 
 
 def commit_accepted_torch(
-    res: AcceptResult,
+    res: Union[AcceptResult, KernelAccept],
     cache_loc_2d: torch.Tensor,
     prefix_lens: torch.Tensor,
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
+    *,
+    stats_counts: Optional[torch.Tensor] = None,
+    tree_depth: Optional[torch.Tensor] = None,
 ) -> StepCommit:
     """Reference of ``commit_accepted``: the step's commit as separate torch ops."""
     bs, n = cache_loc_2d.shape
+    if isinstance(res, KernelAccept):
+        res = res.to_result(n)
     width = res.accept_index.shape[1]
     kv = plan_kv_remap(cache_loc_2d, res.accept_index, res.num_accepted)
     write_tree_window(req_to_token, req_pool_indices, prefix_lens, kv.new_cache_loc)
     commit_lens = (res.num_accepted.to(torch.int32) + 1).contiguous()
     rows = res.accept_index.clamp(min=0).to(torch.int64) + _row_starts(bs, n, cache_loc_2d.device)
+    if stats_counts is not None and bs > 0:
+        add_step_counts(stats_counts, res.num_accepted, tree_depth)
     return StepCommit(
         new_cache_loc=kv.new_cache_loc,
         output_tokens=output_tokens(res, n),
@@ -225,6 +279,7 @@ def commit_accepted_torch(
         ctx_rows=rows.reshape(-1),
         ctx_positions=_window(prefix_lens, width).reshape(-1),
         ctx_cache_loc=kv.new_cache_loc[:, :width].contiguous(),
+        accept=res,
     )
 
 
@@ -234,13 +289,16 @@ def _row_starts(bs: int, n: int, device) -> torch.Tensor:
 
 @triton.jit
 def _ddtree_commit_kernel(
-    accept_index_ptr,  # [bs, W] node of each depth on the path, -1 after it
+    accept_index_ptr,  # [bs, W] node of each depth on the path, -1 after it (FROM_KERNEL: flat row b * N + node, unread after it)
     num_accepted_ptr,  # [bs]
-    accept_tokens_ptr,  # [bs, W] emitted tokens, -1 after the bonus
+    accept_tokens_ptr,  # [bs, W] emitted tokens, -1 after the bonus (FROM_KERNEL: unused)
+    predicts_ptr,  # FROM_KERNEL: [bs * N] emitted token at each accepted row
     cache_loc_ptr,  # [bs, N] the tree's KV slots, node order
     prefix_lens_ptr,  # [bs]
     req_pool_indices_ptr,  # [bs]
     req_to_token_ptr,  # [pool, context]
+    depth_ptr,  # record_stats: [bs, N] node depths
+    counts_ptr,  # record_stats: [2, budget + 1] int64 counters, added to
     new_cache_loc_ptr,  # out [bs, N] int64
     output_tokens_ptr,  # out [bs, N] int64
     commit_lens_ptr,  # out [bs] int32
@@ -248,12 +306,19 @@ def _ddtree_commit_kernel(
     ctx_rows_ptr,  # out [bs, W] int64
     ctx_positions_ptr,  # out [bs, W] int64
     ctx_cache_loc_ptr,  # out [bs, W] int64
+    out_accept_index_ptr,  # FROM_KERNEL out [bs, W] int64 nodes, -1 after the path
+    out_accept_tokens_ptr,  # FROM_KERNEL out [bs, W] int64, -1 after the bonus
+    out_next_bonus_ptr,  # FROM_KERNEL out [bs] int64
     stride_accept,
     stride_tokens,
     stride_loc,
     stride_r2t,
+    stride_depth,
+    stride_counts,
     n,
     width,
+    record_stats,
+    FROM_KERNEL: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
@@ -266,9 +331,27 @@ def _ddtree_commit_kernel(
     in_path_width = w < width
 
     prefix = tl.load(prefix_lens_ptr + b)
-    num_kept = tl.load(num_accepted_ptr + b).to(tl.int64) + 1
+    num_acc = tl.load(num_accepted_ptr + b)
+    num_kept = num_acc.to(tl.int64) + 1
     pool_row = tl.load(req_pool_indices_ptr + b).to(tl.int64)
-    path = tl.load(accept_index_ptr + b * stride_accept + w, mask=in_path_width, other=-1).to(tl.int64)
+    if FROM_KERNEL:
+        # sglang-kernel's rows are b * N + node in columns 0..num_accepted (the
+        # columns after it are not written); the emitted tokens sit at those rows of predicts.
+        on_path_w = in_path_width & (w <= num_acc)
+        path = tl.load(accept_index_ptr + b * stride_accept + w, mask=on_path_w, other=-1).to(tl.int64)
+        on_path_i = (i < width) & (i <= num_acc)
+        row_i = tl.load(accept_index_ptr + b * stride_accept + i, mask=on_path_i, other=-1).to(tl.int64)
+        tokens = tl.load(predicts_ptr + tl.maximum(row_i, 0), mask=row_i >= 0, other=-1).to(tl.int64)
+        path_tokens = tl.load(predicts_ptr + tl.maximum(path, 0), mask=path >= 0, other=-1).to(tl.int64)
+        path = tl.where(path >= 0, path - b * n, -1)
+        out_w = b * width + w
+        tl.store(out_accept_index_ptr + out_w, path, mask=in_path_width)
+        tl.store(out_accept_tokens_ptr + out_w, path_tokens, mask=in_path_width)
+        bonus = tl.sum(tl.where(w.to(tl.int64) == num_kept - 1, path_tokens, 0), axis=0)
+        tl.store(out_next_bonus_ptr + b, bonus)
+    else:
+        path = tl.load(accept_index_ptr + b * stride_accept + w, mask=in_path_width, other=-1).to(tl.int64)
+        tokens = tl.load(accept_tokens_ptr + b * stride_tokens + i, mask=i < width, other=0).to(tl.int64)
 
     on_depth = (path[None, :] == i[:, None].to(tl.int64)) & (path[None, :] >= 0)  # [BLOCK_N, BLOCK_W]
     on_path = tl.max(on_depth.to(tl.int32), axis=1) > 0
@@ -281,7 +364,6 @@ def _ddtree_commit_kernel(
     window = req_to_token_ptr + pool_row * stride_r2t + prefix.to(tl.int64) + rank
     tl.store(window, loc.to(req_to_token_ptr.dtype.element_ty), mask=in_tree)
 
-    tokens = tl.load(accept_tokens_ptr + b * stride_tokens + i, mask=i < width, other=0).to(tl.int64)
     tl.store(output_tokens_ptr + b * n + i, tl.maximum(tokens, 0), mask=in_tree)
 
     # The drafter's context: the first D + 1 entries of the permuted window.
@@ -294,3 +376,11 @@ def _ddtree_commit_kernel(
 
     tl.store(commit_lens_ptr + b, num_kept.to(tl.int32))
     tl.store(new_seq_lens_ptr + b, (prefix + num_kept).to(new_seq_lens_ptr.dtype.element_ty))
+
+    if record_stats != 0:
+        # The step statistics' histograms: one count per request at its
+        # accepted depth (row 0) and at its tree's depth (row 1).
+        node_depth = tl.load(depth_ptr + b * stride_depth + i, mask=in_tree, other=0)
+        tree_depth = tl.max(node_depth, axis=0).to(tl.int64)
+        tl.atomic_add(counts_ptr + num_acc.to(tl.int64), 1)
+        tl.atomic_add(counts_ptr + stride_counts + tree_depth, 1)

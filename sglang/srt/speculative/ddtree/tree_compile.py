@@ -43,6 +43,9 @@ class CompiledTree:
     retrive_next_token: torch.Tensor  # [bs, N] int64
     retrive_next_sibling: torch.Tensor  # [bs, N] int64
     max_depth: int  # static bound on any node's depth; acceptance width = max_depth + 1
+    #: ``[bs, N]`` int64 KV slots of the tree's window ``req_to_token[req, P : P + N]``
+    #: (``step_io.tree_cache_locs``); only when ``compile_tree`` got ``req_to_token``.
+    cache_loc: Optional[torch.Tensor] = None
 
     @property
     def num_tokens(self) -> int:
@@ -68,13 +71,18 @@ def compile_tree(
     committed_len: torch.Tensor,
     max_depth: int,
     *,
+    req_to_token: Optional[torch.Tensor] = None,
+    req_pool_indices: Optional[torch.Tensor] = None,
     use_triton: Optional[bool] = None,
 ) -> CompiledTree:
     """Tokens, positions, ancestor bitmask and ``retrive_*`` links for a batch.
 
     ``bonus`` ``[bs]`` is the root token, ``committed_len`` ``[bs]`` the number
     of tokens whose KV is already committed (the root's position).
-    ``max_depth`` (use ``max_tree_depth``) bounds the ancestor walk.
+    ``max_depth`` (use ``max_tree_depth``) bounds the ancestor walk. With
+    ``req_to_token`` and ``req_pool_indices`` ``[bs]`` the tree window's KV
+    slots are read too (``CompiledTree.cache_loc``), so the step needs no
+    separate gather.
     One Triton launch on CUDA (or under ``TRITON_INTERPRET=1``), batched torch
     ops otherwise; ``use_triton`` forces a choice.
     """
@@ -87,6 +95,15 @@ def compile_tree(
         )
     if not 1 <= max_depth <= budget:
         raise ValueError(f"max_depth must be in 1..{budget}, got {max_depth}")
+    if (req_to_token is None) != (req_pool_indices is None) or (
+        req_pool_indices is not None and req_pool_indices.shape != (bs,)
+    ):
+        raise ValueError(
+            f"req_to_token and req_pool_indices [bs={bs}] go together, got "
+            f"{None if req_to_token is None else tuple(req_to_token.shape)} and "
+            f"{None if req_pool_indices is None else tuple(req_pool_indices.shape)}"
+        )
+    window = None if req_to_token is None else (req_to_token, req_pool_indices)
     runnable = device.type == "cuda" or _interpreted()
     if use_triton and not runnable:
         raise RuntimeError(
@@ -94,11 +111,11 @@ def compile_tree(
             f"set before import; got tensors on {device}"
         )
     if bs > 0 and (runnable if use_triton is None else use_triton):
-        return _compile_triton(tree, bonus, committed_len, max_depth)
-    return _compile_torch(tree, bonus, committed_len, max_depth)
+        return _compile_triton(tree, bonus, committed_len, max_depth, window)
+    return _compile_torch(tree, bonus, committed_len, max_depth, window)
 
 
-def _compile_torch(tree, bonus, committed_len, max_depth) -> CompiledTree:
+def _compile_torch(tree, bonus, committed_len, max_depth, window=None) -> CompiledTree:
     bs, budget = tree.node_token.shape
     n = budget + 1
     device = tree.node_token.device
@@ -116,6 +133,11 @@ def _compile_torch(tree, bonus, committed_len, max_depth) -> CompiledTree:
     tree_mask = ancestor_bitmask(parent, max_depth)
     next_token, next_sibling = child_links(parent)
     retrive_index = _row_offsets(bs, n, device) + torch.arange(n, device=device)
+    cache_loc = None
+    if window is not None:
+        req_to_token, req_pool_indices = window
+        cols = committed_len.view(bs, 1).to(torch.int64) + torch.arange(n, device=device)
+        cache_loc = req_to_token[req_pool_indices.to(torch.int64).unsqueeze(1), cols].to(torch.int64)
     return CompiledTree(
         tokens=tokens,
         positions=positions,
@@ -126,10 +148,11 @@ def _compile_torch(tree, bonus, committed_len, max_depth) -> CompiledTree:
         retrive_next_token=next_token,
         retrive_next_sibling=next_sibling,
         max_depth=max_depth,
+        cache_loc=cache_loc,
     )
 
 
-def _compile_triton(tree, bonus, committed_len, max_depth) -> CompiledTree:
+def _compile_triton(tree, bonus, committed_len, max_depth, window=None) -> CompiledTree:
     bs, budget = tree.node_token.shape
     n = budget + 1
     words = mask_words(n)
@@ -148,6 +171,7 @@ def _compile_triton(tree, bonus, committed_len, max_depth) -> CompiledTree:
         retrive_next_token=new(bs, n),
         retrive_next_sibling=new(bs, n),
         max_depth=max_depth,
+        cache_loc=None if window is None else new(bs, n),
     )
     node_token = tree.node_token.contiguous()
     node_parent = tree.node_parent.contiguous()
@@ -168,6 +192,12 @@ def _compile_triton(tree, bonus, committed_len, max_depth) -> CompiledTree:
         out.retrive_index,
         out.retrive_next_token,
         out.retrive_next_sibling,
+        # Without a window: same-typed stand-ins that the kernel never touches.
+        out.depth if window is None else window[0],
+        committed_len if window is None else window[1],
+        out.positions if window is None else out.cache_loc,
+        0 if window is None else window[0].stride(0),
+        int(window is not None),
         budget,
         max_depth,
         BLOCK_I=block_i,
@@ -282,6 +312,11 @@ def _ddtree_compile_kernel(
     retrive_index_ptr,  # [bs, N] int64
     next_token_ptr,  # [bs, N] int64
     next_sibling_ptr,  # [bs, N] int64
+    req_to_token_ptr,  # with_cache_loc: [pool, context]
+    req_pool_indices_ptr,  # with_cache_loc: [bs]
+    cache_loc_ptr,  # with_cache_loc: out [bs, N] int64
+    stride_r2t,
+    with_cache_loc,
     budget,
     max_depth,
     BLOCK_I: tl.constexpr,
@@ -309,6 +344,11 @@ def _ddtree_compile_kernel(
     tl.store(depth_ptr + row, depth, mask=in_tree)
     tl.store(parent_ptr + row, parent, mask=in_tree)
     tl.store(retrive_index_ptr + row, row, mask=in_tree)
+    if with_cache_loc != 0:
+        # The tree's KV window req_to_token[req, P : P + N], node order.
+        pool_row = tl.load(req_pool_indices_ptr + b).to(tl.int64)
+        slot = tl.load(req_to_token_ptr + pool_row * stride_r2t + committed + i, mask=in_tree, other=0)
+        tl.store(cache_loc_ptr + row, slot.to(tl.int64), mask=in_tree)
 
     # Ancestor bits: walk each node's parent chain (padding hops to the root).
     w = tl.arange(0, WORDS_PAD)

@@ -151,6 +151,8 @@ class DDTreeWorker(DFlashWorkerV2):
             bonus=draft_input.bonus_tokens.view(bs).to(torch.int64),
             committed_len=prefix_lens.view(bs),
             max_depth=self.max_depth,
+            req_to_token=req_to_token,
+            req_pool_indices=batch.req_pool_indices,
         )
         grammar_tree = (
             GrammarTree.from_device(
@@ -161,9 +163,8 @@ class DDTreeWorker(DFlashWorkerV2):
         )
 
         # 4) verify.
-        cache_loc_2d = step_io.tree_cache_locs(
-            req_to_token, batch.req_pool_indices, prefix_lens, n
-        )
+        # The tree window's KV slots (``step_io.tree_cache_locs``), read by the compile launch.
+        cache_loc_2d = compiled.cache_loc
         batch.out_cache_loc = cache_loc_2d.reshape(-1)
         if self._linear_state:
             # The radix cache's state snapshots go to the requests' current
@@ -192,15 +193,25 @@ class DDTreeWorker(DFlashWorkerV2):
             grammar_mask.apply(logits_output.next_token_logits)
 
         # 5) accept.
-        res = self._accept(compiled, logits_output.next_token_logits, sampling_info, draft_input, bs)
-        if self._linear_state:
-            self._commit_linear_state(batch, res, prefix_lens)
+        accepted = self._accept(compiled, logits_output.next_token_logits, sampling_info, draft_input, bs)
 
         # 6) commit: the kept path's KV first in the window, the emitted tokens,
-        # the committed lengths and the drafter's context rows, in one launch.
+        # the committed lengths, the drafter's context rows and the step
+        # statistics, in one launch (which also reads back a greedy kernel
+        # acceptance: ``commit.accept``).
         commit = step_io.commit_accepted(
-            res, cache_loc_2d, prefix_lens, req_to_token, batch.req_pool_indices
+            accepted,
+            cache_loc_2d,
+            prefix_lens,
+            req_to_token,
+            batch.req_pool_indices,
+            stats_counts=self.stats.counters(cache_loc_2d.device),
+            tree_depth=compiled.depth,
         )
+        self.stats.step_counted()
+        res = commit.accept
+        if self._linear_state:
+            self._commit_linear_state(batch, res, prefix_lens)
         new_seq_lens = commit.new_seq_lens
         if on_publish is not None:
             on_publish(new_seq_lens)
@@ -217,7 +228,6 @@ class DDTreeWorker(DFlashWorkerV2):
             commit_lens=commit.commit_lens,
         )
         logits_output.hidden_states = None
-        self.stats.record(res.num_accepted, compiled.depth)
 
         return GenerationBatchResult(
             logits_output=logits_output,
@@ -356,7 +366,8 @@ class DDTreeWorker(DFlashWorkerV2):
     def _accept(self, compiled, logits, sampling_info, draft_input, bs):
         n = self.verify_width
         if sampling_info is None or sampling_info.is_all_greedy:
-            return greedy_accept(compiled, torch.argmax(logits, dim=-1).view(bs, n))
+            # On the kernel path the commit launch reads the outputs back.
+            return greedy_accept(compiled, torch.argmax(logits, dim=-1).view(bs, n), read_back=False)
         if is_dflash_sampling_verify_available():
             probs = build_dflash_verify_target_probs(
                 next_token_logits=logits,
