@@ -59,6 +59,13 @@ def _kernel_outputs(rng, ct, pred):
     return KernelAccept(predicts, accept_index, accept_num)
 
 
+def _assert_same(got, want, names):
+    for name in names:
+        g, w = getattr(got, name), getattr(want, name)
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert torch.equal(g, w), name
+
+
 @pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1 before triton loads")
 @pytest.mark.parametrize("bs", [1, 8])
 @pytest.mark.parametrize("budget", [4, 7, 16, 33, 64, 128])
@@ -71,10 +78,7 @@ def test_commit_kernel_matches_reference(bs, budget, seed):
     r2t_kernel, r2t_ref = r2t.clone(), r2t.clone()
     got = step_io.commit_accepted(res, loc, prefix, r2t_kernel, rows, use_triton=True)
     want = step_io.commit_accepted_torch(res, loc, prefix, r2t_ref, rows)
-    for name in FIELDS:
-        g, w = getattr(got, name), getattr(want, name)
-        assert g.dtype == w.dtype and g.shape == w.shape, name
-        assert torch.equal(g, w), name
+    _assert_same(got, want, FIELDS)
     assert torch.equal(r2t_kernel, r2t_ref)
     # The window's slots are permuted, never lost or duplicated.
     assert torch.equal(got.new_cache_loc.sort(1).values, loc.sort(1).values)
@@ -130,14 +134,8 @@ def test_commit_kernel_reads_back_the_greedy_kernel(bs, budget, seed):
     r2t_kernel, r2t_ref = r2t.clone(), r2t.clone()
     got = step_io.commit_accepted(raw, loc, prefix, r2t_kernel, rows, use_triton=True)
     want = step_io.commit_accepted_torch(res, loc, prefix, r2t_ref, rows)
-    for name in FIELDS:
-        g, w = getattr(got, name), getattr(want, name)
-        assert g.dtype == w.dtype and g.shape == w.shape, name
-        assert torch.equal(g, w), name
-    for name in ACCEPT_FIELDS:
-        g, w = getattr(got.accept, name), getattr(res, name)
-        assert g.dtype == w.dtype and g.shape == w.shape, name
-        assert torch.equal(g, w), name
+    _assert_same(got, want, FIELDS)
+    _assert_same(got.accept, res, ACCEPT_FIELDS)
     assert torch.equal(r2t_kernel, r2t_ref)
     # The torch commit reads back the same way.
     ref = step_io.commit_accepted_torch(raw, loc, prefix, r2t.clone(), rows)
