@@ -66,22 +66,33 @@ def _assert_same(got, want, names):
         assert torch.equal(g, w), name
 
 
+ACCEPT_FIELDS = ("accept_index", "num_accepted", "accept_tokens", "next_bonus")
+
+
 @pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1 before triton loads")
+@pytest.mark.parametrize("raw_input", [False, True], ids=["accept_result", "greedy_kernel"])
 @pytest.mark.parametrize("bs", [1, 8])
 @pytest.mark.parametrize("budget", [4, 7, 16, 33, 64, 128])
 @pytest.mark.parametrize("seed", range(2))
-def test_commit_kernel_matches_reference(bs, budget, seed):
-    rng = np.random.default_rng(1000 * budget + 10 * bs + seed)
+def test_commit_kernel_matches_reference(raw_input, bs, budget, seed):
+    """From an ``AcceptResult`` or from sglang-kernel's raw greedy outputs, the
+    commit launch commits what the torch accept path + torch commit do, and
+    returns the same acceptance."""
+    rng = np.random.default_rng((7000 if raw_input else 1000) * budget + 10 * bs + seed)
     num_depths = int(rng.integers(1, 16))
-    ct, res, loc, prefix, r2t, rows, _ = _step(rng, bs, budget, num_depths, vocab=5, pad_prob=0.3,
-                                               follow=float(rng.choice([0.3, 0.9])))  # fmt: skip
+    ct, res, loc, prefix, r2t, rows, raw = _step(rng, bs, budget, num_depths, vocab=5, pad_prob=0.3,
+                                                 follow=float(rng.choice([0.3, 0.9])))  # fmt: skip
     r2t_kernel, r2t_ref = r2t.clone(), r2t.clone()
-    got = step_io.commit_accepted(res, loc, prefix, r2t_kernel, rows, use_triton=True)
+    got = step_io.commit_accepted(raw if raw_input else res, loc, prefix, r2t_kernel, rows, use_triton=True)
     want = step_io.commit_accepted_torch(res, loc, prefix, r2t_ref, rows)
     _assert_same(got, want, FIELDS)
+    _assert_same(got.accept, res, ACCEPT_FIELDS)
     assert torch.equal(r2t_kernel, r2t_ref)
     # The window's slots are permuted, never lost or duplicated.
     assert torch.equal(got.new_cache_loc.sort(1).values, loc.sort(1).values)
+    if raw_input:  # the torch commit reads the raw outputs back the same way
+        ref = step_io.commit_accepted_torch(raw, loc, prefix, r2t.clone(), rows)
+        _assert_same(ref.accept, res, ACCEPT_FIELDS)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -115,32 +126,6 @@ def test_commit_rejects_mismatched_shapes():
                                 r2t, rows)  # fmt: skip
     with pytest.raises(ValueError, match="tree_depth"):
         step_io.commit_accepted(res, loc, prefix, r2t, rows, stats_counts=torch.zeros((2, 7), dtype=torch.int64))
-
-
-ACCEPT_FIELDS = ("accept_index", "num_accepted", "accept_tokens", "next_bonus")
-
-
-@pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1 before triton loads")
-@pytest.mark.parametrize("bs", [1, 8])
-@pytest.mark.parametrize("budget", [4, 7, 16, 33, 64, 128])
-@pytest.mark.parametrize("seed", range(2))
-def test_commit_kernel_reads_back_the_greedy_kernel(bs, budget, seed):
-    """Given sglang-kernel's raw greedy outputs, the commit launch commits what
-    the torch accept path + torch commit do, and returns the same acceptance."""
-    rng = np.random.default_rng(7000 * budget + 10 * bs + seed)
-    num_depths = int(rng.integers(1, 16))
-    ct, res, loc, prefix, r2t, rows, raw = _step(rng, bs, budget, num_depths, vocab=5, pad_prob=0.3,
-                                                 follow=float(rng.choice([0.3, 0.9])))  # fmt: skip
-    r2t_kernel, r2t_ref = r2t.clone(), r2t.clone()
-    got = step_io.commit_accepted(raw, loc, prefix, r2t_kernel, rows, use_triton=True)
-    want = step_io.commit_accepted_torch(res, loc, prefix, r2t_ref, rows)
-    _assert_same(got, want, FIELDS)
-    _assert_same(got.accept, res, ACCEPT_FIELDS)
-    assert torch.equal(r2t_kernel, r2t_ref)
-    # The torch commit reads back the same way.
-    ref = step_io.commit_accepted_torch(raw, loc, prefix, r2t.clone(), rows)
-    for name in ACCEPT_FIELDS:
-        assert torch.equal(getattr(ref.accept, name), getattr(res, name)), name
 
 
 @pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1 before triton loads")
