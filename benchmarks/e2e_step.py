@@ -621,13 +621,10 @@ def markdown(rows: list[dict], shares: list[dict] = ()) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    try:
-        import matplotlib
+    from benchmarks.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     rows = result["rows"]
     profiles = sorted(result.get("profiles", []), key=lambda p: (p["ctx"], config_order(p["config"]), p["verify"]))

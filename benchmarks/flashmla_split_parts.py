@@ -111,10 +111,11 @@ def measure(h, n, p, bs):
 
 
 def plot(rows, path):
-    import matplotlib
+    from benchmarks.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     labels = [f"H{r['H']} N{r['N']} P{r['P'] // 1024}K bs{r['bs']}" for r in rows]
     parts = {

@@ -148,10 +148,11 @@ def measure(shape: MoeShape, tokens_list, copy_gbps: float, seed: int = 0):
 
 
 def plot(rows, path):
-    import matplotlib
+    from benchmarks.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     names = list(dict.fromkeys(r["shape"] for r in rows))
     fig, axes = plt.subplots(1, len(names), figsize=(6.5 * len(names), 4.5), squeeze=False)

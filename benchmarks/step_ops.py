@@ -503,13 +503,10 @@ def _key(row: dict) -> tuple:
 
 
 def plot(result: dict, path: Path) -> None:
-    try:
-        import matplotlib
+    from benchmarks.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     rows = result["rows"]
     base = {_key(r): r for r in (result.get("baseline") or {}).get("rows", [])}

@@ -577,10 +577,11 @@ def _compile_one(job):
 
 
 def plot(rows, path, heads=MLA):
-    import matplotlib
+    from benchmarks.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     fig, axes = plt.subplots(1, 2, figsize=(14, 5))
     for ax, bs in zip(axes, (1, 8)):

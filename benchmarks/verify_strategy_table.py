@@ -172,13 +172,10 @@ def measure(shapes, strategies, proxy: bool) -> list[dict]:
 
 
 def plot(result: dict, path: Path) -> None:
-    try:
-        import matplotlib
+    from benchmarks.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return
     rows = [r for r in result["rows"] if r.get("ms")]
     if not rows:
