@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The fused commit kernel (``step_io.commit_accepted``, run by the Triton
 interpreter) against its torch reference (``plan_kv_remap`` +
-``write_tree_window`` + ``output_tokens`` + ``draft_context_inputs``, the
+``write_tree_window`` + ``output_tokens`` + ``draft_context_rows``, the
 torch read-back of sglang-kernel's greedy outputs, ``metrics.add_step_counts``):
 random trees, bs 1 and 8, budgets 4..128, ragged acceptance, padded trees."""
 
@@ -97,15 +97,21 @@ def test_commit_kernel_matches_reference(raw_input, bs, budget, seed):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_commit_reference_is_the_step_glue(seed):
-    """The reference's context rows pick the same hidden states, positions and
-    slots as ``draft_context_inputs``; its tokens are ``output_tokens``."""
+    """The reference's context rows pick each request's kept nodes' hidden
+    states (a gather along the path), at positions ``P + depth`` in the permuted
+    window's first slots; its tokens are ``output_tokens``."""
     rng = np.random.default_rng(seed)
     bs, budget = 3, 20
     ct, res, loc, prefix, r2t, rows, _ = _step(rng, bs, budget, 6, vocab=4, pad_prob=0.0, follow=0.8)
     n = budget + 1
+    width = res.accept_index.shape[1]
     hidden = torch.randn(bs * n, 8)
     commit = step_io.commit_accepted_torch(res, loc, prefix, r2t.clone(), rows)
-    h, pos, loc2d, lens = step_io.draft_context_inputs(hidden, res, commit.new_cache_loc, prefix)
+    path = res.accept_index.clamp(min=0).to(torch.int64)
+    h = torch.gather(hidden.view(bs, n, 8), 1, path.unsqueeze(-1).expand(bs, width, 8)).reshape(bs * width, 8)
+    pos = (prefix.to(torch.int64).unsqueeze(1) + torch.arange(width)).reshape(-1)
+    loc2d = commit.new_cache_loc[:, :width]
+    lens = (res.num_accepted + 1).to(torch.int32)
     assert torch.equal(hidden.index_select(0, commit.ctx_rows), h)
     assert torch.equal(commit.ctx_positions, pos)
     assert torch.equal(commit.ctx_cache_loc, loc2d)

@@ -181,7 +181,7 @@ def test_commit_window_permutation(seed):
         assert emitted[k] == 1000 + b == int(res.next_bonus[b])
 
 
-def test_draft_context_inputs():
+def test_draft_context_rows():
     rng = random.Random(1)
     compiled, prefix = _compiled(bs=2, depths=5, budget=10, vocab=20, seed=9)
     bs, n = compiled.tokens.shape
@@ -189,7 +189,8 @@ def test_draft_context_inputs():
     res = greedy_accept(compiled, predict, use_kernel=False)
     hidden = torch.arange(bs * n * 3, dtype=torch.float32).view(bs * n, 3)
     new_loc = torch.arange(bs * n).view(bs, n) + 100
-    h, pos, loc2d, lens = step_io.draft_context_inputs(hidden, res, new_loc, prefix)
+    rows, pos, loc2d, lens = step_io.draft_context_rows(res, new_loc, prefix)
+    h = hidden.index_select(0, rows)
     width = compiled.max_depth + 1
     assert h.shape == (bs * width, 3) and pos.shape == (bs * width,)
     assert loc2d.shape == (bs, width) and lens.dtype == torch.int32

@@ -29,6 +29,7 @@ from sglang.srt.speculative.ddtree.accept import AcceptResult, KernelAccept
 from sglang.srt.speculative.ddtree.kv_slot_plan import plan_kv_remap
 from sglang.srt.speculative.ddtree.metrics import add_step_counts
 from sglang.srt.speculative.ddtree.tree_build import triton_interpreted
+from sglang.srt.speculative.ddtree.tree_compile import row_offsets
 
 
 _OFFSETS: Dict[Tuple[int, str], torch.Tensor] = {}
@@ -83,33 +84,27 @@ def output_tokens(res: AcceptResult, num_tokens: int) -> torch.Tensor:
     return out
 
 
-def draft_context_inputs(
-    verify_hidden: torch.Tensor,
+def draft_context_rows(
     res: AcceptResult,
     new_cache_loc: torch.Tensor,
     prefix_lens: torch.Tensor,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """What the drafter's context KV append needs for the kept path.
 
-    ``verify_hidden`` is the target's captured hidden states ``[bs * N, H]``.
-    Returns ``(hidden [bs * (D + 1), H], positions [bs * (D + 1)],
-    cache_loc_2d [bs, D + 1], commit_lens [bs] int32)``: row (b, t) is the
-    kept node at depth t, placed at position ``P_b + t`` in slot
-    ``new_cache_loc[b, t]``; only the first ``commit_lens[b]`` rows of a
-    request are written (``set_kv_buffer_prefix_valid``).
+    Returns ``(rows [bs * (D + 1)], positions [bs * (D + 1)], cache_loc_2d
+    [bs, D + 1], commit_lens [bs] int32)``: row (b, t) is the kept node at depth
+    t, whose hidden state is ``verify_hidden[rows[b * (D + 1) + t]]`` (the
+    target's captured ``[bs * N, H]``), placed at position ``P_b + t`` in slot
+    ``new_cache_loc[b, t]``; only the first ``commit_lens[b]`` rows of a request
+    are written (``set_kv_buffer_prefix_valid``).
     """
     bs, width = res.accept_index.shape
     n = new_cache_loc.shape[1]
-    hidden = verify_hidden.view(bs, n, -1)
-    index = res.accept_index.clamp(min=0).to(torch.int64)
-    kept_hidden = torch.gather(
-        hidden, 1, index.unsqueeze(-1).expand(bs, width, hidden.shape[-1])
-    )
-    positions = _window(prefix_lens, width)
+    rows = res.accept_index.clamp(min=0).to(torch.int64) + row_offsets(bs, n, new_cache_loc.device)
     commit_lens = (res.num_accepted.to(torch.int32) + 1).contiguous()
     return (
-        kept_hidden.reshape(bs * width, -1),
-        positions.reshape(-1),
+        rows.reshape(-1),
+        _window(prefix_lens, width).reshape(-1),
         new_cache_loc[:, :width].contiguous(),
         commit_lens,
     )
@@ -144,7 +139,7 @@ def commit_accepted(
     comes first (``plan_kv_remap``), write it into ``req_to_token``
     (``write_tree_window``), and return the emitted tokens (``output_tokens``),
     the committed lengths and the drafter's context rows
-    (``draft_context_inputs``: its hidden states are ``verify_hidden[ctx_rows]``).
+    (``draft_context_rows``: its hidden states are ``verify_hidden[ctx_rows]``).
 
     ``res`` may be sglang-kernel's raw greedy outputs (``KernelAccept``): they
     are read back here, into ``StepCommit.accept``. With ``stats_counts`` (the
@@ -264,11 +259,9 @@ def commit_accepted_torch(
     bs, n = cache_loc_2d.shape
     if isinstance(res, KernelAccept):
         res = res.to_result(n)
-    width = res.accept_index.shape[1]
     kv = plan_kv_remap(cache_loc_2d, res.accept_index, res.num_accepted)
     write_tree_window(req_to_token, req_pool_indices, prefix_lens, kv.new_cache_loc)
-    commit_lens = (res.num_accepted.to(torch.int32) + 1).contiguous()
-    rows = res.accept_index.clamp(min=0).to(torch.int64) + _row_starts(bs, n, cache_loc_2d.device)
+    rows, positions, ctx_cache_loc, commit_lens = draft_context_rows(res, kv.new_cache_loc, prefix_lens)
     if stats_counts is not None and bs > 0:
         add_step_counts(stats_counts, res.num_accepted, tree_depth)
     return StepCommit(
@@ -276,15 +269,11 @@ def commit_accepted_torch(
         output_tokens=output_tokens(res, n),
         commit_lens=commit_lens,
         new_seq_lens=prefix_lens + commit_lens.to(prefix_lens.dtype),
-        ctx_rows=rows.reshape(-1),
-        ctx_positions=_window(prefix_lens, width).reshape(-1),
-        ctx_cache_loc=kv.new_cache_loc[:, :width].contiguous(),
+        ctx_rows=rows,
+        ctx_positions=positions,
+        ctx_cache_loc=ctx_cache_loc,
         accept=res,
     )
-
-
-def _row_starts(bs: int, n: int, device) -> torch.Tensor:
-    return (torch.arange(bs, device=device, dtype=torch.int64) * n).unsqueeze(1)
 
 
 @triton.jit

@@ -132,7 +132,7 @@ def _compile_torch(tree, bonus, committed_len, max_depth, window=None) -> Compil
 
     tree_mask = ancestor_bitmask(parent, max_depth)
     next_token, next_sibling = child_links(parent)
-    retrive_index = _row_offsets(bs, n, device) + torch.arange(n, device=device)
+    retrive_index = row_offsets(bs, n, device) + torch.arange(n, device=device)
     cache_loc = None
     if window is not None:
         req_to_token, req_pool_indices = window
@@ -293,7 +293,8 @@ def _self_bits(n: int, device: torch.device) -> torch.Tensor:
     return cached
 
 
-def _row_offsets(bs: int, n: int, device) -> torch.Tensor:
+def row_offsets(bs: int, n: int, device) -> torch.Tensor:
+    """``int64 [bs, 1]``: the first row of each request in a flattened ``[bs * N]``."""
     return (torch.arange(bs, device=device, dtype=torch.int64) * n).unsqueeze(1)
 
 
