@@ -11,7 +11,8 @@
 #   tokenspeed-triton without its AMD code generator (backends/amd/lib/libtriton_amd_codegen.so,
 #   loaded only to compile for a HIP target; its other files stay, so the backend still registers).
 # The wheels are installed here for cp312 (pip --target, cross platform), then the tree is
-# packed as one xz archive (about 80 MB instead of 144 MB of wheels) and split into parts:
+# packed as one xz archive (317 MiB with xz -9 for the set of 2026-12-02, 2.0 GB unpacked) and
+# split into parts:
 #   .whl-e2e-1/ .whl-e2e-2/ ...   each: site.tar.xz.NN, SHA256SUMS (whole archive), NPARTS
 # scripts/gpu_host/install.sh takes them one call at a time (docs/GPU_HOST.md).
 #
