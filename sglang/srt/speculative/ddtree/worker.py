@@ -35,7 +35,7 @@ from sglang.srt.model_executor.forward_batch_info import (
 )
 from sglang.srt.runtime_context import get_exec
 from sglang.srt.speculative.ddtree import linear_state, step_io
-from sglang.srt.speculative.ddtree.accept import greedy_accept, sample_accept, target_probs_from_logits
+from sglang.srt.speculative.ddtree.accept import greedy_accept
 from sglang.srt.speculative.ddtree.dflash_internals import DFlashInternals
 from sglang.srt.speculative.ddtree.draft_topk import lm_head_topk
 from sglang.srt.speculative.ddtree.info import (
@@ -48,14 +48,10 @@ from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats
 from sglang.srt.speculative.ddtree.tree_build import build_tree
 from sglang.srt.speculative.ddtree.tree_compile import compile_tree, max_tree_depth
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
-from sglang.srt.speculative.dflash_utils import (
-    apply_dflash_verify_logits_adjustments,
-    build_dflash_verify_target_probs,
-    is_dflash_sampling_verify_available,
-)
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.verify_sampling.node_logits import NodePaths
 from sglang.srt.speculative.spec_utils import (
     GrammarTree,
     build_grammar_vocab_mask,
@@ -130,7 +126,6 @@ class DDTreeWorker(DFlashWorkerV2):
             )
         if getattr(batch, "return_logprob", False):
             raise ValueError("DDTREE speculative decoding does not support return_logprob yet.")
-        self._dflash.validate_sampling(batch)
 
         draft_input = batch.spec_info
         if not isinstance(draft_input, DFlashDraftInputV2):
@@ -183,17 +178,19 @@ class DDTreeWorker(DFlashWorkerV2):
             )
         else:
             grammar_mask = None
-        if sampling_info is not None:
-            apply_dflash_verify_logits_adjustments(
-                next_token_logits=logits_output.next_token_logits,
-                sampling_info=sampling_info,
-                draft_token_num=n,
-            )
-        if grammar_mask is not None:
-            grammar_mask.apply(logits_output.next_token_logits)
 
-        # 5) accept.
-        accepted = self._accept(compiled, logits_output.next_token_logits, sampling_info, draft_input, bs)
+        # 5) accept: the target's token at every node as the sampler would pick it
+        # (argmax, or one draw per node), then the greedy walk over those tokens.
+        verify = self._verify_sampler.target_tokens(
+            logits_output.next_token_logits,
+            sampling_info,
+            batch.reqs,
+            NodePaths(compiled.tokens, compiled.parent, compiled.depth, self.max_depth),
+            compiled.positions,
+            grammar_mask,
+        )
+        # On the kernel path the commit launch reads the outputs back.
+        accepted = greedy_accept(compiled, verify.tokens, read_back=False)
 
         # 6) commit: the kept path's KV first in the window, the emitted tokens,
         # the committed lengths, the drafter's context rows and the step
@@ -209,6 +206,7 @@ class DDTreeWorker(DFlashWorkerV2):
             tree_depth=compiled.depth,
         )
         self.stats.step_counted()
+        self._verify_sampler.commit(verify, compiled.tokens[:, 0], commit.output_tokens, commit.commit_lens)
         res = commit.accept
         if self._linear_state:
             self._commit_linear_state(batch, res, prefix_lens)
@@ -362,36 +360,6 @@ class DDTreeWorker(DFlashWorkerV2):
             skip_attn_backend_init=True,
         )
         return out.logits_output, out.can_run_cuda_graph
-
-    def _accept(self, compiled, logits, sampling_info, draft_input, bs):
-        n = self.verify_width
-        if sampling_info is None or sampling_info.is_all_greedy:
-            # On the kernel path the commit launch reads the outputs back.
-            return greedy_accept(compiled, torch.argmax(logits, dim=-1).view(bs, n), read_back=False)
-        if is_dflash_sampling_verify_available():
-            probs = build_dflash_verify_target_probs(
-                next_token_logits=logits,
-                sampling_info=sampling_info,
-                draft_token_num=n,
-                bs=bs,
-                max_top_k=draft_input.max_top_k,
-                uniform_top_k_value=draft_input.uniform_top_k_value,
-            )
-        else:
-            probs = target_probs_from_logits(
-                logits.view(bs, n, -1),
-                sampling_info.temperatures.view(bs),
-                sampling_info.top_ks if sampling_info.need_top_k_sampling else None,
-                sampling_info.top_ps if sampling_info.need_top_p_sampling else None,
-            )
-        res = sample_accept(compiled, probs.view(bs, n, -1))
-        tp_group = get_tp_group()
-        if tp_group.world_size > 1:
-            # Every rank drew its own coins: take TP rank 0's outcome so all
-            # ranks commit the same tokens and KV.
-            for t in (res.accept_index, res.num_accepted, res.accept_tokens, res.next_bonus):
-                tp_group.broadcast(t, src=0)
-        return res
 
     def _commit_linear_state(self, batch: ScheduleBatch, res, prefix_lens: torch.Tensor) -> None:
         """The accepted node's conv and gated-delta state becomes the request's
