@@ -36,6 +36,8 @@ class Req:
         self.retraction_count = 0
         self.custom_logit_processor = None
         self.return_sampling_mask = False
+        self.return_logprob = False
+        self.return_hidden_states = False
         self.done = False
 
     def finished(self) -> bool:
