@@ -250,6 +250,8 @@ def measure_point(server: Server, prompts, warmup, batch, max_new_tokens, temper
         "num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "repeats": repeats,
         "throughput_tok_s": statistics.median(tps),
         "throughput_runs": tps,
+        # (max - min) / median of the runs: the spread a ratio between two configs must beat
+        "throughput_spread": (max(tps) - min(tps)) / max(statistics.median(tps), 1e-9),
         "accept_length": first["accept_length"],
         "accept_length_pooled": first["accept_length_pooled"],
         "spec_verify_ct": first["spec_verify_ct"],
@@ -495,36 +497,55 @@ def measure_steps(e2e_step, server: Server, proc, ctx: int, batches: list[int], 
     return rows
 
 
-def sweep_points(args) -> list[tuple[int, float]]:
-    """(batch, temperature) points, batch 1 at T=0 (the headline) first, then in the order given."""
-    points = [(b, t) for b in args.batch for t in args.temperature]
-    return sorted(points, key=lambda p: p != (1, 0.0))
+def sweep_points(args) -> list[tuple[int, tuple]]:
+    """(batch, (temperature, top_p, top_k)) points, batch 1 at T=0 (the headline) first, then in
+    the order given."""
+    points = [(b, s) for b in args.batch for s in args.sampling]
+    return sorted(points, key=lambda p: not (p[0] == 1 and p[1][0] == 0))
+
+
+def parse_sampling(spec: str) -> list[tuple[float, float, int]]:
+    """``T[/top_k[/top_p]]`` items, comma-separated (``0,0.7/20/0.8,1``) -> (T, top_p, top_k)."""
+    out = []
+    for item in (x for x in spec.split(",") if x):
+        parts = item.split("/")
+        if len(parts) > 3:
+            raise ValueError(item)
+        t = float(parts[0])
+        top_k = int(parts[1]) if len(parts) > 1 else 0
+        top_p = float(parts[2]) if len(parts) > 2 else 1.0
+        if t < 0 or top_k < 0 or not 0 < top_p <= 1:
+            raise ValueError(item)
+        out.append((t, top_p, top_k))
+    return out
 
 
 def run_points(servers: list[Server], prompts: list[dict], args, result: dict, out: Path, deadline: Deadline,
-               points: list[tuple[int, float]]) -> None:
+               points: list[tuple[int, tuple]]) -> None:
     n = args.num_prompts
     if len(prompts) < n:
         raise SystemExit(f"--num-prompts {n}: the prompt file has only {len(prompts)}")
     measured, warm = prompts[:n], (prompts[n:] + prompts)[: max(args.batch)]
     seen = result.setdefault("_point_s", {})
-    for b, t in points:
+    for b, sampling in points:
+        t, top_p, top_k = sampling
         for s in servers:
-            est = (seen.get((b, t)) or 10.0) * 1.2
+            est = (seen.get((b, sampling)) or 10.0) * 1.2
             if deadline.left() < est:
-                result["skipped"].append({"config": s.label, "batch": b, "temperature": t,
+                result["skipped"].append({"config": s.label, "batch": b, "temperature": t, "top_p": top_p,
+                                          "top_k": top_k,
                                           "reason": f"{deadline.left():.0f} s left < {est:.0f} s estimated"})
                 continue
             t0 = time.monotonic()
             try:
-                row = measure_point(s, measured, warm, b, args.max_new_tokens, t, args.top_p, args.top_k,
+                row = measure_point(s, measured, warm, b, args.max_new_tokens, t, top_p, top_k,
                                     args.repeats, args.token_ids and t == 0)
             except Exception as e:
-                result["skipped"].append({"config": s.label, "batch": b, "temperature": t,
-                                          "reason": f"failed: {e}"[:2000]})
-                print(f"[{s.label}] bs {b} T={t} failed: {e}", flush=True)
+                result["skipped"].append({"config": s.label, "batch": b, "temperature": t, "top_p": top_p,
+                                          "top_k": top_k, "reason": f"failed: {e}"[:2000]})
+                print(f"[{s.label}] bs {b} T={t} top_p={top_p} top_k={top_k} failed: {e}", flush=True)
                 continue
-            seen[(b, t)] = max(seen.get((b, t), 0.0), time.monotonic() - t0)
+            seen[(b, sampling)] = max(seen.get((b, sampling), 0.0), time.monotonic() - t0)
             result["rows"].append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "records"}), flush=True)
             write(_public(finish(result)), out)
@@ -566,6 +587,8 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", default="0,1", help="temperatures, e.g. 0,1")
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=0, help="0 disables top-k (as dflash)")
+    ap.add_argument("--sampling", help="sampling settings T[/top_k[/top_p]], comma-separated (e.g. "
+                    "0,0.7/20/0.8,1); replaces --temperature/--top-p/--top-k")
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=1, help="runs per point; the median throughput is kept")
@@ -608,6 +631,13 @@ def main(argv=None) -> int:
         ap.error("--batch needs positive integers, --temperature non-negative numbers")
     if not 0 < args.top_p <= 1 or args.top_k < 0 or args.repeats < 1 or args.num_prompts < 1:
         ap.error("top-p in (0, 1], top-k >= 0, repeats >= 1, num-prompts >= 1")
+    try:
+        args.sampling = (parse_sampling(args.sampling) if args.sampling
+                         else [(t, args.top_p, args.top_k) for t in args.temperature])
+    except ValueError as e:
+        ap.error(f"--sampling: {e} is not T[/top_k[/top_p]] with T >= 0, top_k >= 0, top_p in (0, 1]")
+    if not args.sampling:
+        ap.error("--sampling: no setting given")
     prompts = load_prompts(args.prompts)
     if args.launch == bool(args.server):
         ap.error("give running servers (--server) or --launch, not both or neither")
