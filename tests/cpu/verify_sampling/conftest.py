@@ -6,7 +6,6 @@ import json
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from _upstream import VOCAB
 

@@ -37,7 +37,7 @@ def _random_params(gen, seeded: bool, min_p: bool):
 
 
 def _step(gen, bs, n, seeded, min_p=False):
-    reqs, logits_rows = [], []
+    reqs = []
     for b in range(bs):
         committed = torch.randint(0, 12, (int(torch.randint(0, 5, (1,), generator=gen)),), generator=gen).tolist()
         root = int(torch.randint(0, 12, (1,), generator=gen))
