@@ -9,7 +9,9 @@ scratch. After: ``VerifySampler.target_tokens`` (per-node penalties and bias, on
 by the server's sampler) and sglang-kernel's ``verify_tree_greedy`` over the draws. Both on the
 same random logits and DDTree trees, eager as the step runs them; the time is wall time per
 call with the GPU synchronised at the end of each batch of calls (launches included), the
-median of several batches. Requires a CUDA GPU with the series applied.
+median of several batches, and the peak GPU memory a call allocates beyond the logits (the
+sampling temporaries: ``[bs * N, V]`` float32 copies before, a bounded workspace after).
+Requires a CUDA GPU with the series applied.
 
     python3 -m benchmarks.verify_sampling_cost --tag verify_sampling_cost_h200_2026-12-03 --out-dir DIR
 """
@@ -88,6 +90,16 @@ def _step_inputs(bs: int, budget: int, vocab: int, seed: int):
     return ct, logits
 
 
+def _peak_mib(fn) -> float:
+    """GPU memory one call allocates beyond what is live before it (its temporaries' peak)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / (1 << 20)
+
+
 def _wall_ms(fn, iters: int, batches: int = 5) -> float:
     fn()
     torch.cuda.synchronize()
@@ -150,7 +162,8 @@ def measure(vocab: int, bs: int, budget: int, setting: str, sampler, iters: int)
     copy_ms = _wall_ms(copy_only, iters)
     row = {"vocab": vocab, "bs": bs, "budget": budget, "setting": setting,
            "before_ms": _wall_ms(before, iters) - copy_ms, "after_ms": _wall_ms(after, iters) - copy_ms,
-           "logits_copy_ms": copy_ms}  # fmt: skip
+           "logits_copy_ms": copy_ms, "logits_mib": logits.numel() * 4 / (1 << 20),
+           "before_peak_mib": _peak_mib(before), "after_peak_mib": _peak_mib(after)}  # fmt: skip
     row["ratio_after_before"] = row["after_ms"] / row["before_ms"]
     return row
 
@@ -158,7 +171,7 @@ def measure(vocab: int, bs: int, budget: int, setting: str, sampler, iters: int)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vocab", default="8192,151936")
-    ap.add_argument("--bs", default="1,8")
+    ap.add_argument("--bs", default="1,8,64")
     ap.add_argument("--budget", default="16,64")
     ap.add_argument("--settings", default=",".join(SETTINGS))
     ap.add_argument("--iters", type=int, default=50)
