@@ -359,7 +359,7 @@ class StepWorld:
             _draft_sampler=None,
             _append_target_hidden_to_draft_kv_by_loc=self._stand_in("draft_context_kv_writer", lambda **kw: None),
             # A greedy batch never reaches the sampler's draw.
-            _verify_sampler=VerifySampler(vocab_size=vocab, device="cpu", sampler=SimpleNamespace(_sample_from_probs=None),
+            verify_sampler=VerifySampler(vocab_size=vocab, device="cpu", sampler=SimpleNamespace(_sample_from_probs=None),
                                           sampling_backend=None),
         )  # fmt: skip
         for name in ("_draft_block_ids_buf", "_draft_block_positions_buf", "_draft_block_tokens_buf",

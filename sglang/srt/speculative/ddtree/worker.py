@@ -8,7 +8,8 @@ path and context-KV materialisation. Only the decode step differs:
 2. per-depth top-K log-probs of the drafter's L distributions;
 3. tree build + compile (``tree_build`` / ``tree_compile``) on the GPU;
 4. target verify over the N = B + 1 tree tokens with the tree mask;
-5. acceptance, greedy or target-only sampling (``accept``);
+5. the target's token at every node as the server's sampler picks it
+   (``speculative/verify_sampling``), then the greedy walk over them (``accept``);
 6. commit: permute the tree's KV window so the kept path comes first
    (``kv_slot_plan``), feed the kept nodes' verify hidden states to the drafter;
    on hybrid linear-attention targets, keep the accepted node's recurrent
@@ -51,12 +52,12 @@ from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.verify_sampling.node_logits import NodePaths
 from sglang.srt.speculative.spec_utils import (
     GrammarTree,
     build_grammar_vocab_mask,
     prepare_mamba_track_for_verify,
 )
+from sglang.srt.speculative.verify_sampling.node_logits import NodePaths
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
         # 5) accept: the target's token at every node as the sampler would pick it
         # (argmax, or one draw per node), then the greedy walk over those tokens.
-        verify = self._verify_sampler.target_tokens(
+        verify = self.verify_sampler.target_tokens(
             logits_output.next_token_logits,
             sampling_info,
             batch.reqs,
@@ -206,7 +207,7 @@ class DDTreeWorker(DFlashWorkerV2):
             tree_depth=compiled.depth,
         )
         self.stats.step_counted()
-        self._verify_sampler.commit(verify, compiled.tokens[:, 0], commit.output_tokens, commit.commit_lens)
+        self.verify_sampler.commit(verify, compiled.tokens[:, 0], commit.output_tokens, commit.commit_lens)
         res = commit.accept
         if self._linear_state:
             self._commit_linear_state(batch, res, prefix_lens)
