@@ -3,5 +3,10 @@
 
 #: target -> (test model, attention backend)
 TARGETS = {"mla": ("tiny-mla", "triton"), "qwen3": ("tiny-qwen3", "flashinfer")}
-#: The speculative configurations checked against the server without speculation.
-SPECULATIVE = ("dflash", "ddtree16", "ddtree64")
+#: The speculative configurations checked against the server without speculation, per target:
+#: CUDA graphs and the overlap scheduler (the defaults), and on the MLA target also DDTREE
+#: eager and synchronous (the other code paths of the same step).
+SPECULATIVE = {
+    "mla": ("dflash", "ddtree16", "ddtree64", "ddtree16_eager"),
+    "qwen3": ("dflash", "ddtree16", "ddtree64"),
+}

@@ -4,9 +4,9 @@
 Per tiny test target (the MLA pair on Triton, the Qwen3 GQA pair on FlashInfer): the
 reference, a server without speculation and *without* the overlap scheduler (which, in
 upstream 0.5.17, feeds its penalizers the previous step's token a step late, so its
-penalties are not those of the output so far), and DFLASH, DDTREE B=16 and B=64 servers
-(CUDA graphs and the overlap scheduler, the defaults). On the MLA target also the
-no-speculation server with the overlap scheduler, whose outputs are only reported.
+penalties are not those of the output so far), and the speculative servers of
+``_servers.SPECULATIVE``. On the MLA target also the no-speculation server with the overlap
+scheduler, whose outputs are only reported.
 
 With ``DDTREE_LEARNED_PAIR`` (the directory ``python3 -m scripts.learned_pair unpack``
 wrote), the seeded tests start no-speculation, DFLASH and DDTREE B=16 servers of the
@@ -36,8 +36,12 @@ COMMON = [
 def _spec_args(kind: str, drafter: str) -> list[str]:
     if kind == "dflash":
         return ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", drafter]
-    return ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", drafter,
-            "--speculative-ddtree-budget", kind.removeprefix("ddtree")]
+    budget, _, mode = kind.removeprefix("ddtree").partition("_")
+    args = ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", drafter,
+            "--speculative-ddtree-budget", budget]
+    if mode == "eager":
+        args += ["--disable-cuda-graph", "--disable-overlap-schedule"]
+    return args
 
 
 def _start_all(h, specs, log_dir):
@@ -58,14 +62,15 @@ def _start_all(h, specs, log_dir):
 
 @pytest.fixture(scope="session")
 def servers(request, tiny_models, gpu_log_dir):
-    """``servers[(target, config)]``: config in nospec_sync, nospec, dflash, ddtree16, ddtree64."""
+    """``servers[(target, config)]``: nospec_sync, the configurations of ``SPECULATIVE[target]``,
+    and ("mla", "nospec")."""
     h = harness(request.config)
     specs = {}
     for target, (model, backend) in TARGETS.items():
         base = [*COMMON, "--attention-backend", backend]
         path = str(tiny_models / model)
         specs[(target, "nospec_sync")] = (path, [*base, "--disable-overlap-schedule"], {})
-        for kind in SPECULATIVE:
+        for kind in SPECULATIVE[target]:
             specs[(target, kind)] = (path, [*base, *_spec_args(kind, str(tiny_models / f"{model}-dflash"))], {})
     specs[("mla", "nospec")] = (str(tiny_models / "tiny-mla"), [*COMMON, "--attention-backend", "triton"], {})
     yield from _start_all(h, specs, gpu_log_dir)

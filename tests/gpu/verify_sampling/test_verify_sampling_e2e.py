@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Sampling parameters through the real servers: DFLASH and DDTREE (B=16, 64) emit what the
-server without speculation emits, on the MLA and the GQA test pair.
+"""Sampling parameters through the real servers: DFLASH and DDTREE (B=16, 64; graphs and
+overlap, and on the MLA pair also eager and synchronous) emit what the server without
+speculation emits, on the MLA and the GQA test pair.
 
 The test targets' greedy rule ``y[i+1] = tau(y[i-1])`` wins every step by ~20 logits, and a
-prompt ``[.., p, tau^2(p)]`` makes the rule repeat an earlier output token from the fifth
-token on. A frequency, presence or repetition penalty on repeated tokens, with a logit bias
-that lines up replacement tokens 0.5 logits apart below the rule's winner, turns every repeat
-into a replacement (and the replacements into new orbits of the rule): outputs that depend
-on the penalties counting each node's own path, token by token, with clear margins. A logit
+prompt ``[.., p, tau^k(p)]`` makes the rule repeat an earlier output token k steps later. A
+frequency, presence or repetition penalty on the repeat, with a logit bias that puts
+replacement tokens 4 logits apart below the rule's winner, turns the repeat into a
+replacement (and the rest of that chain into another orbit of the rule): an output that
+depends on the penalties counting each node's own path, token by token, with clear margins. A logit
 bias that makes EOS the winner everywhere shows ``min_new_tokens`` counted by depth.
 
 On the GPU host after scripts/gpu_host/install.sh:
@@ -39,18 +40,24 @@ PENALTIES = {
 
 
 def _prompts(tiny_models, n=4):
+    """``[bos, 17, p, tau^k(p)]``: the rule's k-th output token repeats an earlier one (k = 1:
+    the second output repeats the first, one depth apart inside the first tree)."""
     tau = models_manifest(tiny_models)["tau"]
     out = []
-    for p in (40, 101, 233, 377)[:n]:
-        out.append([1, 17, p, tau[tau[p]]])
+    for p, k in ((40, 1), (101, 2), (233, 3), (377, 1))[:n]:
+        q = p
+        for _ in range(k):
+            q = tau[q]
+        out.append([1, 17, p, q])
     return out
 
 
 def _bias(tiny_models):
-    """Replacement tokens 14, 13.5, ... logits above the rest (the rule's winner is ~20 above)."""
+    """Replacement tokens 15, 11 and 7 logits above the rest: a penalised repeat of the rule's
+    winner (~20 above the rest, 5 after the penalty) loses to the first unused one by 4."""
     tau = models_manifest(tiny_models)["tau"]
-    picks = [t for t in range(300, 512) if t not in (tau[t],)][:24]
-    return {str(t): 14.0 - 0.5 * i for i, t in enumerate(picks)}
+    picks = [t for t in range(300, 512) if t != tau[t]][:3]
+    return {str(t): 15.0 - 4.0 * i for i, t in enumerate(picks)}
 
 
 def _gen(server, ids, **sampling):
@@ -77,7 +84,7 @@ def test_greedy_with_penalties_is_the_targets_own(servers, tiny_models, target, 
     for ids in _prompts(tiny_models):
         want = _gen(ref, ids, **params)
         changed += want != rule_continuation(tiny_models, ids, N)
-        for kind in SPECULATIVE:
+        for kind in SPECULATIVE[target]:
             got = _gen(servers[(target, kind)], ids, **params)
             first = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
             assert got == want, f"{target} {kind} {penalty}: first difference at token {first}"
@@ -93,13 +100,13 @@ def test_min_new_tokens_counts_each_nodes_depth(servers, tiny_models, target):
         for ids in _prompts(tiny_models, 2):
             want = _gen(ref, ids, **params)
             assert len(want) <= min_new + 1  # EOS wins as soon as it may
-            for kind in SPECULATIVE:
+            for kind in SPECULATIVE[target]:
                 assert _gen(servers[(target, kind)], ids, **params) == want, (target, kind, min_new)
 
 
 def test_sampling_masks_are_refused_per_request(servers, tiny_models):
     ids = _prompts(tiny_models, 1)[0]
-    for kind in SPECULATIVE:
+    for kind in SPECULATIVE["mla"]:
         s = servers[("mla", kind)]
         msg = _refusal(s, {"input_ids": ids, "return_sampling_mask": True,
                            "sampling_params": {"temperature": 1.0, "max_new_tokens": 4}})
