@@ -180,19 +180,18 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     vocabs = [int(v) for v in args.vocab.split(",")]
     rows = []
+    result = {"what": "verify sampling cost per DDTREE step (benchmarks/verify_sampling_cost.py)",
+              "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(0), "rows": rows}
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"{args.tag}.json"
     for vocab in vocabs:
         _, sampler = _context(vocab)
         for bs in (int(b) for b in args.bs.split(",")):
             for budget in (int(b) for b in args.budget.split(",")):
                 for setting in args.settings.split(","):
-                    row = measure(vocab, bs, budget, setting, sampler, args.iters)
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-    result = {"what": "verify sampling cost per DDTREE step (benchmarks/verify_sampling_cost.py)",
-              "date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name(0), "rows": rows}
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    out = args.out_dir / f"{args.tag}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+                    rows.append(measure(vocab, bs, budget, setting, sampler, args.iters))
+                    print(json.dumps(rows[-1]), flush=True)
+                    out.write_text(json.dumps(result, indent=1) + "\n")  # a cut-off run keeps its rows
     plt = pyplot()
     if plt is not None:
         fig, ax = plt.subplots(figsize=(11, 4.5))
