@@ -47,6 +47,7 @@ every point; ``--deadline-s`` skips what would not fit and lists it under ``skip
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -614,6 +615,8 @@ def main(argv=None) -> int:
     lg.add_argument("--sampling-samples", type=int, default=3000)
     lg.add_argument("--sampling-ddtree", default="ddtree16", help="the DDTREE server the sampling check uses")
     lg.add_argument("--sampling-max-s", type=float, default=120.0, help="time the sampling check may take (0 leaves it out)")
+    lg.add_argument("--py-spy", default="", help="configs whose scheduler py-spy samples during the first batch's "
+                    "points (host time per step), e.g. dflash,ddtree16")
     args = ap.parse_args(argv)
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -632,6 +635,7 @@ def main(argv=None) -> int:
     if not 0 < args.top_p <= 1 or args.top_k < 0 or args.repeats < 1 or args.num_prompts < 1:
         ap.error("top-p in (0, 1], top-k >= 0, repeats >= 1, num-prompts >= 1")
     try:
+        args.py_spy = [c for c in args.py_spy.split(",") if c]
         args.sampling = (parse_sampling(args.sampling) if args.sampling
                          else [(t, args.top_p, args.top_k) for t in args.temperature])
     except ValueError as e:
@@ -688,6 +692,54 @@ def main(argv=None) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def host_profiles(procs: dict, out_dir: Path, tag: str, result: dict):
+    """While the block runs, py-spy samples each given server's scheduler process (where a
+    decode step's host work runs) into ``hostprof_<tag>_<config>.json`` (speedscope format):
+    where the host time of a step goes, on a target too small to hide it."""
+    import shutil
+    import signal
+    import subprocess
+
+    spy = shutil.which("py-spy")
+    if procs and spy is None:
+        result["skipped"].append({"what": "host profile", "reason": "py-spy is not installed"})
+    running = []
+    for label, proc in (procs.items() if spy else ()):
+        pid = scheduler_pid(proc.proc.pid)
+        if pid is None:
+            result["skipped"].append({"what": "host profile", "config": label, "reason": "no scheduler process"})
+            continue
+        path = out_dir / f"hostprof_{tag}_{label}.json"
+        running.append(subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "200", "--format", "speedscope",
+                                         "--nonblocking", "-o", str(path)], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.STDOUT))  # fmt: skip
+        result.setdefault("host_profiles", {})[label] = path.name
+    try:
+        yield
+    finally:
+        for p in running:
+            p.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        for p in running:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def scheduler_pid(launcher_pid: int):
+    """The launcher's descendant that runs the scheduler (SGLang titles it ``sglang::scheduler``)."""
+    import psutil
+
+    for child in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            if "scheduler" in " ".join([child.name(), *child.cmdline()]):
+                return child.pid
+        except psutil.Error:
+            continue
+    return None
+
+
 def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: Deadline) -> None:
     if not args.model_path:
         raise SystemExit("--launch needs --model-path (and --draft-model-path for speculative configs)")
@@ -727,7 +779,8 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
         # sampling check (which fits itself into what is left).
         points = sweep_points(args)
         first = [p for p in points if p[0] == min(args.batch)]
-        run_points(servers, prompts, args, result, out, deadline, first)
+        with host_profiles({c: procs[c] for c in args.py_spy if c in procs}, args.out_dir, args.tag, result):
+            run_points(servers, prompts, args, result, out, deadline, first)
         check_lossless(servers, result, out)
         if args.step_ctx:
             e2e_step = _sibling("e2e_step", REPO / "benchmarks" / "e2e_step.py")
