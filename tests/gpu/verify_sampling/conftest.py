@@ -60,10 +60,17 @@ def _start_all(h, specs, log_dir):
             s.stop()
 
 
+def _pair_dir():
+    given = os.environ.get("DDTREE_LEARNED_PAIR")
+    return Path(given) if given and (Path(given) / "manifest.json").exists() else None
+
+
 @pytest.fixture(scope="session")
-def servers(request, tiny_models, gpu_log_dir):
-    """``servers[(target, config)]``: nospec_sync, the configurations of ``SPECULATIVE[target]``,
-    and ("mla", "nospec")."""
+def all_servers(request, tiny_models, gpu_log_dir):
+    """Every server of the suite, started together: ``(target, config)`` -> server. Per tiny
+    target nospec_sync and ``SPECULATIVE[target]``, ("mla", "nospec") with the overlap scheduler;
+    with the learned pair, its nospec_sync and speculative servers under
+    ``--enable-deterministic-inference`` (SGLang's seeded sampler; greedy output is unchanged)."""
     h = harness(request.config)
     specs = {}
     for target, (model, backend) in TARGETS.items():
@@ -72,26 +79,32 @@ def servers(request, tiny_models, gpu_log_dir):
         specs[(target, "nospec_sync")] = (path, [*base, "--disable-overlap-schedule"], {})
         for kind in SPECULATIVE[target]:
             specs[(target, kind)] = (path, [*base, *_spec_args(kind, str(tiny_models / f"{model}-dflash"))], {})
-    specs[("mla", "nospec")] = (str(tiny_models / "tiny-mla"), [*COMMON, "--attention-backend", "triton"], {})
+    if "mla" in TARGETS:
+        specs[("mla", "nospec")] = (str(tiny_models / "tiny-mla"), [*COMMON, "--attention-backend", "triton"], {})
+    pair = _pair_dir()
+    if pair is not None:
+        det = [*COMMON, "--attention-backend", "triton", "--enable-deterministic-inference"]
+        target = str(pair / "target")
+        specs[("pair", "nospec_sync")] = (target, [*det, "--disable-overlap-schedule"], {})
+        for kind in SPECULATIVE["pair"]:
+            specs[("pair", kind)] = (target, [*det, *_spec_args(kind, str(pair / "drafter"))], {})
     yield from _start_all(h, specs, gpu_log_dir)
 
 
-@pytest.fixture(scope="session")
-def learned_pair(request) -> Path:
-    given = os.environ.get("DDTREE_LEARNED_PAIR")
-    if not given or not (Path(given) / "manifest.json").exists():
+@pytest.fixture
+def servers(request, all_servers):
+    """The tiny targets' servers; a test of a target not selected does not apply."""
+    spec = getattr(request.node, "callspec", None)
+    target = spec.params.get("target", "mla") if spec is not None else "mla"
+    if target not in TARGETS:
+        pytest.skip(f"{harness(request.config).NOT_APPLICABLE}VERIFY_SAMPLING_TARGETS leaves out {target}")
+    return all_servers
+
+
+@pytest.fixture
+def learned_pair(request, all_servers) -> Path:
+    pair = _pair_dir()
+    if pair is None:
         pytest.skip(f"{harness(request.config).NOT_APPLICABLE}DDTREE_LEARNED_PAIR names no learned pair "
                     "(python3 -m scripts.learned_pair unpack ... --to DIR)")
-    return Path(given)
-
-
-@pytest.fixture(scope="session")
-def seeded_servers(request, learned_pair, gpu_log_dir):
-    """The learned pair under ``--enable-deterministic-inference``: nospec, dflash, ddtree16."""
-    h = harness(request.config)
-    det = [*COMMON, "--attention-backend", "triton", "--enable-deterministic-inference"]
-    drafter = str(learned_pair / "drafter")
-    specs = {("pair", "nospec"): (str(learned_pair / "target"), det, {})}
-    for kind in ("dflash", "ddtree16"):
-        specs[("pair", kind)] = (str(learned_pair / "target"), [*det, *_spec_args(kind, drafter)], {})
-    yield from _start_all(h, specs, gpu_log_dir)
+    return pair
