@@ -14,10 +14,10 @@ strategy with the least total time over that point's prefix lengths: a server's
 prefixes vary from step to step while its captured CUDA graphs keep one
 strategy per batch size.
 
-Without measured rows for a family the rule measured before the table existed
-applies: FlashMLA's prefix pass on sm_90 from :data:`FLASHMLA_MIN_ROWS` query
-rows per request (tree nodes x heads; see docs/tree-verify.md), the fused kernel
-everywhere else.
+Without measured rows for a family a rule applies, what was measured before the
+table existed: FlashMLA's prefix pass on sm_90 from :data:`FLASHMLA_MIN_ROWS`
+query rows per request (tree nodes x heads; see docs/tree-verify.md), the fused
+kernel everywhere else.
 
 ``SGLANG_DDTREE_VERIFY_STRATEGY`` overrides the ranking (``dispatch.forced_strategy``),
 and ``SGLANG_DDTREE_SM120_PROXY`` makes any GPU follow the sm_12x policy
