@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Baseline strategy: upstream's Triton ``extend_attention_fwd`` with a dense
-custom mask, which is what upstream's Triton backend runs for a tree verify.
+"""The baseline (the ``upstream_extend`` strategy, ``strategies/upstream_extend.py``):
+upstream's Triton ``extend_attention_fwd`` with a dense custom mask, which is what
+upstream's Triton backend runs for a tree verify.
 
 Kept for measurement and as a fallback with upstream's own numerics; it is
 slow at long context because each (head, query block) program streams the
