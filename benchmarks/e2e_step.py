@@ -110,7 +110,7 @@ def config_order(config: str) -> tuple:
 
 
 BACKENDS = ("triton", "flashinfer")
-#: SGLANG_DDTREE_VERIFY_STRATEGY values (tree_verify/dispatch.py STRATEGIES), each set
+#: SGLANG_DDTREE_VERIFY_STRATEGY values (tree_verify/registry.py STRATEGIES), each set
 #: explicitly, and "auto": the variable unset, the server's own choice (tree_verify/policy.py:
 #: per arch and batch size from the measured strategy table).
 VERIFY_PATHS = ("fused", "upstream_extend", "flashinfer_split", "flashmla_split", "reference", "auto")

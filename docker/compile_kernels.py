@@ -137,7 +137,8 @@ def ddtree_sources():
     from triton.compiler import ASTSource
 
     from sglang.srt.speculative.ddtree.tree_build import MAX_BUDGET, _ddtree_build_kernel, _launch_config
-    from sglang.srt.speculative.ddtree.tree_compile import _ddtree_compile_kernel, mask_words
+    from sglang.srt.layers.attention.tree_verify.masks import mask_words
+    from sglang.srt.speculative.ddtree.tree_compile import _ddtree_compile_kernel
 
     fn = _ddtree_build_kernel
     ints = ["stride_lp_b", "stride_lp_d", "stride_ids_b", "stride_ids_d", "stride_out_b",
