@@ -67,7 +67,7 @@ def _context(vocab: int):
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab, "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
         "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16"}))
-    sa = ServerArgs(model_path=str(d), skip_tokenizer_init=True)
+    sa = ServerArgs(model_path=str(d), device="cuda", skip_tokenizer_init=True)
     publish(sa, role="test")
     sampler_mod.get_tp_group = lambda: SimpleNamespace(device_group=None)
     return sa, sampler_mod.Sampler()
