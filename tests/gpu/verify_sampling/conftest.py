@@ -44,19 +44,37 @@ def _spec_args(kind: str, drafter: str) -> list[str]:
     return args
 
 
+class _Started(dict):
+    """Started servers by key; a key whose server did not start fails the test that asks for
+    it (with that server's error), not every test of the suite."""
+
+    def __init__(self):
+        super().__init__()
+        self.failed = {}
+
+    def __missing__(self, key):
+        pytest.fail(f"server {key} did not start: {self.failed.get(key, 'not configured')}"[-3000:])
+
+
 def _start_all(h, specs, log_dir):
     """Spawn every server, then wait for each (their starts overlap); stop all on exit."""
-    started = {}
+    spawned, started = {}, _Started()
     try:
         for key, (model, args, env) in specs.items():
-            started[key] = h.ServerProcess("verify-sampling-" + "-".join(key), model, args, log_dir, env=env)
+            spawned[key] = h.ServerProcess("verify-sampling-" + "-".join(key), model, args, log_dir, env=env)
         timeout = float(os.environ.get("DDTREE_SERVER_TIMEOUT", "420"))
-        for key, s in started.items():
-            s.wait_healthy(timeout)
+        for key, s in spawned.items():
+            try:
+                s.wait_healthy(timeout)
+            except Exception as e:  # noqa: BLE001  (recorded for the tests that need this server)
+                started.failed[key] = str(e)
+                print(f"\n[server {s.name} did not start]", flush=True)
+                continue
+            started[key] = s
             print(f"\n[server {s.name} healthy after {s.ready_s:.0f} s]", flush=True)
         yield started
     finally:
-        for s in started.values():
+        for s in spawned.values():
             s.stop()
 
 
