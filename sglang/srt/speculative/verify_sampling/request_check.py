@@ -12,7 +12,12 @@ from typing import Any, Optional
 from sglang.srt.runtime_context import get_exec
 
 
-def request_error(req: Any) -> Optional[str]:
+def refusal(req: Any) -> Optional[str]:
+    """Why ``req`` is refused, or None.
+
+    Upstream aborts a refused request after a one-token prefill that samples with the
+    request's own parameters, so a refused request is also made safe for that prefill.
+    """
     params = req.sampling_params
     if getattr(req, "return_sampling_mask", False):
         return (
@@ -20,6 +25,8 @@ def request_error(req: Any) -> Optional[str]:
             "the verify does not report the sampler's support per token."
         )
     if params.min_p > 0 and get_exec().deterministic.enable_deterministic_inference:
+        # The seeded sampler asserts on min-p (in the scheduler, for the whole server).
+        params.min_p = 0.0
         return (
             "min_p is not supported with --enable-deterministic-inference: SGLang's seeded "
             "sampler has no min-p path. Drop min_p or serve without deterministic inference."
