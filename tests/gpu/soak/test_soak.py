@@ -41,11 +41,11 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("GPU tier: needs a CUDA device", allow_module_level=True)
 
-from tests.gpu.soak import _verdict  # noqa: E402
+from tests.gpu.soak import _checks  # noqa: E402
 from tests.gpu.soak._client import send  # noqa: E402
 from tests.gpu.soak._load_mix import SoakRequest  # noqa: E402
-from tests.gpu.soak._malformed import CASES, Ctx, rejection_problem  # noqa: E402
-from tests.gpu.soak._soak import SPEC_SERVERS, log_bytes, results, run_soak, served_model  # noqa: E402
+from tests.gpu.soak._malformed import CASES, Ctx  # noqa: E402
+from tests.gpu.soak._soak import SPEC_SERVERS, results, run_soak, served_model  # noqa: E402
 
 SPEC = list(SPEC_SERVERS)
 RESULTS: dict = {}
@@ -85,55 +85,29 @@ def name(request, soak_settings):
     return request.param
 
 
-def _listed(problems, n=20):
-    more = f"\n... and {len(problems) - n} more" if len(problems) > n else ""
-    return "\n".join(problems[:n]) + more
-
-
 def test_soak_served_without_server_errors(soak, name):
-    r = soak[name]
-    assert r.alive, f"{name} died during the soak:\n{r.log[-4000:]}"
-    problems = [p for o in r.outcomes if (p := o.problem())]
-    assert not problems, f"{len(problems)} of {len(r.outcomes)} requests failed:\n{_listed(problems)}"
-    assert r.outcomes and any(o.completed for o in r.outcomes), "no request was served"
-    assert not _verdict.server_error_answers(r.log), _listed(_verdict.server_error_answers(r.log))
-    assert not _verdict.error_lines(r.log), _listed(_verdict.error_lines(r.log))
+    problems = _checks.served_problems(soak[name])
+    assert not problems, f"{len(problems)} problems of {len(soak[name].outcomes)} requests:\n{_checks.listed(problems)}"
 
 
 def test_soak_greedy_equals_no_speculation(soak, name):
-    r = soak[name]
-    compared = [o for o in r.outcomes if o.req.greedy and o.completed]
-    assert compared, "no greedy request completed"
-    problems = _verdict.greedy_mismatches(r.outcomes, r.references)
-    assert not problems, f"{len(problems)} of {len(compared)} greedy answers:\n{_listed(problems)}"
+    problems = _checks.greedy_problems(soak[name])
+    assert not problems, f"{len(problems)} greedy answers differ:\n{_checks.listed(problems)}"
 
 
 def test_soak_pools_clean_once_idle(soak, name):
-    r = soak[name]
-    assert r.alive, f"{name} died (the strict idle check kills the server on a leak):\n{r.log[-4000:]}"
-    leaks = [line for line in r.log.splitlines() if any(p in line for p in ("memory leak", "Mem Leak"))]
-    assert not leaks, _listed(leaks)
-    assert not r.idle_problems, f"{name} once idle: {r.idle_problems}; /metrics: " + json.dumps(
-        {k: v for k, v in r.idle_metrics.items() if "token" in k or "reqs" in k})
+    problems = _checks.pool_problems(soak[name])
+    assert not problems, _checks.listed(problems)
 
 
 def test_soak_retracted_aborted_and_hit_the_radix_cache(soak, name, soak_settings):
-    r = soak[name]
-    fig = r.figures(soak_settings.duration_s)
-    assert r.retracted() > 0, (
-        f"{name} never retracted a request: its KV pool ({r.max_total_tokens} tokens) was not small enough "
-        f"for the load (SOAK_POOL_FRACTION={soak_settings.pool_fraction}); figures: {fig}")
-    assert fig["aborted_by_client"] > 0, fig
-    assert fig["requests_with_cached_prefix"] > 0, fig
+    problems = _checks.load_shape_problems(soak[name], soak_settings)
+    assert not problems, _checks.listed(problems)
 
 
 def test_reference_servers_stayed_clean(soak, soak_servers, soak_settings):
-    for target in soak_settings.targets:
-        ref = soak_servers[f"{target}-reference"]
-        assert ref.alive(), ref.log_tail()
-        assert not ref.leak_lines(), ref.leak_lines()
-        log = ref.log_text()
-        assert not _verdict.server_error_answers(log), _listed(_verdict.server_error_answers(log))
+    problems = [p for t in soak_settings.targets for p in _checks.after_problems(soak_servers[f"{t}-reference"], 0)]
+    assert not problems, _checks.listed(problems)
 
 
 # ------------------------------------------------------------------------------ after the soak
@@ -145,48 +119,20 @@ def _ctx(server, soak_mixes, name):
                prompt=mix.prefixes[0])  # fmt: skip
 
 
-def _post(server, path, payload: bytes, timeout=300.0):
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(server.base_url + path, data=payload, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def _normal_request_problem(server, model, prompt) -> str:
-    req = SoakRequest(client=-2, seq=0, api="generate", prompt=tuple(prompt), max_tokens=8, greedy=True, stream=False)
-    return send(server.name, server.base_url, model, req, 120.0).problem()
-
-
-def test_malformed_requests_get_a_400(soak, soak_servers, soak_mixes, soak_settings):
+def test_malformed_requests_get_a_400(soak, soak_servers, soak_mixes, soak_settings, gpu_log_dir):
     """Every case on every speculative server, the servers in parallel; after each, a normal
     request must be served."""
 
     def one_server(name):
         server = soak_servers[name]
-        ctx = _ctx(server, soak_mixes, name)
-        problems, answers = [], {}
-        for case in CASES:
-            status, body = _post(server, case.path, case.payload(ctx))
-            answers[case.name] = status
-            if (p := rejection_problem(case, status, body)) is not None:
-                problems.append(f"{name}: {p}")
-            if not server.alive():
-                problems.append(f"{name}: died after {case.name}")
-                break
-            if (p := _normal_request_problem(server, ctx.model, ctx.prompt)) is not None:
-                problems.append(f"{name}: after {case.name}: {p}")
-        return problems, answers
+        return _checks.malformed_problems(server, _ctx(server, soak_mixes, name), CASES)
 
     with ThreadPoolExecutor(len(soak_settings.servers)) as ex:
         done = dict(zip(soak_settings.servers, ex.map(one_server, soak_settings.servers)))
     RESULTS["malformed"] = {name: answers for name, (_, answers) in done.items()}
+    _write_results(gpu_log_dir)
     problems = [p for ps, _ in done.values() for p in ps]
-    assert not problems, _listed(problems, 40)
+    assert not problems, _checks.listed(problems, 40)
 
 
 def test_a_request_filling_the_context_is_served(soak, soak_servers, soak_mixes, soak_settings, gpu_log_dir):
@@ -212,25 +158,17 @@ def test_a_request_filling_the_context_is_served(soak, soak_servers, soak_mixes,
                          min(len(got.output_ids), len(want.output_ids)))  # fmt: skip
             problems.append(f"{name}: differs from no speculation at output position {first} of "
                             f"{len(want.output_ids)}")  # fmt: skip
-    RESULTS["context_edge"] = {"prompt_tokens": len(prompt), "output_tokens": lengths, "problems": problems}
+    RESULTS["context_edge"] = {"output_tokens": lengths, "problems": problems}
     _write_results(gpu_log_dir)
-    assert not problems, _listed(problems)
+    assert not problems, _checks.listed(problems)
 
 
-def test_servers_clean_after_the_malformed_requests(soak, soak_servers, soak_settings, gpu_log_dir):
+def test_servers_clean_after_the_malformed_requests(soak, soak_servers, soak_settings):
     time.sleep(3.0)  # the strict idle check runs once the scheduler is idle
     problems = []
     for name in soak_settings.servers:
         server = soak_servers[name]
-        if not server.alive():
-            problems.append(f"{name} died:\n{server.log_tail(40)}")
-            continue
-        later = log_bytes(server, soak[name].log_end)
-        bad = [line for line in later.splitlines() if any(p in line for p in (
-            "Scheduler hit an exception", "Traceback (most recent call last)", "memory leak", "Mem Leak",
-            "double free", "use-after-free"))]  # fmt: skip
-        problems += [f"{name}: {line}" for line in bad]
-        problems += [f"{name}: {line}" for line in _verdict.server_error_answers(later)]
-        server.get("/health_generate", timeout=60)
-    _write_results(gpu_log_dir)
-    assert not problems, _listed(problems)
+        problems += _checks.after_problems(server, soak[name].log_end)
+        if server.alive():
+            server.get("/health_generate", timeout=60)
+    assert not problems, _checks.listed(problems)
