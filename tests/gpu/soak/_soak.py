@@ -116,6 +116,7 @@ class ServerSoak:
             "greedy_compared": sum(1 for o in self.outcomes if o.req.greedy and o.completed),
             "greedy_mismatches": len(_verdict.greedy_mismatches(self.outcomes, self.references)),
             "server_errors_in_access_log": len(_verdict.server_error_answers(self.log)),
+            "access_log_statuses": _verdict.access_statuses(self.log),
             "error_lines_in_log": len(_verdict.error_lines(self.log)),
         })  # fmt: skip
         return fig
