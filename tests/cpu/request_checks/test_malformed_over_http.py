@@ -6,6 +6,7 @@ as the table says and the normal request after each is served."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -49,11 +50,16 @@ def over_http(served):
     thread.join(10)
 
 
-def test_every_case_refused_and_the_next_request_served(over_http, served):
+def test_every_case_refused_and_the_next_request_served(over_http, served, caplog):
+    """... and the server logs no traceback for any of them (the GPU test fails on one)."""
     cases = [c for c in CASES if not c.spec_only]
     ctx = Ctx(model="tiny", context_len=CONTEXT, vocab_size=VOCAB, prompt=(1, 17, 18, 300))
     before = len(served.sent)
-    problems, answers = malformed_problems(over_http, ctx, cases)
+    with caplog.at_level(logging.INFO):
+        problems, answers = malformed_problems(over_http, ctx, cases)
     assert problems == []
     assert answers == {c.name: 400 for c in cases}
     assert len(served.sent) - before == len(cases)  # only the normal requests reached the scheduler
+    assert any("[http_server] Error" in r.getMessage() for r in caplog.records)  # the log is seen
+    assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    assert not [r for r in caplog.records if any(m in r.getMessage() for m in ("hit an exception", "Internal server"))]

@@ -107,8 +107,8 @@ class Handler(BaseHTTPRequestHandler):
             STATE["inflight"] += 1
             if k % 5 == 0 and FAULT != "no_retract":
                 STATE["retracted"] += 2
-                log(f"[2026-12-03 12:00:00] KV cache pool is full. Retract requests. #retracted_reqs: 2, "
-                    f"#new_tokens_gained: 300, #new_token_ratio: 0.3000 -> 0.4000")  # fmt: skip
+                log("[2026-12-03 12:00:00] KV cache pool is full. Retract requests. #retracted_reqs: 2, "
+                    "#new_tokens_gained: 300, #new_token_ratio: 0.3000 -> 0.4000")
             hang = FAULT == "hang" and k >= 10 and not STATE["hung"]
             STATE["hung"] |= hang
         try:

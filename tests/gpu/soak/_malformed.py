@@ -44,6 +44,11 @@ class Malformed:
     spec_only: bool = False
     status: int = 400
 
+    @property
+    def heavy(self) -> bool:
+        """A body of about 10 MB (seconds of tokenization)."""
+        return self.name.startswith("body_10mb")
+
     def payload(self, ctx: Ctx) -> bytes:
         body = self.body(ctx)
         return body if isinstance(body, bytes) else json.dumps(body).encode()

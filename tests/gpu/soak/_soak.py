@@ -148,15 +148,16 @@ def max_total_tokens(server) -> int:
     return int(json.loads(server.get("/server_info").read())["max_total_num_tokens"])
 
 
-def warm_up(server, model: str, prompt: tuple, timeout_s: float) -> List[str]:
-    """One greedy, one sampled and one streamed request (first-use compiles happen here,
-    outside the measured window); the problems, if any."""
+def warm_up(server, model: str, prompt: tuple, timeout_s: float, sampled: bool = True) -> List[str]:
+    """One greedy, one streamed and (``sampled``) one sampled request: first-use compiles
+    happen here, outside the measured window. The problems, if any."""
     reqs = [
         SoakRequest(client=-1, seq=0, api="generate", prompt=prompt, max_tokens=8, greedy=True, stream=False),
-        SoakRequest(client=-1, seq=1, api="generate", prompt=prompt, max_tokens=8, greedy=False, stream=False,
-                    sampling=(("temperature", 1.0), ("top_p", 0.95), ("top_k", 20))),  # fmt: skip
-        SoakRequest(client=-1, seq=2, api="completions", prompt=prompt, max_tokens=8, greedy=True, stream=True),
+        SoakRequest(client=-1, seq=1, api="completions", prompt=prompt, max_tokens=8, greedy=True, stream=True),
     ]
+    if sampled:
+        reqs.append(SoakRequest(client=-1, seq=2, api="generate", prompt=prompt, max_tokens=8, greedy=False,
+                                stream=False, sampling=(("temperature", 1.0), ("top_p", 0.95), ("top_k", 20))))
     return [p for r in reqs if (p := send(server.name, server.base_url, model, r, timeout_s).problem())]
 
 
@@ -179,10 +180,11 @@ def wait_idle(server, timeout_s: float) -> Dict[str, float]:
 
 
 def run_soak(spec: Dict[str, object], refs: Dict[str, object], mixes: Dict[str, LoadMix],
-             settings: SoakSettings, log=print) -> Dict[str, ServerSoak]:  # fmt: skip
+             settings: SoakSettings, log=print, log_starts: Optional[dict] = None) -> Dict[str, ServerSoak]:  # fmt: skip
     """Load every server of ``spec`` (name -> handle; its target is ``SPEC_SERVERS[name][0]``)
     with ``settings.clients`` clients for ``settings.duration_s``, the greedy requests
-    answered again by ``refs[target]``; then wait for idle and collect."""
+    answered again by ``refs[target]``; then wait for idle and collect. ``log_starts``, if
+    given, receives every server's log size (bytes) when the load starts, by handle name."""
     everyone = {**spec, **{f"{t}-reference": h for t, h in refs.items()}}
     models = {name: served_model(h) for name, h in everyone.items()}
     pools = {name: max_total_tokens(h) for name, h in spec.items()}
@@ -191,7 +193,8 @@ def run_soak(spec: Dict[str, object], refs: Dict[str, object], mixes: Dict[str, 
     target_of = {**{n: SPEC_SERVERS[n][0] for n in spec}, **{f"{t}-reference": t for t in refs}}
 
     def warm_one(name):
-        return warm_up(everyone[name], models[name], mixes[target_of[name]].prefixes[0], settings.warmup_timeout_s)
+        return warm_up(everyone[name], models[name], mixes[target_of[name]].prefixes[0], settings.warmup_timeout_s,
+                       sampled=name in spec)  # fmt: skip
 
     with ThreadPoolExecutor(len(everyone)) as ex:
         warm = dict(zip(everyone, ex.map(warm_one, everyone)))
@@ -200,6 +203,8 @@ def run_soak(spec: Dict[str, object], refs: Dict[str, object], mixes: Dict[str, 
         raise AssertionError(f"servers failed their first requests: {failed}")
 
     starts = {name: log_size(h) for name, h in spec.items()}
+    if log_starts is not None:
+        log_starts.update({h.name: log_size(h) for h in everyone.values()})
     before = {name: h.metrics() for name, h in spec.items()}
     books = {t: References(f"{t}-reference", h.base_url, models[f"{t}-reference"], settings.reference_workers,
                            settings.request_timeout_s) for t, h in refs.items()}  # fmt: skip
