@@ -12,6 +12,7 @@ tokens, so a test sees exactly what would have reached the scheduler.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 from dataclasses import dataclass, field
@@ -82,12 +83,16 @@ def served(tmp_path_factory):
         served.sent.append(tokenized)
 
     async def scheduler_answer(obj, request=None):
+        """``max_new_tokens`` tokens; a stream gets them 4 at a time, 20 ms apart."""
         tokenized = served.sent[-1]
         n = tokenized.sampling_params.max_new_tokens or 1
-        meta = {"id": obj.rid, "finish_reason": {"type": "length", "length": n},
-                "prompt_tokens": len(tokenized.input_ids), "completion_tokens": n, "cached_tokens": 0,
-                "weight_version": "default", "e2e_latency": 0.01}  # fmt: skip
+        meta = {"id": obj.rid, "finish_reason": None, "prompt_tokens": len(tokenized.input_ids),
+                "completion_tokens": n, "cached_tokens": 0, "weight_version": "default", "e2e_latency": 0.01}  # fmt: skip
+        for k in range(4, n, 4) if obj.stream else ():
+            await asyncio.sleep(0.02)
+            yield {"text": " ".join(["bako"] * k), "output_ids": [17] * k, "meta_info": {**meta, "completion_tokens": k}}
         tm.rid_to_state.pop(obj.rid, None)  # what the scheduler's answer path does
+        meta["finish_reason"] = {"type": "length", "length": n}
         yield {"text": " ".join(["bako"] * n), "output_ids": [17] * n, "meta_info": meta}
 
     tm._send_one_request = to_scheduler

@@ -16,6 +16,7 @@ import pytest
 from tests.cpu.request_checks.conftest import CONTEXT, VOCAB
 from tests.gpu.soak._checks import malformed_problems
 from tests.gpu.soak._malformed import CASES, Ctx
+from tests.gpu.soak._verdict import error_lines
 
 
 class _Served:
@@ -38,7 +39,7 @@ def over_http(served):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(http_server.app, host="127.0.0.1", port=port, log_level="warning",
-                                           loop="asyncio", lifespan="off"))  # fmt: skip
+                                           loop="asyncio", lifespan="off", log_config=None))  # fmt: skip
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
@@ -63,3 +64,29 @@ def test_every_case_refused_and_the_next_request_served(over_http, served, caplo
     assert any("[http_server] Error" in r.getMessage() for r in caplog.records)  # the log is seen
     assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
     assert not [r for r in caplog.records if any(m in r.getMessage() for m in ("hit an exception", "Internal server"))]
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
+def test_a_client_leaving_mid_stream_logs_no_error(over_http, caplog, path):
+    """The soak fails on an error line in a server log; a client that drops a stream (one
+    request in ten of its load) must not cause one in the HTTP layer."""
+    import http.client
+    import json
+
+    body = ({"input_ids": [1, 17, 18], "sampling_params": {"max_new_tokens": 400}, "stream": True}
+            if path == "/generate" else
+            {"model": "tiny", "prompt": [1, 17, 18], "max_tokens": 400, "stream": True})  # fmt: skip
+    with caplog.at_level(logging.DEBUG):
+        conn = http.client.HTTPConnection("127.0.0.1", int(over_http.base_url.rsplit(":", 1)[1]), timeout=30)
+        conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        events = 0
+        while events < 3:
+            if resp.readline().startswith(b"data:"):
+                events += 1
+        conn.close()
+        time.sleep(3.0)  # the stream notices, the abort task runs
+    lines = [f"{r.name}: {r.getMessage()}" for r in caplog.records]
+    assert not error_lines("\n".join(lines)), lines
+    assert not [r for r in caplog.records if r.exc_info], lines
