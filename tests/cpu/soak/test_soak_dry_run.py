@@ -48,8 +48,10 @@ def run(tmp_path, faults: dict):
             s.wait_healthy(60)
         spec = {n: servers[n] for n in SETTINGS.servers}
         refs = {t: servers[f"{t}-reference"] for t in SETTINGS.targets}
-        report = run_soak(spec, refs, mixes, SETTINGS, log=lambda m: None)
-        return report, servers, configs
+        starts = {}
+        report = run_soak(spec, refs, mixes, SETTINGS, log=lambda m: None, log_starts=starts)
+        after = {n: _checks.after_problems(s, starts[s.name]) for n, s in servers.items()}
+        return report, after, configs
     finally:
         for s in servers.values():
             s.stop()
@@ -66,8 +68,9 @@ def all_problems(report, name):
 
 
 def test_healthy_servers_pass_every_check(tmp_path):
-    report, _, configs = run(tmp_path, {})
+    report, after, configs = run(tmp_path, {})
     assert sorted(report) == sorted(SPEC_SERVERS)
+    assert after == {n: [] for n in configs}  # references included
     for name in SPEC_SERVERS:
         assert all_problems(report, name) == {"served": [], "greedy": [], "pools": [], "load": []}, name
         fig = report[name].figures(SETTINGS.duration_s)
@@ -93,8 +96,10 @@ def test_each_fault_is_caught_by_its_check(tmp_path):
 
 def test_hangs_crashes_short_answers_and_error_lines_are_caught(tmp_path):
     faults = {"mla-ddtree": "hang", "mla-dflash": "crash", "gqa-ddtree": "error_line", "gqa-dflash": "short"}
-    report, _, _ = run(tmp_path, faults)
+    report, after, _ = run(tmp_path, faults)
     served = {name: _checks.served_problems(report[name]) for name in faults}
+    assert "died" in after["mla-dflash"][0] and "Scheduler hit an exception" in after["gqa-ddtree"][0]
+    assert after["gqa-dflash"] == [] and after["mla-reference"] == []
     assert any("no answer by the drain deadline" in p for p in served["mla-ddtree"]), served["mla-ddtree"]
     assert report["mla-ddtree"].figures(SETTINGS.duration_s)["hung"] == 1
     assert _checks.pool_problems(report["mla-ddtree"])  # the hung request still holds its slot
