@@ -41,6 +41,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("GPU tier: needs a CUDA device", allow_module_level=True)
 
+from tests.gpu.harness import harness  # noqa: E402
 from tests.gpu.soak import _checks  # noqa: E402
 from tests.gpu.soak._client import send  # noqa: E402
 from tests.gpu.soak._load_mix import SoakRequest  # noqa: E402
@@ -81,9 +82,7 @@ def soak(soak_servers, soak_settings, soak_mixes, gpu_log_dir):
 @pytest.fixture(params=SPEC)
 def name(request, soak_settings):
     if request.param not in soak_settings.servers:
-        from tests.gpu.conftest import NOT_APPLICABLE
-
-        pytest.skip(f"{NOT_APPLICABLE}SOAK_SERVERS leaves out {request.param}")
+        pytest.skip(f"{harness(request.config).NOT_APPLICABLE}SOAK_SERVERS leaves out {request.param}")
     return request.param
 
 
