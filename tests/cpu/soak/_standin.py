@@ -10,7 +10,7 @@ server and its no-speculation reference must. ``STANDIN_FAULT`` makes one misbeh
 ``wrong_greedy`` (some greedy answers differ), ``http500`` (some requests answered 500),
 ``hang`` (one request never answered), ``no_retract``, ``leak`` (KV held once idle),
 ``error_line`` (logs a scheduler exception), ``crash`` (exits after a few requests),
-``short`` (some answers one token short).
+``short`` (some answers one token short), ``dead_on_arrival`` (exits at the first request).
 
     python _standin.py --model-path M --host H --port P [--max-total-tokens N] [other flags, ignored]
 """
@@ -112,7 +112,7 @@ class Handler(BaseHTTPRequestHandler):
             hang = FAULT == "hang" and k >= 10 and not STATE["hung"]
             STATE["hung"] |= hang
         try:
-            if FAULT == "crash" and k > 20:
+            if FAULT == "crash" and k > 20 or FAULT == "dead_on_arrival":
                 os._exit(1)
             if FAULT == "error_line" and k == 12:
                 log("[2026-12-03 12:00:01] Scheduler hit an exception: Traceback (most recent call last):")

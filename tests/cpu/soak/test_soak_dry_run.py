@@ -127,3 +127,13 @@ def test_server_command_lines(tmp_path, name):
     assert env["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"] == "1"
     ref_model, ref_args, _ = configs[f"{target}-reference"]
     assert ref_model == model and "--speculative-algorithm" not in ref_args
+
+
+def test_a_server_failing_its_first_requests_is_left_out(tmp_path):
+    """The others are soaked and pass; it fails its checks with what went wrong."""
+    report, _, _ = run(tmp_path, {"gqa-ddtree": "dead_on_arrival"})
+    assert report["gqa-ddtree"].outcomes == [] and not report["gqa-ddtree"].alive
+    assert "failed its first requests and was left out" in _checks.served_problems(report["gqa-ddtree"])[0]
+    assert _checks.greedy_problems(report["gqa-ddtree"])
+    for name in ("mla-ddtree", "mla-dflash", "gqa-dflash"):
+        assert all_problems(report, name) == {"served": [], "greedy": [], "pools": [], "load": []}, name

@@ -25,6 +25,8 @@ def listed(problems: List[str], n: int = 20) -> str:
 
 def served_problems(r: ServerSoak) -> List[str]:
     """No server error: alive, every request answered in full, no 5xx, no error line."""
+    if r.warmup_problems:
+        return [f"{r.name} failed its first requests and was left out of the load:", *r.warmup_problems]
     if not r.alive:
         return [f"{r.name} died during the soak; its log ends:\n{r.log[-4000:]}"]
     problems = [p for o in r.outcomes if (p := o.problem())]
