@@ -15,8 +15,8 @@ the failure into a 400:
   a prompt that tokenizes to nothing (the prefill has no position to predict from), a
   ``logit_bias`` value that is not a number, a ``stream_interval`` that is not one,
   ``stop_token_ids`` outside the vocabulary with ``min_new_tokens`` (the penalizer scatters
-  them into a vocabulary-wide row), ``min_new_tokens`` beyond the context, a
-  ``sampling_seed`` beyond int64.
+  them into a vocabulary-wide row), a ``sampling_seed`` beyond int64 (packed as int64 for
+  seeded sampling).
 
 Two checks, hooked in by patch 0082:
 
@@ -25,7 +25,7 @@ Two checks, hooked in by patch 0082:
 client sent them: known names, a type per parameter, and the bounds that need no model.
 ``check_generate_input`` runs in ``TokenizerManager._validate_one_request``, once the
 prompt is tokenized: at least one token, every id inside the vocabulary, stop token ids
-inside the vocabulary, ``min_new_tokens`` inside the context.
+inside the vocabulary.
 
 Both raise ``ValueError`` with one sentence naming the parameter, what it must be and what
 came; what upstream already refuses keeps upstream's message.
@@ -161,10 +161,10 @@ def _outside(ids: Iterable[Any], vocab_size: int) -> Optional[tuple]:
     return None
 
 
-def check_generate_input(obj: Any, input_ids: Optional[list], vocab_size: int, context_len: int) -> None:
+def check_generate_input(obj: Any, input_ids: Optional[list], vocab_size: int) -> None:
     """A single generate request once tokenized (``GenerateReqInput`` after normalizing,
     ``input_ids`` its prompt). Requests with multimodal data or input embeddings carry
-    placeholder ids and are left to upstream."""
+    placeholder ids and are left to upstream; so are the length checks."""
     sampling = obj.sampling_params if isinstance(obj.sampling_params, dict) else {}
     if input_ids is not None and obj.input_embeds is None and not obj.contains_mm_input():
         if len(input_ids) == 0:
@@ -173,12 +173,6 @@ def check_generate_input(obj: Any, input_ids: Optional[list], vocab_size: int, c
             pos, token = _outside(input_ids, vocab_size)
             raise ValueError(
                 f"Input token id {token} at position {pos} is outside the vocabulary: ids must be in [0, {vocab_size})."
-            )
-        min_new = sampling.get("min_new_tokens")
-        if _is_integer(min_new) and min_new + len(input_ids) > context_len:
-            raise ValueError(
-                f"min_new_tokens ({int(min_new)}) and the input ({len(input_ids)} tokens) exceed the model's "
-                f"context length of {context_len} tokens."
             )
     stop_ids = sampling.get("stop_token_ids")
     if stop_ids:

@@ -150,3 +150,32 @@ def test_upstream_scheduler_batch_raises(params, error, tmp_path):
     with pytest.raises((RuntimeError, TypeError, IndexError), match=error):
         SamplingBatchInfo.from_schedule_batch(_Batch([ok, req]), VOCAB)
 
+
+
+# ------------------------------------------------------------------ upstream alone, on the same table
+
+
+@pytest.fixture
+def upstream_alone(served, monkeypatch):
+    """The served app with patch 0082's two checks switched off: upstream 0.5.17's own answers."""
+    from sglang.srt.managers import request_checks, tokenizer_manager
+
+    monkeypatch.setattr(request_checks, "check_sampling_params", lambda params: None)
+    monkeypatch.setattr(tokenizer_manager, "check_generate_input", lambda *a, **k: None)
+    return served
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES if not c.spec_only])
+def test_fixed_here_marks_what_upstream_does_not_refuse(upstream_alone, name):
+    """``fixed_here`` is exact: without patch 0082 upstream refuses every other case as the
+    table expects, and none of the ``fixed_here`` ones (it answers 500, passes the request on
+    to the scheduler, or refuses with a message that does not name the parameter)."""
+    case = BY_NAME[name]
+    status, body, reached = _post(upstream_alone, case.path, case.payload(CTX))
+    problem = rejection_problem(case, status, body)
+    if case.fixed_here:
+        assert problem is not None, f"upstream alone already answers {name} as expected"
+        assert status == 500 or reached or status == 400, (status, body[:300])
+    else:
+        assert problem is None, problem
+        assert not reached

@@ -6,9 +6,10 @@ against upstream's real HTTP app and tokenizer manager (tests/cpu/request_checks
 checks that every case here is answered as ``expect`` says before it ever reaches a GPU.
 
 ``fixed_here``: refused by this project's checks (``managers/request_checks.py``, patch
-0082); upstream 0.5.17 answers it with a 500 or passes it on to the scheduler (where top-k
+0082); upstream 0.5.17 answers it with a 500, passes it on to the scheduler (where top-k
 beyond int32, a non-numeric logit bias, stop ids outside the vocabulary and token ids
-outside it raise and kill the server). ``spec_only``: refused by the scheduler on a DFLASH
+outside it raise and kill the server), or refuses it with a message that does not name the
+parameter. ``spec_only``: refused by the scheduler on a DFLASH
 or DDTREE server (upstream's ``validate_dflash_request``) and served elsewhere.
 """
 
@@ -117,9 +118,9 @@ CASES = [
     Malformed("max_new_tokens_beyond_context", G, lambda c: _gen(c, max_new_tokens=10**9), "context length"),
     Malformed("max_new_tokens_negative", G, lambda c: _gen(c, max_new_tokens=-1), "max_new_tokens"),
     Malformed("max_tokens_zero_openai", C, lambda c: _cmpl(c, max_tokens=0), "max_tokens"),
-    Malformed("min_new_tokens_beyond_context", G,
+    Malformed("min_new_tokens_above_max", G,
               lambda c: {"input_ids": list(c.prompt), "sampling_params": {"min_new_tokens": 2 * c.context_len}},
-              "min_new_tokens", fixed_here=True),  # fmt: skip
+              "min_new_tokens"),  # fmt: skip
     # token ids outside the vocabulary
     Malformed("input_id_beyond_vocab", G, lambda c: _gen(c, [*c.prompt, c.vocab_size + 7]), "vocabulary",
               fixed_here=True),  # fmt: skip
@@ -144,7 +145,7 @@ CASES = [
     Malformed("max_new_tokens_string", G, lambda c: _gen(c, max_new_tokens="ten"), "max_new_tokens", fixed_here=True),
     Malformed("n_string", G, lambda c: _gen(c, n="2"), "integer", fixed_here=True),
     Malformed("unknown_sampling_param", G, lambda c: _gen(c, max_tokens=8), "max_new_tokens", fixed_here=True),
-    Malformed("stop_not_strings", G, lambda c: _gen(c, stop=[5]), "stop"),
+    Malformed("stop_not_strings", G, lambda c: _gen(c, stop=[5]), "stop", fixed_here=True),
     Malformed("logit_bias_value_string", G, lambda c: _gen(c, logit_bias={"17": "x"}), "logit_bias",
               fixed_here=True),  # fmt: skip
     Malformed("stream_interval_string", G, lambda c: _gen(c, stream_interval="x"), "stream_interval",
