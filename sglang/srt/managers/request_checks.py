@@ -10,13 +10,17 @@ the failure into a 400:
   name, which ``SamplingParams(**params)`` refuses) is a 500 Internal Server Error on
   ``/generate``, whose ``sampling_params`` object no schema types;
 * in the scheduler, where any exception kills the server with every request it holds:
-  ``top_k`` above what an int32 holds (``SamplingBatchInfo`` packs top-k as int32), a token id
-  outside the vocabulary or negative (the embedding lookup indexes out of bounds on the GPU),
-  a prompt that tokenizes to nothing (the prefill has no position to predict from), a
-  ``logit_bias`` value that is not a number, a ``stream_interval`` that is not one,
+  ``top_k`` above what an int32 holds (``SamplingBatchInfo`` packs top-k as int32), a
+  ``logit_bias`` value that is not a number (written into a float tensor there),
   ``stop_token_ids`` outside the vocabulary with ``min_new_tokens`` (the penalizer scatters
-  them into a vocabulary-wide row), a ``sampling_seed`` beyond int64 (packed as int64 for
-  seeded sampling).
+  them into a vocabulary-wide row), a token id outside the vocabulary or negative (the
+  embedding lookup indexes out of bounds on the GPU), a ``stream_interval`` that is not a
+  number (compared with one for every streamed chunk).
+
+Refused here too, as nothing can be served for them: a prompt that tokenizes to nothing
+(the native API's ``"text": "   "``; upstream refuses only an empty string or id list), a
+``sampling_seed`` beyond int64 (seeded sampling packs it as int64), and any other parameter
+of the wrong type.
 
 Two checks, hooked in by patch 0082:
 
