@@ -15,6 +15,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import socket
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List
@@ -98,3 +101,35 @@ def served(tmp_path_factory):
     tm._send_one_request = to_scheduler
     tm._wait_one_response = scheduler_answer
     yield served
+
+
+class _Served:
+    """The handle ``malformed_problems`` reads: name, base_url, alive()."""
+
+    def __init__(self, name, base_url, thread):
+        self.name, self.base_url, self._thread = name, base_url, thread
+
+    def alive(self):
+        return self._thread.is_alive()
+
+
+@pytest.fixture(scope="session")
+def over_http(served):
+    import uvicorn
+
+    from sglang.srt.entrypoints import http_server
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(http_server.app, host="127.0.0.1", port=port, log_level="warning",
+                                           loop="asyncio", lifespan="off", log_config=None))  # fmt: skip
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield _Served("cpu-upstream-app", f"http://127.0.0.1:{port}", thread)
+    server.should_exit = True
+    thread.join(10)

@@ -1,14 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """The soak piece's malformed-request loop (``_checks.malformed_problems``, what the GPU test
 runs on each server) over a real socket: upstream's HTTP app served by uvicorn, as the server
-serves it, in front of the real tokenizer manager of ``conftest.served``. Every case is refused
+serves it, in front of the real tokenizer manager (``conftest.over_http``). Every case is refused
 as the table says and the normal request after each is served."""
 
 from __future__ import annotations
 
 import logging
-import socket
-import threading
 import time
 
 import pytest
@@ -17,38 +15,6 @@ from tests.cpu.request_checks.conftest import CONTEXT, VOCAB
 from tests.gpu.soak._checks import malformed_problems
 from tests.gpu.soak._malformed import CASES, Ctx
 from tests.gpu.soak._verdict import error_lines
-
-
-class _Served:
-    """The handle ``malformed_problems`` reads: name, base_url, alive()."""
-
-    def __init__(self, name, base_url, thread):
-        self.name, self.base_url, self._thread = name, base_url, thread
-
-    def alive(self):
-        return self._thread.is_alive()
-
-
-@pytest.fixture(scope="module")
-def over_http(served):
-    import uvicorn
-
-    from sglang.srt.entrypoints import http_server
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(http_server.app, host="127.0.0.1", port=port, log_level="warning",
-                                           loop="asyncio", lifespan="off", log_config=None))  # fmt: skip
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield _Served("cpu-upstream-app", f"http://127.0.0.1:{port}", thread)
-    server.should_exit = True
-    thread.join(10)
 
 
 def test_every_case_refused_and_the_next_request_served(over_http, served, caplog):
