@@ -22,7 +22,7 @@ Refused here too, as nothing can be served for them: a prompt that tokenizes to 
 ``sampling_seed`` beyond int64 (seeded sampling packs it as int64), and any other parameter
 of the wrong type.
 
-Two checks, hooked in by patch 0082:
+Two checks, hooked in by patch 0084:
 
 ``check_sampling_params`` runs first in ``GenerateReqInput.normalize_batch_and_arguments``
 (so for the native API, the OpenAI API and the engine alike), on the parameters as the

@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every malformed request of the soak piece's table (tests/gpu/soak/_malformed.py) gets, from
-upstream's real HTTP app and tokenizer manager (with patch 0082), the 400 and the message the
+upstream's real HTTP app and tokenizer manager (with patch 0084), the 400 and the message the
 GPU test will expect, never reaches the scheduler, leaves no request state behind, and the
 next valid request is served. Requests the scheduler refuses on a speculative server
 (``spec_only``) are checked against upstream's own ``validate_dflash_request``.
 
-What upstream does with the requests patch 0082 refuses, on its own code: a wrong type or an
+What upstream does with the requests patch 0084 refuses, on its own code: a wrong type or an
 unknown parameter raises ``TypeError`` in ``SamplingParams`` (a 500 on ``/generate``, which
 turns only ``ValueError`` into a 400), and ``SamplingBatchInfo.from_schedule_batch``, which
 the scheduler runs for every batch, raises on top-k beyond int32, a non-numeric logit bias and
@@ -157,7 +157,7 @@ def test_upstream_scheduler_batch_raises(params, error, tmp_path):
 
 @pytest.fixture
 def upstream_alone(served, monkeypatch):
-    """The served app with patch 0082's two checks switched off: upstream 0.5.17's own answers."""
+    """The served app with patch 0084's two checks switched off: upstream 0.5.17's own answers."""
     from sglang.srt.managers import request_checks, tokenizer_manager
 
     monkeypatch.setattr(request_checks, "check_sampling_params", lambda params: None)
@@ -167,7 +167,7 @@ def upstream_alone(served, monkeypatch):
 
 @pytest.mark.parametrize("name", [c.name for c in CASES if not c.spec_only])
 def test_fixed_here_marks_what_upstream_does_not_refuse(upstream_alone, name):
-    """``fixed_here`` is exact: without patch 0082 upstream refuses every other case as the
+    """``fixed_here`` is exact: without patch 0084 upstream refuses every other case as the
     table expects, and none of the ``fixed_here`` ones (it answers 500, passes the request on
     to the scheduler, or refuses with a message that does not name the parameter)."""
     case = BY_NAME[name]

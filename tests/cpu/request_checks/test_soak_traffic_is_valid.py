@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The soak piece's own traffic passes upstream's request validation and patch 0082's checks:
+"""The soak piece's own traffic passes upstream's request validation and patch 0084's checks:
 a sample of its requests (and the greedy references asked of the no-speculation server) is
 served by the real HTTP app and tokenizer manager, with the sampling parameters it asked for."""
 

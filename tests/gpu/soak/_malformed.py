@@ -6,7 +6,7 @@ against upstream's real HTTP app and tokenizer manager (tests/cpu/request_checks
 checks that every case here is answered as ``expect`` says before it ever reaches a GPU.
 
 ``fixed_here``: refused by this project's checks (``managers/request_checks.py``, patch
-0082); upstream 0.5.17 answers it with a 500, passes it on to the scheduler (where top-k
+0084); upstream 0.5.17 answers it with a 500, passes it on to the scheduler (where top-k
 beyond int32, a non-numeric logit bias, stop ids outside the vocabulary and token ids
 outside it raise and kill the server), or refuses it with a message that does not name the
 parameter. ``spec_only``: refused by the scheduler on a DFLASH
