@@ -27,14 +27,14 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
-OUT="" PY=python3 PYVER="" PLAT="" GLIBC=2.34 GPU_ARCH="" CONSTRAINTS="$REPO/constraints/dev.txt"
+WH_DIR="" PY=python3 PYVER="" PLAT="" GLIBC=2.34 GPU_ARCH="" CONSTRAINTS="$REPO/constraints/dev.txt"
 PIP_EXTRA=()
 usage() { sed -n '3,26p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "build_wheelhouse.sh: $*" >&2; exit 1; }
 
 while [ $# -gt 0 ]; do
     case "$1" in
-        --out) OUT=$2; shift 2 ;;
+        --out) WH_DIR=$2; shift 2 ;;
         --python) PY=$2; shift 2 ;;
         --python-version) PYVER=$2; shift 2 ;;
         --platform) PLAT=$2; shift 2 ;;
@@ -46,7 +46,7 @@ while [ $# -gt 0 ]; do
         *) die "unknown argument '$1' (see --help)" ;;
     esac
 done
-[ -n "$OUT" ] || die "--out DIR is required (see --help)"
+[ -n "$WH_DIR" ] || die "--out DIR is required (see --help)"
 command -v "$PY" >/dev/null || die "python '$PY' not found"
 
 pip_() {
@@ -81,8 +81,8 @@ if [ "$CONSTRAINTS" != none ]; then
     CONS=(-c "$CONSTRAINTS")
 fi
 
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
+mkdir -p "$WH_DIR"
+WH_DIR="$(cd "$WH_DIR" && pwd)"
 
 echo "== sglang $VERSION: download and verify against upstream.lock"
 SGDIR=$(mktemp -d)
@@ -101,34 +101,34 @@ if got != want:
     sys.exit(f"error: {wheel.name}: sha256 {got} != upstream.lock {want}; refusing to use it")
 print(f"   {wheel.name} sha256 {got[:16]}… matches upstream.lock")
 PY
-rm -f "$OUT"/sglang-*.whl
-cp "$SGWHEEL" "$OUT/"
+rm -f "$WH_DIR"/sglang-*.whl
+cp "$SGWHEEL" "$WH_DIR/"
 
 echo "== dependencies"
-# pip download keeps wheels already in OUT, so a re-run only fetches what is missing.
+# pip download keeps wheels already in the --out folder, so a re-run only fetches what is missing.
 if ! pip_ download --progress-bar off ${TARGET[@]+"${TARGET[@]}"} ${CONS[@]+"${CONS[@]}"} \
-        "$OUT/$(basename "$SGWHEEL")" -d "$OUT" >"$SGDIR/pip.log" 2>&1; then
+        "$WH_DIR/$(basename "$SGWHEEL")" -d "$WH_DIR" >"$SGDIR/pip.log" 2>&1; then
     grep -v "is ignored: it is neither" "$SGDIR/pip.log" | tail -30 >&2
     die "pip download failed"
 fi
 grep -c "^  Downloading" "$SGDIR/pip.log" | sed 's/^/   downloaded /; s/$/ files/' || true
 # Only wheels go to an air-gapped host: build any sdist pip had to fetch (native target only).
-for sd in "$OUT"/*.tar.gz "$OUT"/*.zip; do
+for sd in "$WH_DIR"/*.tar.gz "$WH_DIR"/*.zip; do
     [ -e "$sd" ] || continue
     [ -z "$PYVER$PLAT" ] || die "$(basename "$sd") has no binary wheel for the cross target"
-    pip_ wheel -q --no-deps -w "$OUT" "$sd" && rm -f "$sd"
+    pip_ wheel -q --no-deps -w "$WH_DIR" "$sd" && rm -f "$sd"
 done
 
 if [ -n "$GPU_ARCH" ]; then
     echo "== leaving out kernel libraries compute capability $GPU_ARCH cannot load"
-    "$PY" "$REPO/docker/wheelhouse.py" slim "$OUT" --gpu-arch "$GPU_ARCH"
+    "$PY" "$REPO/docker/wheelhouse.py" slim "$WH_DIR" --gpu-arch "$GPU_ARCH"
 fi
 
-"$PY" "$REPO/docker/wheelhouse.py" requirements "$OUT" >"$OUT/requirements.txt.partial"
-mv "$OUT/requirements.txt.partial" "$OUT/requirements.txt"
+"$PY" "$REPO/docker/wheelhouse.py" requirements "$WH_DIR" >"$WH_DIR/requirements.txt.partial"
+mv "$WH_DIR/requirements.txt.partial" "$WH_DIR/requirements.txt"
 {
     echo "sglang $VERSION wheelhouse"
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) by scripts/build_wheelhouse.sh"
     echo "target ${PYVER:-native} ${PLAT:-native}; gpu-arch ${GPU_ARCH:-all}; constraints $(basename "$CONSTRAINTS")"
-} >"$OUT/WHEELHOUSE"
-echo "== $(ls "$OUT"/*.whl | wc -l) wheels, $(du -sh "$OUT" | cut -f1) in $OUT (requirements.txt has the hashes)"
+} >"$WH_DIR/WHEELHOUSE"
+echo "== $(ls "$WH_DIR"/*.whl | wc -l) wheels, $(du -sh "$WH_DIR" | cut -f1) in $WH_DIR (requirements.txt has the hashes)"

@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Install the patched stack on the GPU host from one carry folder per call
-# (scripts/gpu_host/build_wheelhouse.sh makes them; docs/GPU_HOST.md has the procedure).
+# Install the patched stack on an offline GPU host from the wheel set that
+# scripts/gpu_host/build_wheelhouse.sh builds (docs/GPU_HOST.md has the procedure).
 #
-# Usage, on the host, in the repo root:  scripts/gpu_host/install.sh .whl-e2e-N
-# Each call stashes its part under $STAGE; the call that brings the last part checks the
-# archive's sha256, unpacks it into $SITE, applies the overlay and patch series there
-# (scripts/apply_patches.sh --target) and writes $SITE/.ddtree-installed. Once installed,
-# a call re-applies the series only (idempotent), so a changed tree is picked up. Every call that
-# finds the stack installed checks it against the lock (scripts/gpu_host/lock_check.py installed).
-# Then: export PYTHONPATH=$SITE  (scripts/gpu_host/env.sh does it).
+# Usage, on the host, in the repository root:
+#   scripts/gpu_host/install.sh .whl-e2e                 the whole archive (its folder, or
+#                                                        site.tar.xz with SHA256SUMS beside it)
+#   scripts/gpu_host/install.sh .whl-e2e-3 .whl-e2e-1 ...  parts (build_wheelhouse.sh --part-mib N),
+#                                                        in any order, all at once or a few at a time
+#   scripts/gpu_host/install.sh                          once installed: re-apply the series
+# Parts are kept under $DDTREE_STAGE (/tmp/ddtree-parts) until the last one is there. With the whole
+# archive, it checks the archive's sha256, unpacks it into $DDTREE_SITE (/tmp/site), applies the
+# overlay and patch series there (scripts/apply_patches.sh --target), checks that the stack
+# imports and writes $DDTREE_SITE/.ddtree-installed. On a site that has that marker it only
+# re-applies the series (idempotent), so a changed working tree is picked up; remove the site to
+# install another wheel set. Every run that finds the stack installed checks it against the lock
+# (scripts/gpu_host/lock_check.py installed). Then: source scripts/gpu_host/env.sh.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 SITE=${DDTREE_SITE:-/tmp/site}
@@ -19,6 +25,7 @@ PY=${PYTHON:-python3}
 # machine without a GPU (scripts/gpu_host/rehearse_host.sh) names the others only.
 IMPORTS=${DDTREE_INSTALL_IMPORTS:-sglang transformers sgl_kernel flashinfer}
 die() { echo "install.sh: $*" >&2; exit 1; }
+USAGE="usage: install.sh WHEEL_SET_DIR | ARCHIVE | PART_DIR... (folders made by build_wheelhouse.sh)"
 
 apply_series() {
     PYTHON="$PY" bash "$REPO/scripts/apply_patches.sh" --target "$SITE" --quiet \
@@ -42,23 +49,49 @@ if [ -f "$SITE/.ddtree-installed" ]; then
     exit 0
 fi
 
-carry=${1:?usage: install.sh CARRY_DIR}
-[ -f "$carry/NPARTS" ] || die "$carry has no NPARTS: not a folder made by build_wheelhouse.sh"
-mkdir -p "$STAGE"
-cp "$carry"/site.tar.xz.* "$carry/SHA256SUMS" "$STAGE/"
-want=$(cat "$carry/NPARTS")
-have=$(ls "$STAGE"/site.tar.xz.* | wc -l)
-if [ "$have" -lt "$want" ]; then
-    echo "install.sh: have $have of $want parts; run the next call at once (the host stays warm ~30 s)"
-    exit 0
-fi
+[ $# -gt 0 ] || die "$USAGE"
+sum_of() { awk 'NR == 1 {print $1}' "$1"; }
+archive=""   # the whole archive, when given
+for src in "$@"; do
+    if [ -f "$src" ] && [[ "$(basename "$src")" != site.tar.xz.[0-9]* ]]; then
+        dir=$(dirname "$src") whole=$src  # an archive file: its SHA256SUMS lies beside it
+    elif [ -d "$src" ] && [ -f "$src/site.tar.xz" ]; then
+        dir=$src whole=$src/site.tar.xz
+    elif [ -d "$src" ] && [ -f "$src/NPARTS" ]; then
+        dir=$src whole=""
+    else
+        die "$src is neither an archive folder (site.tar.xz, SHA256SUMS) nor a part folder (NPARTS) made by build_wheelhouse.sh"
+    fi
+    [ -f "$dir/SHA256SUMS" ] || die "no SHA256SUMS beside $src: copy it with the archive or part"
+    if [ -n "$whole" ]; then
+        [ -z "$archive" ] || die "two archives given ($archive, $whole): give one"
+        archive=$whole archive_sum=$(sum_of "$dir/SHA256SUMS")
+        continue
+    fi
+    mkdir -p "$STAGE"
+    if [ -f "$STAGE/SHA256SUMS" ] && [ "$(sum_of "$STAGE/SHA256SUMS")" != "$(sum_of "$dir/SHA256SUMS")" ]; then
+        echo "install.sh: $STAGE holds parts of another build; dropped"
+        rm -f "$STAGE"/site.tar.xz.* "$STAGE/SHA256SUMS" "$STAGE/NPARTS"
+    fi
+    cp "$dir"/site.tar.xz.[0-9]* "$dir/SHA256SUMS" "$dir/NPARTS" "$STAGE/"
+done
 
 t0=$(date +%s)
-cat "$STAGE"/site.tar.xz.* >"$STAGE/site.tar.xz"
-(cd "$STAGE" && sha256sum -c --quiet SHA256SUMS) || die "archive checksum mismatch: rebuild or resend the parts"
+if [ -z "$archive" ]; then
+    want=$(cat "$STAGE/NPARTS")
+    have=$(ls "$STAGE"/site.tar.xz.[0-9]* | wc -l)
+    if [ "$have" -lt "$want" ]; then
+        echo "install.sh: have $have of $want parts in $STAGE; run install.sh again with the others (any order)"
+        exit 0
+    fi
+    cat "$STAGE"/site.tar.xz.[0-9]* >"$STAGE/site.tar.xz"
+    archive=$STAGE/site.tar.xz archive_sum=$(sum_of "$STAGE/SHA256SUMS")
+fi
+[ "$(sha256sum "$archive" | cut -d' ' -f1)" = "$archive_sum" ] \
+    || die "archive checksum mismatch ($archive against its SHA256SUMS): rebuild or copy it again"
 rm -rf "$SITE"
 mkdir -p "$SITE"
-xz -d -T0 <"$STAGE/site.tar.xz" | tar -x -C "$SITE"
+xz -d -T0 <"$archive" | tar -x -C "$SITE"
 rm -rf "$STAGE"
 apply_series
 PYTHONPATH="$SITE" "$PY" -c 'import importlib, sys

@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Carry the GPU host's JIT caches from one machine to the next. A fresh host spends minutes
-# compiling what an earlier host of the same kind already built: FlashInfer's kernels (a
-# `ddtree_flashinfer` suite took 414 s cold on 2026-11-30) and the servers' Triton kernels (a
-# V2-Lite-shaped server starts in ~170 s cold, ~60 s warm).
+# Move the GPU host's JIT caches from one host to another of the same kind and wheel set. A host
+# with empty caches spends minutes compiling what an earlier one already built: FlashInfer's
+# kernels (a `ddtree_flashinfer` suite took 414 s cold on 2026-11-30) and the servers' Triton
+# kernels (a V2-Lite-shaped server starts in ~170 s cold, ~60 s warm).
 #
-#   on the host, after a run:  scripts/gpu_host/jit_cache.sh pack $OUT/jit [flashinfer] [triton]
-#   here, after the call:      scripts/gpu_host/jit_cache.sh keep <files_at>/jit .carry-jit
-#   on a later host:           scripts/gpu_host/jit_cache.sh unpack .carry-jit   (carry .carry-jit)
+#   on the host that ran the servers:  scripts/gpu_host/jit_cache.sh pack DIR [options] [flashinfer] [triton]
+#   on the receiving side (optional):  scripts/gpu_host/jit_cache.sh keep DIR DEST   check a copy, copy it on
+#   on the other host:                 scripts/gpu_host/jit_cache.sh unpack DIR
 #
-# pack writes one xz archive split into parts of at most $JIT_CACHE_PART_MIB MiB (default 15:
-# a file back from $OUT may hold 16 MiB) and a manifest (part count, sha256); it refuses an
-# archive over $JIT_CACHE_MAX_MIB (default 56: the carry of one call is 64 MiB with the working
-# tree). unpack checks the manifest, extracts into a temporary folder and only then moves the
-# caches into place, so a bad or incomplete carry leaves the host's caches as they were.
+# pack writes one xz archive and a manifest (part count, sha256, caches) into DIR.
+#   --part-mib N   split the archive into parts of N MiB (environment: JIT_CACHE_PART_MIB)
+#   --max-mib N    refuse an archive over N MiB (environment: JIT_CACHE_MAX_MIB; default: no limit)
+# keep checks a copied DIR against its manifest and copies it to DEST (writable). unpack checks
+# the manifest, extracts into a temporary folder and only then moves the caches into place, so a
+# damaged or incomplete copy leaves the host's caches as they were.
 # Caches (relative to $HOME): flashinfer = .cache/flashinfer + .cache/tvm-ffi, triton = .triton/cache.
 set -euo pipefail
 die() { echo "jit_cache.sh: $*" >&2; exit 1; }
-PART_MIB=${JIT_CACHE_PART_MIB:-15}
-MAX_MIB=${JIT_CACHE_MAX_MIB:-56}
+PART_MIB=${JIT_CACHE_PART_MIB:-}
+MAX_MIB=${JIT_CACHE_MAX_MIB:-}
 MANIFEST=jit-cache.manifest
 
 cache_paths() {  # the $HOME-relative folders of the named caches
@@ -33,9 +34,18 @@ cache_paths() {  # the $HOME-relative folders of the named caches
 }
 
 pack() {
-    local dest=${1:?usage: jit_cache.sh pack DEST [flashinfer] [triton]}
+    local dest=${1:?usage: jit_cache.sh pack DEST [--part-mib N] [--max-mib N] [flashinfer] [triton]}
     shift
-    local names=("$@")
+    local names=()
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --part-mib) PART_MIB=${2:?--part-mib needs a size in MiB}; shift 2 ;;
+            --max-mib) MAX_MIB=${2:?--max-mib needs a size in MiB}; shift 2 ;;
+            *) names+=("$1"); shift ;;
+        esac
+    done
+    [ -z "$PART_MIB" ] || [[ "$PART_MIB" =~ ^[1-9][0-9]*$ ]] || die "--part-mib takes a whole number of MiB, got '$PART_MIB'"
+    [ -z "$MAX_MIB" ] || [[ "$MAX_MIB" =~ ^[1-9][0-9]*$ ]] || die "--max-mib takes a whole number of MiB, got '$MAX_MIB'"
     [ ${#names[@]} -gt 0 ] || names=(flashinfer triton)
     local present=() p
     while read -r p; do
@@ -43,20 +53,26 @@ pack() {
     done < <(cache_paths "${names[@]}")
     [ ${#present[@]} -gt 0 ] || die "none of the caches (${names[*]}) exists under $HOME: nothing to pack"
     mkdir -p "$dest"
-    rm -f "$dest"/jit-cache.tar.xz.* "$dest/$MANIFEST"
+    rm -f "$dest"/jit-cache.tar.xz "$dest"/jit-cache.tar.xz.* "$dest/$MANIFEST"
     tar -C "$HOME" -cf - "${present[@]}" | xz -T0 -6 >"$dest/jit-cache.tar.xz"
     local mib=$(( ($(stat -c %s "$dest/jit-cache.tar.xz") + 1048575) / 1048576 ))
-    if [ "$mib" -gt "$MAX_MIB" ]; then
+    if [ -n "$MAX_MIB" ] && [ "$mib" -gt "$MAX_MIB" ]; then
         rm -f "$dest/jit-cache.tar.xz"
-        die "the archive is $mib MiB, over $MAX_MIB MiB (one call's carry): pack fewer caches, e.g. 'pack $dest flashinfer'"
+        die "the archive is $mib MiB, over the limit of $MAX_MIB MiB (--max-mib): pack fewer caches, e.g. 'pack $dest flashinfer'"
     fi
     local sum
     sum=$(sha256sum "$dest/jit-cache.tar.xz" | cut -d' ' -f1)
-    (cd "$dest" && split -b "${PART_MIB}M" -d -a 2 jit-cache.tar.xz jit-cache.tar.xz. && rm jit-cache.tar.xz)
+    if [ -n "$PART_MIB" ]; then
+        (cd "$dest" && split -b "${PART_MIB}M" -d -a 2 jit-cache.tar.xz jit-cache.tar.xz. && rm jit-cache.tar.xz)
+    fi
     local n
-    n=$(ls "$dest"/jit-cache.tar.xz.* | wc -l)
+    n=$(archive_files "$dest" | wc -l)
     printf 'parts %s\nsha256 %s\ncaches %s\n' "$n" "$sum" "${present[*]}" >"$dest/$MANIFEST"
     echo "jit_cache.sh: packed ${present[*]} into $n part(s), $mib MiB, in $dest"
+}
+
+archive_files() {  # the archive in DIR, whole or as its parts, in order
+    if [ -f "$1/jit-cache.tar.xz" ]; then echo "$1/jit-cache.tar.xz"; else ls "$1"/jit-cache.tar.xz.* 2>/dev/null || true; fi
 }
 
 check() {  # verify a folder of parts against its manifest
@@ -64,17 +80,20 @@ check() {  # verify a folder of parts against its manifest
     [ -f "$src/$MANIFEST" ] || die "$src has no $MANIFEST: not a folder made by 'jit_cache.sh pack'"
     want=$(awk '$1 == "parts" {print $2}' "$src/$MANIFEST")
     sum=$(awk '$1 == "sha256" {print $2}' "$src/$MANIFEST")
-    [ "$(ls "$src"/jit-cache.tar.xz.* 2>/dev/null | wc -l)" = "$want" ] \
-        || die "$src holds $(ls "$src"/jit-cache.tar.xz.* 2>/dev/null | wc -l) of $want parts"
-    [ "$(cat "$src"/jit-cache.tar.xz.* | sha256sum | cut -d' ' -f1)" = "$sum" ] \
-        || die "the parts in $src do not match their manifest's sha256: fetch them again"
+    local files
+    mapfile -t files < <(archive_files "$src")
+    [ "${#files[@]}" = "$want" ] || die "$src holds ${#files[@]} of $want parts"
+    [ "$(cat "${files[@]}" | sha256sum | cut -d' ' -f1)" = "$sum" ] \
+        || die "the parts in $src do not match their manifest's sha256: copy them again"
 }
 
 keep() {
     local src=${1:?usage: jit_cache.sh keep SRC DEST} dest=${2:?usage: jit_cache.sh keep SRC DEST}
     check "$src"
     rm -rf "$dest" && mkdir -p "$dest"
-    cp "$src/$MANIFEST" "$src"/jit-cache.tar.xz.* "$dest/"
+    local files
+    mapfile -t files < <(archive_files "$src")
+    cp "$src/$MANIFEST" "${files[@]}" "$dest/"
     chmod u+w "$dest"/*
     echo "jit_cache.sh: kept $(awk '$1 == "caches" {$1 = ""; print}' "$dest/$MANIFEST") in $dest"
 }
@@ -85,7 +104,9 @@ unpack() {
     local p
     tmp=$(mktemp -d "$HOME/.jit-cache-unpack.XXXXXX")  # global: the EXIT trap outlives this function
     trap 'rm -rf "$tmp"' EXIT
-    cat "$src"/jit-cache.tar.xz.* | xz -d | tar -x -C "$tmp" || die "the archive in $src does not extract"
+    local files
+    mapfile -t files < <(archive_files "$src")
+    cat "${files[@]}" | xz -d | tar -x -C "$tmp" || die "the archive in $src does not extract"
     for p in $(awk '$1 == "caches" {$1 = ""; print}' "$src/$MANIFEST"); do
         [ -d "$tmp/$p" ] || die "the archive lacks $p, which its manifest lists"
     done
@@ -101,5 +122,6 @@ case "${1:-}" in
     pack) shift; pack "$@" ;;
     keep) shift; keep "$@" ;;
     unpack) shift; unpack "$@" ;;
-    *) sed -n '3,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    -h|--help) sed -n '3,18p' "$0" | sed 's/^# \{0,1\}//' ;;
+    *) sed -n '3,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

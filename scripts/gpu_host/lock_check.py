@@ -262,9 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"DRIFT  {e}")
     if errors:
         if args.mode == "installed":
-            print("The GPU tier would not test the image's wheel set. Carry the drifted packages "
-                  "(add them, at the lock's version, to scripts/gpu_host/wheels.txt and remove them "
-                  "from host_provided.txt), rebuild the carry folders, and install again.")
+            print("The GPU tier would not test the image's wheel set. Bring the drifted packages in the "
+                  "wheel set (add them, at the lock's version, to scripts/gpu_host/wheels.txt and remove them "
+                  "from host_provided.txt), rebuild it (scripts/gpu_host/build_wheelhouse.sh), and install again.")
         return 1
     print(ok)
     return 0

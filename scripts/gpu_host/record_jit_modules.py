@@ -13,7 +13,7 @@ docker/jit_modules.json (sm_90's fa3 modules count as their fa2 twins, which sm_
 and exits 1 if a recorded module is missing from the list.
 
 Usage, on the host after scripts/gpu_host/install.sh and `source scripts/gpu_host/env.sh`:
-  python3 scripts/gpu_host/record_jit_modules.py --out $OUT/jit_modules_recorded.jsonl
+  python3 scripts/gpu_host/record_jit_modules.py        # writes /tmp/ddtree-out/jit_modules_recorded.jsonl
   python3 scripts/gpu_host/record_jit_modules.py --configs mha-nospec,mla-ddtree
 A fresh FlashInfer workspace is used (--workspace), so modules an earlier run left in the
 cache are not mistaken for this run's.
@@ -106,7 +106,8 @@ def exercise(server) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "jit_modules_recorded.jsonl")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/ddtree-out")) / "jit_modules_recorded.jsonl",
+                    help="the JSONL record (default: jit_modules_recorded.jsonl in /tmp/ddtree-out, or in OUT if set)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)}")
     ap.add_argument("--models", type=Path, default=Path(os.environ.get("DDTREE_TEST_MODELS", "/tmp/ddtree-models")))
     ap.add_argument("--workspace", type=Path, help="FlashInfer/tvm-ffi JIT caches (default: a fresh temp dir)")

@@ -2,23 +2,24 @@
 # SPDX-License-Identifier: Apache-2.0
 # Rehearse the GPU host's install on a machine without a GPU: a python 3.12 venv with the host
 # image's versions (from its `pip list --format=freeze`) of every package the lock check looks
-# at, then scripts/gpu_host/install.sh once per carry folder (.whl-e2e-1, -2, ...) into a
-# temporary site, then `lock_check.py installed` as the host runs it. Passes when the only
-# drift left is the GPU wheels the venv goes without (torch, triton and their CUDA libraries,
-# unless given with --wheels / --nvidia-from).
+# at, then scripts/gpu_host/install.sh with the wheel set (the archive, or its parts one at a
+# time) into a temporary site, then `lock_check.py installed` as the host runs it. Passes when
+# the only drift left is the GPU wheels the venv goes without (torch, triton and their CUDA
+# libraries, unless given with --wheels / --nvidia-from).
 #
 # Usage: scripts/gpu_host/rehearse_host.sh HOST_FREEZE [--python PY] [--venv DIR]
-#            [--wheels DIR] [--nvidia-from SITE_PACKAGES] [--cuda-home DIR] [--carry DIR]
-#   --carry DIR             where the .whl-e2e-N folders are (default: the repo root)
+#            [--wheels DIR] [--nvidia-from SITE_PACKAGES] [--cuda-home DIR] [--wheel-set DIR]
+#   --wheel-set DIR         the --out of build_wheelhouse.sh (default: .whl-e2e in the repository
+#                           root): DIR holds the archive, or DIR-1, DIR-2, ... its parts
 #   --wheels DIR            cp312 wheels installed into the venv as well (torch 2.11.0, triton 3.6.0)
 #   --nvidia-from DIR       a site-packages whose nvidia/ CUDA 13 libraries the venv links (torch loads them)
 #   --cuda-home DIR         a CUDA 13.0 toolkit with bin/nvcc, for the check's nvcc line
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 die() { echo "rehearse_host.sh: $*" >&2; exit 1; }
-FREEZE=${1:?usage: rehearse_host.sh HOST_FREEZE [--python PY] [--venv DIR] [--wheels DIR] [--nvidia-from DIR] [--cuda-home DIR]}
+FREEZE=${1:?usage: rehearse_host.sh HOST_FREEZE [--python PY] [--venv DIR] [--wheels DIR] [--nvidia-from DIR] [--cuda-home DIR] [--wheel-set DIR]}
 shift
-PY=python3.12 VENV="$REPO/.cache/host-venv" EXTRA="" NVIDIA="" CUDA="" CARRY="$REPO"
+PY=python3.12 VENV="$REPO/.cache/host-venv" EXTRA="" NVIDIA="" CUDA="" WHEEL_SET="$REPO/.whl-e2e"
 while [ $# -gt 0 ]; do
     case $1 in
         --python) PY=$2; shift 2 ;;
@@ -26,12 +27,18 @@ while [ $# -gt 0 ]; do
         --wheels) EXTRA=$2; shift 2 ;;
         --nvidia-from) NVIDIA=$2; shift 2 ;;
         --cuda-home) CUDA=$2; shift 2 ;;
-        --carry) CARRY=$(cd "$2" && pwd); shift 2 ;;
+        --wheel-set) WHEEL_SET=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
+        --carry) WHEEL_SET=$(cd "$2" && pwd)/.whl-e2e; shift 2 ;;  # older spelling: the folder that holds .whl-e2e*
         *) die "unknown argument $1" ;;
     esac
 done
 [ -f "$FREEZE" ] || die "$FREEZE: no such file (the host's pip list --format=freeze)"
-ls -d "$CARRY"/.whl-e2e-1 >/dev/null 2>&1 || die "no $CARRY/.whl-e2e-1: run scripts/gpu_host/build_wheelhouse.sh first"
+if [ -f "$WHEEL_SET/site.tar.xz" ]; then
+    SOURCES=("$WHEEL_SET")
+else
+    mapfile -t SOURCES < <(ls -d "$WHEEL_SET"-[0-9]* 2>/dev/null | sort -V)
+fi
+[ ${#SOURCES[@]} -gt 0 ] || die "no wheel set at $WHEEL_SET (nor parts $WHEEL_SET-N): run scripts/gpu_host/build_wheelhouse.sh first"
 
 if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version' || die "$PY is not python 3.12 (the host's)"
@@ -71,9 +78,9 @@ TMP=$(mktemp -d)
 export DDTREE_SITE="$TMP/site" DDTREE_STAGE="$TMP/stage" PYTHON="$VPY" DDTREE_ALLOW_LOCK_DRIFT=1
 export DDTREE_INSTALL_IMPORTS="sglang transformers flashinfer"
 [ -z "$CUDA" ] || export CUDA_HOME="$CUDA"
-for carry in $(ls -d "$CARRY"/.whl-e2e-* | sort -V); do
-    echo "== install.sh $(basename "$carry")"
-    (cd "$REPO" && bash scripts/gpu_host/install.sh "$carry") | grep -v "^DRIFT  "
+for src in "${SOURCES[@]}"; do
+    echo "== install.sh $(basename "$src")"
+    (cd "$REPO" && bash scripts/gpu_host/install.sh "$src") | grep -v "^DRIFT  "
 done
 [ -f "$DDTREE_SITE/.ddtree-installed" ] || die "the series did not finish installing"
 

@@ -2,15 +2,16 @@
 # SPDX-License-Identifier: Apache-2.0
 # The whole GPU test tier in one command on the GPU host (after scripts/gpu_host/install.sh).
 #
-#   scripts/gpu_host/run_gpu_tier.sh [--only DIR,DIR] [--jobs N] [--dir-timeout SECONDS] [--list] [--] [pytest args...]
+#   scripts/gpu_host/run_gpu_tier.sh [--only DIR,DIR] [--jobs N] [--dir-timeout SECONDS] [--out DIR] [--list] [--] [pytest args...]
 #
 # The tier is a list of pieces, one pytest session each: a tests/gpu/<dir>, or a share of the
 # e2e configurations. Pieces run --jobs at a time (default: all at once), spread round-robin over
 # the visible GPUs; a piece that needs every GPU (tensor parallel), a whole GPU's memory (servers
 # at the default memory flags) or the GPU to itself (the timed soak) runs alone after the others,
-# one such piece at a time. --jobs 1 runs them one after another. Logs go to $OUT (or
-# /tmp/ddtree-out): <piece>-pytest.log, <piece>-server-logs.tgz for pieces that start servers,
-# soak.json, gpu-tier-summary.txt (one line per piece). Exits nonzero if any piece failed, timed
+# one such piece at a time. --jobs 1 runs them one after another. Logs go to --out DIR (default:
+# the OUT environment variable if set, else /tmp/ddtree-out): <piece>-pytest.log,
+# <piece>-server-logs.tgz for pieces that start servers, ddtree_logic_bench.json, soak.json,
+# gpu-tier-summary.txt (one line per piece). Exits nonzero if any piece failed, timed
 # out (--dir-timeout, per piece) or collected nothing (pytest rc 5), or if no test passed at all;
 # a skip is a failure (env.sh sets DDTREE_GPU_HOST=1), and a piece that needs two GPUs is left
 # out on a host with one.
@@ -46,8 +47,8 @@ PIECES=(
     "soak|soak||alone"
 )
 
-usage() { sed -n '3,18p' "$0" | sed 's/^# \{0,1\}//'; echo "dirs: ${ALL_DIRS[*]}"; }
-only="" dir_timeout=0 jobs="" list=0
+usage() { sed -n '3,19p' "$0" | sed 's/^# \{0,1\}//'; echo "dirs: ${ALL_DIRS[*]}"; }
+only="" dir_timeout=0 jobs="" list=0 OUTDIR=${OUT:-/tmp/ddtree-out}
 while [ $# -gt 0 ]; do
     case "$1" in
         --only) only=${2:?--only needs a comma list}; shift 2 ;;
@@ -55,6 +56,8 @@ while [ $# -gt 0 ]; do
         --jobs) jobs=${2:?--jobs needs a number}; shift 2 ;;
         --jobs=*) jobs=${1#--jobs=}; shift ;;
         --dir-timeout) dir_timeout=${2:?--dir-timeout needs seconds}; shift 2 ;;
+        --out) OUTDIR=${2:?--out needs a directory}; shift 2 ;;
+        --out=*) OUTDIR=${1#--out=}; shift ;;
         --list) list=1; shift ;;
         -h|--help) usage; exit 0 ;;
         --) shift; break ;;
@@ -101,8 +104,8 @@ fi
 source scripts/gpu_host/env.sh
 unset TRITON_INTERPRET  # the CPU tier's interpreter switch would break every GPU kernel test
 PY=${PYTHON:-python3}
-OUTDIR=${OUT:-/tmp/ddtree-out}
 mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
 summary="$OUTDIR/gpu-tier-summary.txt"
 : >"$summary"
 export DDTREE_LOGIC_BENCH_JSON=${DDTREE_LOGIC_BENCH_JSON:-$OUTDIR/ddtree_logic_bench.json}

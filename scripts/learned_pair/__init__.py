@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A learned target + DFlash drafter pair, built offline on the GPU host in one call.
+"""A learned target + DFlash drafter pair, built offline on the GPU host in one run.
 
 The target is a small Qwen3 (``model.Target``) trained from scratch on the Python sources
 and docs of the interpreter that runs the build (``corpus``), with a byte-level BPE

@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="corpus, tokenizer, target, drafter, evaluation, files")
     b.add_argument("--out", type=Path, required=True)
-    b.add_argument("--pack-to", type=Path, help="also write the pair as parts (pair.tar.NN) here, e.g. $OUT")
+    b.add_argument("--pack-to", type=Path, help="also write the pair as parts (pair.tar.NN) here")
     b.add_argument("--deadline-s", type=float, default=480.0)
     b.add_argument("--profile", default="h200", choices=["h200", "toy"])
     b.add_argument("--seed", type=int, default=0)

@@ -3,7 +3,7 @@
 
 Every phase after the data preparation gets a share of what is left of ``--deadline-s``
 (the target 60 %, the drafter 40 %, after a reserve for generation, evaluation and
-writing), so one call on the GPU host ends in time whatever the machine's speed; the steps
+writing), so a build ends within its deadline whatever the machine's speed; the steps
 each phase ran and where its learning-rate decay began are recorded in the manifest, and
 ``--target-steps/--target-decay-start/--drafter-steps/--drafter-decay-start`` replay them.
 """

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The pair on disk, and its transport in parts small enough for the GPU host's limits.
+"""The pair on disk, and its transport in parts (for hosts that receive files in pieces).
 
 Layout of a pair directory::
 
@@ -76,8 +76,8 @@ RECORDS = ("corpus_files.jsonl.gz", "manifest.json")
 
 
 def pack(pair: Path, out: Path, part_mib: float = 15.5) -> list[Path]:
-    """The pair as ``pair.tar.NN`` parts (a GPU host command returns files of at most 16 MiB; two parts
-    fit beside one install carry folder) plus ``pair.sha256``; the records are also copied as
+    """The pair as ``pair.tar.NN`` parts of at most ``part_mib`` MiB (the h200 profile's pair makes
+    two of 15.5 MiB) plus ``pair.sha256``; the records are also copied as
     they are. The manifest is in the tar too; the corpus file list only beside it."""
     buf = io.BytesIO()
     out.mkdir(parents=True, exist_ok=True)

@@ -1,36 +1,37 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The learned pair through the real server on the GPU host, in one call: the budget sweep
+# The learned pair through the real server on the GPU host, in one run: the budget sweep
 # (no speculation, DFLASH, DDTREE at each budget; batch 1 and 8; T=0 and T=1), the decode
 # step times the cost model needs, and the two-sample sampling check, all on one set of
 # servers started together (benchmarks/budget_sweep.py --launch).
 #
-# Usage, on the host, in the repo root, after scripts/gpu_host/install.sh (every part):
-#   bash scripts/learned_pair/serve_sweep.sh [--pair DIR] [--parts DIR,DIR] [--seconds S] [-- sweep args]
+# Usage, on the host, in the repo root, after scripts/gpu_host/install.sh:
+#   bash scripts/learned_pair/serve_sweep.sh [--pair DIR] [--parts DIR,DIR] [--seconds S] [--out DIR] [-- sweep args]
 # The pair is --pair (default /tmp/learned-pair, where `python3 -m scripts.learned_pair build`
-# left it on this machine); if it is missing there it is reassembled from --parts (carried
-# pair.tar.NN folders). Everything lands in $OUT (default /tmp/learned-out): the sweep JSON and
-# PNG, sweep.log, the server logs as sweep-logs.tgz. --seconds is the time this script may use
-# (default 520); the sweep's deadline is what is left after setup, less the packing.
-# Everything does not fit one 600-second call: arguments after -- override the sweep's, so batch 1
-# goes in one call (`-- --batch 1 --sampling-max-s 0 --tag learned_h200_b1`) and batch 8 with the
-# sampling check in the next (`-- --batch 8 --tag learned_h200_b8`); budget_sweep.py --report
+# left it on this machine); if it is missing there it is reassembled from --parts (folders
+# holding its pair.tar.NN parts). Everything lands in --out DIR (default: the OUT environment
+# variable if set, else /tmp/learned-out): the sweep JSON and PNG, sweep.log, the server logs as
+# sweep-logs.tgz. --seconds is the time this script may use (default 520); the sweep's deadline
+# is what is left after setup, less the packing.
+# Arguments after -- override the sweep's, so the work can be split over two runs of about ten
+# minutes each: batch 1 (`-- --batch 1 --sampling-max-s 0 --tag learned_h200_b1`) and batch 8
+# with the sampling check (`-- --batch 8 --tag learned_h200_b8`); budget_sweep.py --report
 # merges the two (docs/learned-pair.md).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
 t0=$(date +%s)
-PAIR=/tmp/learned-pair PARTS="" SECONDS_TOTAL=520
+PAIR=/tmp/learned-pair PARTS="" SECONDS_TOTAL=520 OUTDIR=${OUT:-/tmp/learned-out}
 while [ $# -gt 0 ]; do
     case "$1" in
         --pair) PAIR=$2; shift 2 ;;
         --parts) PARTS=$2; shift 2 ;;
         --seconds) SECONDS_TOTAL=$2; shift 2 ;;
+        --out) OUTDIR=$2; shift 2 ;;
         --) shift; break ;;
         *) echo "serve_sweep.sh: unknown argument $1 (sweep arguments go after --)" >&2; exit 2 ;;
     esac
 done
-OUTDIR=${OUT:-/tmp/learned-out}
 mkdir -p "$OUTDIR"
 source scripts/gpu_host/env.sh
 PY=${PYTHON:-python3}

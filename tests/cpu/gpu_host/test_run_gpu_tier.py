@@ -19,8 +19,8 @@ GPU_DIRS = sorted(p.name for p in (REPO / "tests" / "gpu").iterdir() if p.is_dir
 
 def tier(*args, **env):
     clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("DDTREE_E2E_", "CUDA_VISIBLE", "DDTREE_GPU_HOST"))}
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, cwd=REPO,
+             if not k.startswith(("DDTREE_E2E_", "CUDA_VISIBLE", "DDTREE_GPU_HOST")) and k != "OUT"}
+    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], capture_output=True, text=True, cwd=REPO,
                           env={**clean, **env}, timeout=600)
 
 
@@ -80,7 +80,8 @@ def test_a_run_where_nothing_ran_fails(tmp_path):
     """Without a GPU every piece collects nothing or skips everything, and the tier fails. Three at a
     time at most, and the pieces that need the GPUs alone (tensor parallel, servers at the default
     memory flags) only after every other piece has finished, one at a time. Run as if it were not
-    the GPU host (DDTREE_GPU_HOST=0: skips stay skips) with two GPUs named."""
+    the GPU host (DDTREE_GPU_HOST=0: skips stay skips) with two GPUs named; the logs go to the
+    OUT environment variable's folder when --out is not given."""
     out = tmp_path / "out"
     r = tier("--jobs", "3", PYTHON=sys.executable, OUT=str(out), DDTREE_GPU_LOG_ROOT=str(tmp_path / "logs"),
              DDTREE_TEST_MODELS=str(tmp_path / "models"), DDTREE_GPU_HOST="0", CUDA_VISIBLE_DEVICES="0,1")
@@ -113,14 +114,16 @@ def test_a_run_where_nothing_ran_fails(tmp_path):
 
 
 def test_a_run_where_everything_skipped_fails(tmp_path):
-    r = tier("--only", "arch_gating", PYTHON=sys.executable, OUT=str(tmp_path), DDTREE_GPU_HOST="0")
+    r = tier("--only", "arch_gating", "--out", tmp_path, PYTHON=sys.executable, DDTREE_GPU_HOST="0")
     assert r.returncode == 5 and "no test passed" in r.stdout, r.stdout + r.stderr
+    assert "no test passed" in (tmp_path / "gpu-tier-summary.txt").read_text()
 
 
 def test_on_the_gpu_host_a_skip_is_a_failure(tmp_path):
     """env.sh marks the host (DDTREE_GPU_HOST=1): the arch-gating tests, which skip elsewhere for
-    want of a GPU, fail instead, and the log says why."""
-    r = tier("--only", "arch_gating", PYTHON=sys.executable, OUT=str(tmp_path))
+    want of a GPU, fail instead, and the log says why. --out wins over the OUT variable."""
+    r = tier("--only", "arch_gating", f"--out={tmp_path}", PYTHON=sys.executable, OUT=str(tmp_path / "env-out"))
+    assert not (tmp_path / "env-out").exists() and f"logs in {tmp_path}" in r.stdout
     assert r.returncode == 1, r.stdout + r.stderr
     line = (tmp_path / "gpu-tier-summary.txt").read_text()
     assert "rc=1(failed)" in line and "skipped=0" in line and "passed=0" in line
@@ -129,7 +132,7 @@ def test_on_the_gpu_host_a_skip_is_a_failure(tmp_path):
 
 
 def test_the_tensor_parallel_piece_is_left_out_with_one_gpu(tmp_path):
-    r = tier("--only", "e2e", "--jobs", "3", PYTHON=sys.executable, OUT=str(tmp_path), CUDA_VISIBLE_DEVICES="0",
+    r = tier("--only", "e2e", "--jobs", "3", "--out", tmp_path, PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="0",
              DDTREE_GPU_HOST="0", DDTREE_GPU_LOG_ROOT=str(tmp_path / "logs"), DDTREE_TEST_MODELS=str(tmp_path / "m"))
     summary = (tmp_path / "gpu-tier-summary.txt").read_text()
     assert "gpu-tier e2e-tp2                  not run: needs 2 GPUs, 1 visible" in summary, summary
@@ -141,7 +144,7 @@ def test_the_tensor_parallel_piece_is_left_out_with_one_gpu(tmp_path):
 @pytest.mark.parametrize("piece", ["serving_defaults", "soak"])
 def test_the_whole_gpu_piece_runs_with_one_gpu(tmp_path, piece):
     """serving_defaults and soak need one GPU to themselves, not two: on a one-GPU host they run (alone)."""
-    r = tier("--only", piece, PYTHON=sys.executable, OUT=str(tmp_path), CUDA_VISIBLE_DEVICES="0",
+    r = tier("--only", piece, "--out", tmp_path, PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="0",
              DDTREE_GPU_HOST="0", DDTREE_GPU_LOG_ROOT=str(tmp_path / "logs"), DDTREE_TEST_MODELS=str(tmp_path / "m"))
     summary = (tmp_path / "gpu-tier-summary.txt").read_text()
     assert "not run" not in summary, summary

@@ -91,7 +91,7 @@ def test_pack_unpack_across_two_folders(toy_pair, tmp_path):
     pair, _ = toy_pair
     parts = checkpoint.pack(pair, tmp_path / "parts", part_mib=1)
     assert len(parts) >= 1
-    # a split of the parts over two carry folders (what two GPU host commands can carry)
+    # a split of the parts over two folders (parts copied to the host separately)
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
     for i, p in enumerate(parts):
@@ -126,8 +126,7 @@ def test_cli_refuses_bad_input(tmp_path, capsys):
 
 def test_the_h200_pair_shapes_train_and_fit_two_parts():
     """The benchmark pair's shapes (profile h200): one training step of each network on the CPU,
-    and bf16 weights small enough that the pair travels as two parts of 15.5 MiB (one beside
-    each install carry folder of the GPU host)."""
+    and bf16 weights small enough that the pair travels as two parts of 15.5 MiB."""
     from scripts.learned_pair import train
     from scripts.learned_pair.build import PROFILES
     from scripts.learned_pair.model import Drafter, DrafterShape, Target, TargetShape

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""scripts/gpu_host/jit_cache.sh: the GPU host's JIT caches packed into parts that fit what a
-GPU host command brings back, kept here, and restored on a later host; a bad carry changes nothing."""
+"""scripts/gpu_host/jit_cache.sh: the GPU host's JIT caches packed as one archive or in parts of a
+chosen size, checked after copying, and restored on another host; a damaged copy changes nothing."""
 
 import hashlib
 import os
@@ -39,14 +39,14 @@ def host(tmp_path):
 
 
 def test_round_trip_in_parts(host, tmp_path):
-    out, kept, home2 = tmp_path / "out" / "jit", tmp_path / "carry", tmp_path / "host2"
+    out, kept, home2 = tmp_path / "out" / "jit", tmp_path / "copy", tmp_path / "host2"
     r = run(host, "pack", out, JIT_CACHE_PART_MIB="1")
     assert r.returncode == 0, r.stderr
     parts = sorted(out.glob("jit-cache.tar.xz.*"))
     assert len(parts) == 4 and all(p.stat().st_size <= MIB for p in parts)
     assert sorted(p.name for p in out.iterdir()) == sorted([*(p.name for p in parts), "jit-cache.manifest"])
     for p in out.iterdir():
-        p.chmod(0o444)  # files come back read-only
+        p.chmod(0o444)  # a copy may arrive read-only
     assert run(host, "keep", out, kept).returncode == 0
     home2.mkdir()
     r = run(home2, "unpack", kept)
@@ -54,6 +54,24 @@ def test_round_trip_in_parts(host, tmp_path):
     for cache in (".cache/flashinfer", ".cache/tvm-ffi", ".triton/cache"):
         assert tree(home2 / cache) == tree(host / cache)
     assert not list(home2.glob(".jit-cache-unpack.*"))  # the temporary folder is gone
+
+
+def test_one_archive_by_default_and_parts_by_flag(host, tmp_path):
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert run(host, "pack", whole).returncode == 0
+    assert sorted(p.name for p in whole.iterdir()) == ["jit-cache.manifest", "jit-cache.tar.xz"]
+    assert "parts 1\n" in (whole / "jit-cache.manifest").read_text()
+    r = run(host, "pack", parts, "--part-mib", "1", "flashinfer")
+    assert r.returncode == 0, r.stderr
+    assert len(list(parts.glob("jit-cache.tar.xz.*"))) == 4 and "triton" not in (parts / "jit-cache.manifest").read_text()
+    for src in (whole, parts):
+        home = tmp_path / f"h-{src.name}"
+        home.mkdir()
+        r = run(home, "unpack", src)
+        assert r.returncode == 0, r.stderr
+        assert tree(home / ".cache/flashinfer") == tree(host / ".cache/flashinfer")
+    r = run(host, "pack", tmp_path / "x", "--part-mib", "0")
+    assert r.returncode != 0 and "--part-mib takes a whole number" in r.stderr
 
 
 def test_one_cache_only(host, tmp_path):
@@ -66,7 +84,7 @@ def test_one_cache_only(host, tmp_path):
     assert (home2 / ".triton/cache").is_dir() and not (home2 / ".cache/flashinfer").exists()
 
 
-def test_a_bad_carry_leaves_the_caches_alone(host, tmp_path):
+def test_a_damaged_copy_leaves_the_caches_alone(host, tmp_path):
     out = tmp_path / "jit"
     assert run(host, "pack", out, JIT_CACHE_PART_MIB="1").returncode == 0
     home2 = tmp_path / "h2"
@@ -90,6 +108,8 @@ def test_refusals_say_what_to_do(host, tmp_path):
     r = run(host, "pack", tmp_path / "jit", JIT_CACHE_MAX_MIB="1")
     assert r.returncode != 0 and "pack fewer caches" in r.stderr
     assert not list((tmp_path / "jit").glob("jit-cache*"))
+    r = run(host, "pack", tmp_path / "jit", "--max-mib", "1")
+    assert r.returncode != 0 and "over the limit of 1 MiB" in r.stderr
     r = run(host, "pack", tmp_path / "j2", "deepgemm")
     assert r.returncode != 0 and "unknown cache 'deepgemm'" in r.stderr
     r = run(tmp_path, "pack", tmp_path / "j3")
