@@ -40,7 +40,7 @@ def import_client():
             return importlib.import_module("dflash.cli"), importlib.import_module("dflash.benchmark")
     raise ImportError(
         "the dflash client is neither installed nor found as DDTREE_DFLASH_WHEEL or "
-        f"{REPO / '.whl-dflash'}/dflash-*.whl (carry the wheel: pip download --no-deps dflash==0.1.0)"
+        f"{REPO / '.whl-dflash'}/dflash-*.whl (where there is network: pip download --no-deps dflash==0.1.0 -d .whl-dflash, then copy that folder)"
     )
 
 
