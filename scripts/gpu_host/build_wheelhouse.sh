@@ -20,7 +20,7 @@
 #   --out DIR       where the archive goes (default: .whl-e2e in the repository root)
 #   --part-mib N    split the archive into parts of N MiB, one folder each (DIR-1, DIR-2, ...),
 #                   for a host that receives files in pieces (environment: PART_MIB)
-#   --xz-level L    the xz preset, 1-9 (default 9: smallest; 1: many times faster, larger;
+#   --xz-level L    the xz preset, 1-9 (default 9: smallest; 1: faster, larger;
 #                   environment: XZ_LEVEL)
 #   --python PY     the interpreter that runs pip (default: .venv/bin/python, or PYTHON)
 set -euo pipefail
