@@ -182,3 +182,66 @@ def test_build_wheelhouse_checks_its_options_first(tmp_path):
     r = build("--out", tmp_path / "mine")
     assert r.returncode != 0 and "not a wheel-set folder" in r.stderr
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+STUB_PIP = r"""#!/usr/bin/env bash
+# python, except `-m pip download` (one fake wheel into -d) and `-m pip install --target DIR`
+# (the packages of PACKAGES written there, the last with incompressible bytes)
+if [ "$1 $2" = "-m pip" ]; then
+    while [ $# -gt 0 ]; do
+        case $1 in
+            -d) touch "$2/fake-1.0-py3-none-any.whl"; shift 2 ;;
+            --target) t=$2; shift 2 ;;
+            *) shift ;;
+        esac
+    done
+    if [ -n "${t:-}" ]; then
+        mkdir -p "$t/sglang" "$t/transformers" "$t/numpy"
+        echo '__version__ = "0.5.17"' >"$t/sglang/__init__.py"
+        echo '__version__ = "5.12.1"' >"$t/transformers/__init__.py"
+        echo '__version__ = "2.3.5"' >"$t/numpy/__init__.py"
+        head -c 2500000 /dev/urandom >"$t/sglang/data.bin"
+    fi
+    exit 0
+fi
+exec REAL_PYTHON "$@"
+"""
+
+
+def test_build_then_install_as_one_archive_and_as_parts(repo, tmp_path):
+    """build_wheelhouse.sh with pip stubbed: one archive by default, with --part-mib N parts in
+    DIR-1, DIR-2, ... (each with the whole archive's sum and the part count); install.sh installs
+    either, and a rebuild replaces the other form."""
+    shutil.copy(REPO / "scripts" / "gpu_host" / "build_wheelhouse.sh", repo / "scripts" / "gpu_host")
+    (repo / "scripts" / "gpu_host" / "wheels.txt").write_text("fake==1.0\n")
+    (repo / "docker").mkdir()
+    shutil.copy(REPO / "docker" / "wheelhouse.py", repo / "docker" / "wheelhouse.py")
+    py = tmp_path / "py"
+    py.write_text(STUB_PIP.replace("REAL_PYTHON", sys.executable))
+    py.chmod(0o755)
+
+    def build(*args):
+        env = {k: v for k, v in os.environ.items() if k not in ("PART_MIB", "XZ_LEVEL")}
+        return subprocess.run(["bash", str(repo / "scripts" / "gpu_host" / "build_wheelhouse.sh"), "--python", str(py),
+                               "--xz-level", "1", *args], capture_output=True, text=True, env=env, timeout=300)
+
+    r = build("--part-mib", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    parts = sorted(repo.glob(".whl-e2e-*"))
+    assert [p.name for p in parts] == [".whl-e2e-1", ".whl-e2e-2", ".whl-e2e-3"] and not (repo / ".whl-e2e").exists()
+    for i, d in enumerate(parts):
+        assert sorted(f.name for f in d.iterdir()) == ["NPARTS", "SHA256SUMS", f"site.tar.xz.{i:02d}"]
+        assert (d / "NPARTS").read_text() == "3\n" and (d / f"site.tar.xz.{i:02d}").stat().st_size <= 1 << 20
+    assert "3 parts of at most 1 MiB" in r.stdout
+    r = install(repo, tmp_path, parts[1], parts[2], parts[0])
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "site" / "sglang" / "data.bin").stat().st_size == 2_500_000
+
+    r = build()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not list(repo.glob(".whl-e2e-*"))
+    assert sorted(f.name for f in (repo / ".whl-e2e").iterdir()) == ["SHA256SUMS", "site.tar.xz"]
+    shutil.rmtree(tmp_path / "site")
+    r = install(repo, tmp_path, repo / ".whl-e2e")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "site" / "sglang" / "data.bin").stat().st_size == 2_500_000
