@@ -8,7 +8,7 @@ block slot and scores the K x K transitions between adjacent slots.
 
 - ``config``    the checkpoint's DFlash 2 fields and the start-up refusals
 - ``selector``  candidate top-K, the transition lattice, the path walk
-- ``dflash``    what ``DFlashWorkerV2`` calls for a DFlash 2 drafter (patch 0056)
+- ``dflash_step`` what ``DFlashWorkerV2`` (DFLASH) calls for a DFlash 2 drafter (patch 0056)
 
 The model itself is ``sglang.srt.models.dflash2``. The package ``__init__``
 imports nothing, so importing one submodule never drags in the server.
