@@ -179,3 +179,44 @@ def test_out_buffers_and_bad_inputs():
     with pytest.raises(ValueError):
         build_selector_tree(ids, scores, 257)
     assert math.isinf(float(build_selector_tree_ref_batched(ids, scores, 200).node_score[0, -1]))
+
+
+_AOT = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from sglang.srt.speculative.ddtree.selector_tree import _selector_tree_kernel as fn
+from sglang.srt.speculative.ddtree.tree_build import MAX_BUDGET, _launch_config
+
+types = {n: "i32" for n in ("stride_out_b", "slots", "k", "width", "budget")}
+types.update(lp_ptr="*fp32", order_ptr="*i32", ids_ptr="*i64", out_token_ptr="*i64", out_parent_ptr="*i32",
+             out_depth_ptr="*i32", out_rank_ptr="*i32", out_score_ptr="*fp32", out_num_ptr="*i32")
+out = []
+for cap in (90, 120):
+    for budget in sorted({1, 16, 64, 128, MAX_BUDGET}):
+        frontier, num_warps = _launch_config(budget)
+        sig = {n: ("constexpr" if n == "FRONTIER" else types[n]) for n in fn.arg_names}
+        c = triton.compile(ASTSource(fn, sig, constexprs={"FRONTIER": frontier}),
+                           target=GPUTarget("cuda", cap, 32), options={"num_warps": num_warps})
+        out.append(dict(cap=cap, budget=budget, shared=c.metadata.shared, spills="ld.local" in c.asm["ptx"]))
+print(json.dumps(out))
+"""
+
+
+def test_kernel_compiles_for_sm90_and_sm120():
+    """The interpreter accepts code the compiler rejects: compile for real GPUs, in a
+    subprocess without TRITON_INTERPRET."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == 10
+    for r in results:
+        assert r["shared"] <= 99 * 1024, r
+        assert not r["spills"], f"register spills to local memory: {r}"
