@@ -190,7 +190,7 @@ def drafter_hidden(model, inputs: Dict[str, torch.Tensor], radix_attention_modul
     """The drafter's block forward: ``[bs * block, hidden]``."""
     from unittest import mock
 
-    block = block_size(model.config.to_dict() if hasattr(model.config, "to_dict") else CONFIG)
+    block = int(model.block_size)
     backend = BlockAttention(context_kv(model, inputs["target_hidden"], inputs["prefix_lens"].tolist()), block)
     with mock.patch.object(radix_attention_module, "get_attn_backend", lambda: backend), torch.no_grad():
         out = model(None, positions(inputs, block), verify_mode_batch(), input_embeds=inputs["block_embeds"])
