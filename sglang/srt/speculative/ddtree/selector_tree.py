@@ -47,8 +47,17 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.srt.speculative.ddtree.draft_tree import FIELDS, DraftTree, empty_tree
-from sglang.srt.speculative.ddtree.tree_build import MAX_BUDGET, _check_out, _launch_config, triton_interpreted
+from sglang.srt.speculative.ddtree.draft_tree import DraftTree
+from sglang.srt.speculative.ddtree.reference import RefNode, pack_ref_trees
+from sglang.srt.speculative.ddtree.tree_build import (
+    MAX_BUDGET,
+    _launch_config,
+    copy_tree,
+    output_tree,
+    pop_best,
+    store_tree,
+    use_kernel,
+)
 
 
 def transition_logprobs(scores: torch.Tensor) -> torch.Tensor:
@@ -102,22 +111,11 @@ def build_selector_tree(
     _check(candidate_ids, scores, budget)
     bs, slots, k = candidate_ids.shape
     device = scores.device
-    if out is not None:
-        _check_out(out, bs, budget, device)
-    tree = out if out is not None else empty_tree(bs, budget, device)
+    tree = output_tree(out, bs, budget, device)
     if bs == 0:
         return tree
-    runnable = device.type == "cuda" or triton_interpreted()
-    if use_triton and not runnable:
-        raise RuntimeError(
-            "the selector tree kernel needs CUDA tensors or TRITON_INTERPRET=1 set before "
-            f"import; got tensors on {device}"
-        )
-    if not (runnable if use_triton is None else use_triton):
-        ref = build_selector_tree_ref_batched(candidate_ids, scores, budget)
-        for name in FIELDS:
-            getattr(tree, name).copy_(getattr(ref, name))
-        return tree
+    if not use_kernel(device, use_triton, "the selector tree kernel"):
+        return copy_tree(tree, build_selector_tree_ref_batched(candidate_ids, scores, budget))
 
     values, order = sorted_rows(transition_logprobs(scores))
     ids = candidate_ids.contiguous()
@@ -150,9 +148,9 @@ def build_selector_tree_ref(
     candidate_ids: List[List[int]],
     logprobs: np.ndarray,
     budget: int,
-) -> List[Tuple[int, int, int, int, np.float32]]:
-    """One request's tree, plainly: ``(token, parent, depth, candidate, score)`` per
-    node in pop order. ``logprobs [S, K, K]`` are the transition log-probs.
+) -> List[RefNode]:
+    """One request's tree, plainly: its nodes in pop order, ``rank`` holding each
+    node's candidate index. ``logprobs [S, K, K]`` are the transition log-probs.
 
     A heap of candidates keyed ``(-score, depth, parent, rank)``; popping a node
     pushes all its children (ranked within their row as ``sorted_rows`` does).
@@ -174,7 +172,7 @@ def build_selector_tree_ref(
         heapq.heappush(heap, (-float(lp[0, 0, c]), 1, 0, rank, c, np.float32(lp[0, 0, c])))
     while heap and len(nodes) < budget:
         _, depth, parent, rank, c, score = heapq.heappop(heap)
-        nodes.append((int(candidate_ids[depth - 1][c]), parent, depth, c, score))
+        nodes.append(RefNode(int(candidate_ids[depth - 1][c]), parent, depth, c, score))
         n = len(nodes)
         if depth < slots and n < budget:
             for r, child in enumerate(ranked(depth, c)):
@@ -185,30 +183,10 @@ def build_selector_tree_ref(
 
 def build_selector_tree_ref_batched(candidate_ids: torch.Tensor, scores: torch.Tensor, budget: int) -> DraftTree:
     """``build_selector_tree_ref`` over a batch, packed as a ``DraftTree``."""
-    bs = candidate_ids.shape[0]
-    token = torch.zeros((bs, budget), dtype=torch.int64)
-    parent = torch.full((bs, budget), -1, dtype=torch.int32)
-    depth = torch.zeros((bs, budget), dtype=torch.int32)
-    rank = torch.zeros((bs, budget), dtype=torch.int32)
-    score = torch.full((bs, budget), -math.inf, dtype=torch.float32)
-    num = torch.zeros((bs,), dtype=torch.int32)
     lp_all = transition_logprobs(scores.detach().cpu()).numpy()
     ids_all = candidate_ids.detach().cpu().tolist()
-    for b in range(bs):
-        nodes = build_selector_tree_ref(ids_all[b], lp_all[b], budget)
-        num[b] = len(nodes)
-        for i, (tok, par, dep, cand, sc) in enumerate(nodes):
-            token[b, i], parent[b, i], depth[b, i], rank[b, i] = tok, par, dep, cand
-            score[b, i] = float(sc)
-    dev = candidate_ids.device
-    return DraftTree(
-        node_token=token.to(dev),
-        node_parent=parent.to(dev),
-        node_depth=depth.to(dev),
-        node_rank=rank.to(dev),
-        node_score=score.to(dev),
-        num_nodes=num.to(dev),
-    )
+    trees = [build_selector_tree_ref(ids, lp, budget) for ids, lp in zip(ids_all, lp_all)]
+    return pack_ref_trees(trees, budget, candidate_ids.device)
 
 
 # ------------------------------------------------------------------- kernel
@@ -237,9 +215,8 @@ def _selector_tree_kernel(
     budget,
     FRONTIER: tl.constexpr,
 ):
-    # The frontier and the pop are tree_build's (one 64-bit max per pop: an
-    # order-preserving score in the high word, INT32_MAX - (depth, parent, rank)
-    # in the low word). What differs is where a slot's row lives: a candidate's
+    # The frontier and the pop are tree_build's (``pop_best``, key = (depth,
+    # parent, rank)). What differs is where a slot's row lives: a candidate's
     # children are row (its slot + 1, its candidate index), so each frontier slot
     # also carries its row's predecessor index and its own candidate index, and
     # prefetches its next sibling's and first child's log-probs.
@@ -248,8 +225,6 @@ def _selector_tree_kernel(
     lp_req = lp_ptr + pid.to(tl.int64) * slots * kk
     order_req = order_ptr + pid.to(tl.int64) * slots * kk
     neg_inf = float("-inf")
-    no_key = 2147483647
-    empty = -9223372036854775808
 
     slot = tl.arange(0, FRONTIER)
     # The first candidate: rank 0 of slot 0's row 0.
@@ -274,19 +249,9 @@ def _selector_tree_kernel(
 
     key_depth = (budget + 1) * width
     for n in range(1, budget + 1):
-        clean = tl.where(s_score == s_score, s_score, neg_inf)
-        bits = clean.to(tl.int32, bitcast=True)
-        bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 == +0.0
-        ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+        # Scores are sums of sorted_rows' log-probs, which are never NaN.
         key = (s_depth * (budget + 1) + s_parent) * width + s_rank
-        packed = (ordered.to(tl.int64) << 32) | (no_key - key).to(tl.int64)
-        packed = tl.where(s_valid, packed, empty)
-        top = tl.max(packed, axis=0)
-        found = top != empty
-
-        kmin = no_key - (top & 0xFFFFFFFF).to(tl.int32)
-        hi = (top >> 32).to(tl.int32)
-        best = tl.where(hi >= 0, hi, hi ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+        found, kmin, best = pop_best(s_valid, s_score, key)
         d = kmin // key_depth
         p = (kmin % key_depth) // width
         r = kmin % width
@@ -339,11 +304,5 @@ def _selector_tree_kernel(
     in_budget = slot < budget
     ids_off = pid.to(tl.int64) * slots * k + (n_depth - 1) * k + n_cand
     tok = tl.load(ids_ptr + ids_off, mask=real & in_budget, other=0).to(tl.int64)
-
-    out = pid.to(tl.int64) * stride_out_b + slot
-    tl.store(out_token_ptr + out, tok, mask=in_budget)
-    tl.store(out_parent_ptr + out, n_parent, mask=in_budget)
-    tl.store(out_depth_ptr + out, n_depth, mask=in_budget)
-    tl.store(out_rank_ptr + out, n_cand, mask=in_budget)
-    tl.store(out_score_ptr + out, n_score, mask=in_budget)
-    tl.store(out_num_ptr + pid, count)
+    store_tree(out_token_ptr, out_parent_ptr, out_depth_ptr, out_rank_ptr, out_score_ptr, out_num_ptr,
+               pid, stride_out_b, slot, budget, tok, n_parent, n_depth, n_cand, n_score, count)  # fmt: skip

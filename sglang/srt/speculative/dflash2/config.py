@@ -87,25 +87,24 @@ def _non_negative_int(section: dict, key: str) -> int:
     return value
 
 
+def _pair(section: dict, first: str, second: str, what: str):
+    a, b = _non_negative_int(section, first), _non_negative_int(section, second)
+    if bool(a) != bool(b):
+        raise UnsupportedDFlash2Checkpoint(
+            f"DFlash 2 {what} needs {first} and {second} together; the checkpoint has "
+            f"{first}={a}, {second}={b}."
+        )
+    return a, b
+
+
 def parse_dflash2_config(config: Any) -> DFlash2Config:
     """The DFlash 2 fields, checked for consistency (not for support: see
     ``unsupported_features``)."""
     section = dflash_section(config)
-    conv_kernel_size = _non_negative_int(section, "conv_kernel_size")
-    conv_group_size = _non_negative_int(section, "conv_group_size")
-    if bool(conv_kernel_size) != bool(conv_group_size):
-        raise UnsupportedDFlash2Checkpoint(
-            "DFlash 2 grouped convolution needs conv_kernel_size and conv_group_size "
-            f"together; the checkpoint has conv_kernel_size={conv_kernel_size}, "
-            f"conv_group_size={conv_group_size}."
-        )
-    selector_rank = _non_negative_int(section, "selector_rank")
-    selector_top_k = _non_negative_int(section, "selector_top_k")
-    if bool(selector_rank) != bool(selector_top_k):
-        raise UnsupportedDFlash2Checkpoint(
-            "DFlash 2 candidate selector needs selector_rank and selector_top_k together; "
-            f"the checkpoint has selector_rank={selector_rank}, selector_top_k={selector_top_k}."
-        )
+    conv_kernel_size, conv_group_size = _pair(
+        section, "conv_kernel_size", "conv_group_size", "grouped convolution"
+    )
+    selector_rank, selector_top_k = _pair(section, "selector_rank", "selector_top_k", "candidate selector")
     try:
         output_multiplier = float(section.get("output_multiplier", 1.0))
     except (TypeError, ValueError):
