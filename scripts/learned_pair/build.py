@@ -113,6 +113,7 @@ class BuildArgs:
     drafter_steps: Optional[int] = None
     drafter_decay_start: Optional[int] = None
     device: Optional[str] = None
+    drafter: str = "dflash"  # or "dflash2": a DFlash 2 drafter (model.dflash2_shape)
 
 
 def build(args: BuildArgs, log=print) -> dict:
@@ -121,7 +122,7 @@ def build(args: BuildArgs, log=print) -> dict:
     import torch
 
     from . import checkpoint, corpus as corpus_mod, evaluate, tokenizer as tokmod, train
-    from .model import Drafter, DrafterShape, Target, TargetShape, shapes_dict
+    from .model import Drafter, DrafterShape, Target, TargetShape, dflash2_shape, shapes_dict
 
     t0 = time.monotonic()
     prof = PROFILES[args.profile]
@@ -197,6 +198,10 @@ def build(args: BuildArgs, log=print) -> dict:
 
     # -- drafter ---------------------------------------------------------------------------
     dshape = DrafterShape(**prof.drafter)
+    if args.drafter == "dflash2":
+        dshape = dflash2_shape(dshape, tshape.hidden_size)
+    elif args.drafter != "dflash":
+        raise ValueError(f"drafter must be dflash or dflash2, got {args.drafter!r}")
     drafter = Drafter(tshape, dshape)
     drafter.init_weights(torch.Generator().manual_seed(args.seed + 4))
     drafter.to(dev)
