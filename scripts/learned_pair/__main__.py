@@ -2,7 +2,7 @@
 """``python3 -m scripts.learned_pair build|pack|unpack|show`` (run from the repository root).
 
   build  --out DIR [--pack-to DIR] [--deadline-s 480] [--profile h200|toy] [--seed 0]
-         [--root LABEL=PATH ...] [--exclude PATH ...] [--log FILE] [--drafter dflash|dflash2]
+         [--root LABEL=PATH ...] [--exclude PATH ...] [--log FILE] [--drafter dflash|dflash2|both]
          [--target-steps N --target-decay-start M --drafter-steps N --drafter-decay-start M]
   pack   PAIR --to DIR [--part-mib 15.5]
   unpack DIR [DIR ...] --to PAIR
@@ -43,8 +43,9 @@ def main(argv=None) -> int:
                                                    "and site-packages)")
     b.add_argument("--exclude", action="append", default=[], type=Path)
     b.add_argument("--device")
-    b.add_argument("--drafter", default="dflash", choices=["dflash", "dflash2"],
-                   help="dflash2: a DFlash 2 drafter (grouped convolution and candidate selector)")
+    b.add_argument("--drafter", default="dflash", choices=["dflash", "dflash2", "both"],
+                   help="dflash2: a DFlash 2 drafter (grouped convolution and candidate selector); both: "
+                        "a DFlash drafter in drafter/ and a DFlash 2 one of the same target in drafter-dflash2/")
     b.add_argument("--log", type=Path, help="also append the build log here")
     for who in ("target", "drafter"):
         b.add_argument(f"--{who}-steps", type=int)

@@ -103,3 +103,27 @@ def test_checkpoint_loads_and_matches_the_training_model(published, toy, tmp_pat
             pair = drafter.candidate_selector.pair(previous, slots[0, s].expand(len(previous), -1),
                                                    ids[0, s].expand(len(previous), -1))  # fmt: skip
             torch.testing.assert_close(scores[0, s], unary[s] + pair, atol=1e-4, rtol=1e-4)
+
+
+def test_toy_build_trains_both_drafters_on_one_target(published, tmp_path):
+    """``build --drafter both``: a DFlash drafter in drafter/ and a DFlash 2 drafter of the
+    same target in drafter-dflash2/, which the server's registry loads."""
+    import sysconfig
+    from pathlib import Path
+
+    from scripts.learned_pair.build import build
+    from sglang.srt.models.dflash2 import DFlash2DraftModel
+
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        manifest = build(BuildArgs(out=tmp_path, profile="toy", roots={"email": lib / "email", "json": lib / "json"},
+                                   deadline_s=600, drafter="both"), log=lambda m: None)  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    assert json.loads((tmp_path / "drafter" / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+    assert manifest["drafter_dflash2"]["dir"] == "drafter-dflash2"
+    assert manifest["drafter_dflash2"]["train"]["steps"] == manifest["drafter_train"]["steps"]
+    assert manifest["drafter_dflash2"]["shape"]["selector_top_k"] == 8
+    assert isinstance(build_drafter(tmp_path / "drafter-dflash2"), DFlash2DraftModel)
