@@ -12,7 +12,6 @@ On the GPU host after scripts/gpu_host/install.sh:
 
 from __future__ import annotations
 
-import random
 import time
 
 import pytest
@@ -27,18 +26,14 @@ from tests.gpu.server_checks import (  # noqa: E402
     assert_openai_identical,
     assert_sampling_reproduces_greedy,
     greedy,
+    random_prompts,
     rule_continuation,
 )
 
 
-def _prompts(n, seed=0, lo=3, hi=40):
-    rng = random.Random(seed)
-    return [[1] + [rng.randrange(16, 512) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
 def test_greedy_single_identical(servers, spec, dflash2_models):
     n = 96
-    prompt = _prompts(1, seed=1)[0]
+    prompt = random_prompts(1, seed=1)[0]
     want, _ = greedy(servers["baseline"], prompt, n)
     got, meta = greedy(spec, prompt, n)
     assert got == want
@@ -49,19 +44,19 @@ def test_greedy_single_identical(servers, spec, dflash2_models):
 
 
 def test_greedy_concurrent_identical(servers, spec):
-    assert_concurrent_identical(servers["baseline"], spec, _prompts(8, seed=2))
+    assert_concurrent_identical(servers["baseline"], spec, random_prompts(8, seed=2))
 
 
 def test_openai_identical(servers, spec):
-    assert_openai_identical(servers["baseline"], spec, _prompts(1, seed=3)[0])
+    assert_openai_identical(servers["baseline"], spec, random_prompts(1, seed=3)[0])
 
 
 def test_sampling_reproduces_greedy(servers, spec):
-    assert_sampling_reproduces_greedy(servers["baseline"], spec, _prompts(4, seed=4))
+    assert_sampling_reproduces_greedy(servers["baseline"], spec, random_prompts(4, seed=4))
 
 
 def test_no_kv_leak(servers, spec):
-    greedy(spec, _prompts(1, seed=5)[0], 32)
+    greedy(spec, random_prompts(1, seed=5)[0], 32)
     time.sleep(2)
     assert spec.alive() and not spec.leak_lines(), spec.log_tail()
 
