@@ -47,6 +47,7 @@ every point; ``--deadline-s`` skips what would not fit and lists it under ``skip
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -250,6 +251,8 @@ def measure_point(server: Server, prompts, warmup, batch, max_new_tokens, temper
         "num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "repeats": repeats,
         "throughput_tok_s": statistics.median(tps),
         "throughput_runs": tps,
+        # (max - min) / median of the runs: the spread a ratio between two configs must beat
+        "throughput_spread": (max(tps) - min(tps)) / max(statistics.median(tps), 1e-9),
         "accept_length": first["accept_length"],
         "accept_length_pooled": first["accept_length_pooled"],
         "spec_verify_ct": first["spec_verify_ct"],
@@ -495,36 +498,55 @@ def measure_steps(e2e_step, server: Server, proc, ctx: int, batches: list[int], 
     return rows
 
 
-def sweep_points(args) -> list[tuple[int, float]]:
-    """(batch, temperature) points, batch 1 at T=0 (the headline) first, then in the order given."""
-    points = [(b, t) for b in args.batch for t in args.temperature]
-    return sorted(points, key=lambda p: p != (1, 0.0))
+def sweep_points(args) -> list[tuple[int, tuple]]:
+    """(batch, (temperature, top_p, top_k)) points, batch 1 at T=0 (the headline) first, then in
+    the order given."""
+    points = [(b, s) for b in args.batch for s in args.sampling]
+    return sorted(points, key=lambda p: not (p[0] == 1 and p[1][0] == 0))
+
+
+def parse_sampling(spec: str) -> list[tuple[float, float, int]]:
+    """``T[/top_k[/top_p]]`` items, comma-separated (``0,0.7/20/0.8,1``) -> (T, top_p, top_k)."""
+    out = []
+    for item in (x for x in spec.split(",") if x):
+        parts = item.split("/")
+        if len(parts) > 3:
+            raise ValueError(item)
+        t = float(parts[0])
+        top_k = int(parts[1]) if len(parts) > 1 else 0
+        top_p = float(parts[2]) if len(parts) > 2 else 1.0
+        if t < 0 or top_k < 0 or not 0 < top_p <= 1:
+            raise ValueError(item)
+        out.append((t, top_p, top_k))
+    return out
 
 
 def run_points(servers: list[Server], prompts: list[dict], args, result: dict, out: Path, deadline: Deadline,
-               points: list[tuple[int, float]]) -> None:
+               points: list[tuple[int, tuple]]) -> None:
     n = args.num_prompts
     if len(prompts) < n:
         raise SystemExit(f"--num-prompts {n}: the prompt file has only {len(prompts)}")
     measured, warm = prompts[:n], (prompts[n:] + prompts)[: max(args.batch)]
     seen = result.setdefault("_point_s", {})
-    for b, t in points:
+    for b, sampling in points:
+        t, top_p, top_k = sampling
         for s in servers:
-            est = (seen.get((b, t)) or 10.0) * 1.2
+            est = (seen.get((b, sampling)) or 10.0) * 1.2
             if deadline.left() < est:
-                result["skipped"].append({"config": s.label, "batch": b, "temperature": t,
+                result["skipped"].append({"config": s.label, "batch": b, "temperature": t, "top_p": top_p,
+                                          "top_k": top_k,
                                           "reason": f"{deadline.left():.0f} s left < {est:.0f} s estimated"})
                 continue
             t0 = time.monotonic()
             try:
-                row = measure_point(s, measured, warm, b, args.max_new_tokens, t, args.top_p, args.top_k,
+                row = measure_point(s, measured, warm, b, args.max_new_tokens, t, top_p, top_k,
                                     args.repeats, args.token_ids and t == 0)
             except Exception as e:
-                result["skipped"].append({"config": s.label, "batch": b, "temperature": t,
-                                          "reason": f"failed: {e}"[:2000]})
-                print(f"[{s.label}] bs {b} T={t} failed: {e}", flush=True)
+                result["skipped"].append({"config": s.label, "batch": b, "temperature": t, "top_p": top_p,
+                                          "top_k": top_k, "reason": f"failed: {e}"[:2000]})
+                print(f"[{s.label}] bs {b} T={t} top_p={top_p} top_k={top_k} failed: {e}", flush=True)
                 continue
-            seen[(b, t)] = max(seen.get((b, t), 0.0), time.monotonic() - t0)
+            seen[(b, sampling)] = max(seen.get((b, sampling), 0.0), time.monotonic() - t0)
             result["rows"].append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "records"}), flush=True)
             write(_public(finish(result)), out)
@@ -566,6 +588,8 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", default="0,1", help="temperatures, e.g. 0,1")
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=0, help="0 disables top-k (as dflash)")
+    ap.add_argument("--sampling", help="sampling settings T[/top_k[/top_p]], comma-separated (e.g. "
+                    "0,0.7/20/0.8,1); replaces --temperature/--top-p/--top-k")
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=1, help="runs per point; the median throughput is kept")
@@ -591,6 +615,8 @@ def main(argv=None) -> int:
     lg.add_argument("--sampling-samples", type=int, default=3000)
     lg.add_argument("--sampling-ddtree", default="ddtree16", help="the DDTREE server the sampling check uses")
     lg.add_argument("--sampling-max-s", type=float, default=120.0, help="time the sampling check may take (0 leaves it out)")
+    lg.add_argument("--py-spy", default="", help="configs whose scheduler py-spy samples during the first batch's "
+                    "points (host time per step), e.g. dflash,ddtree16")
     args = ap.parse_args(argv)
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -608,6 +634,14 @@ def main(argv=None) -> int:
         ap.error("--batch needs positive integers, --temperature non-negative numbers")
     if not 0 < args.top_p <= 1 or args.top_k < 0 or args.repeats < 1 or args.num_prompts < 1:
         ap.error("top-p in (0, 1], top-k >= 0, repeats >= 1, num-prompts >= 1")
+    try:
+        args.py_spy = [c for c in args.py_spy.split(",") if c]
+        args.sampling = (parse_sampling(args.sampling) if args.sampling
+                         else [(t, args.top_p, args.top_k) for t in args.temperature])
+    except ValueError as e:
+        ap.error(f"--sampling: {e} is not T[/top_k[/top_p]] with T >= 0, top_k >= 0, top_p in (0, 1]")
+    if not args.sampling:
+        ap.error("--sampling: no setting given")
     prompts = load_prompts(args.prompts)
     if args.launch == bool(args.server):
         ap.error("give running servers (--server) or --launch, not both or neither")
@@ -658,6 +692,54 @@ def main(argv=None) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def host_profiles(procs: dict, out_dir: Path, tag: str, result: dict):
+    """While the block runs, py-spy samples each given server's scheduler process (where a
+    decode step's host work runs) into ``hostprof_<tag>_<config>.json`` (speedscope format):
+    where the host time of a step goes, on a target too small to hide it."""
+    import shutil
+    import signal
+    import subprocess
+
+    spy = shutil.which("py-spy")
+    if procs and spy is None:
+        result["skipped"].append({"what": "host profile", "reason": "py-spy is not installed"})
+    running = []
+    for label, proc in (procs.items() if spy else ()):
+        pid = scheduler_pid(proc.proc.pid)
+        if pid is None:
+            result["skipped"].append({"what": "host profile", "config": label, "reason": "no scheduler process"})
+            continue
+        path = out_dir / f"hostprof_{tag}_{label}.json"
+        running.append(subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "200", "--format", "speedscope",
+                                         "--nonblocking", "-o", str(path)], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.STDOUT))  # fmt: skip
+        result.setdefault("host_profiles", {})[label] = path.name
+    try:
+        yield
+    finally:
+        for p in running:
+            p.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        for p in running:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def scheduler_pid(launcher_pid: int):
+    """The launcher's descendant that runs the scheduler (SGLang titles it ``sglang::scheduler``)."""
+    import psutil
+
+    for child in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            if "scheduler" in " ".join([child.name(), *child.cmdline()]):
+                return child.pid
+        except psutil.Error:
+            continue
+    return None
+
+
 def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: Deadline) -> None:
     if not args.model_path:
         raise SystemExit("--launch needs --model-path (and --draft-model-path for speculative configs)")
@@ -697,7 +779,8 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
         # sampling check (which fits itself into what is left).
         points = sweep_points(args)
         first = [p for p in points if p[0] == min(args.batch)]
-        run_points(servers, prompts, args, result, out, deadline, first)
+        with host_profiles({c: procs[c] for c in args.py_spy if c in procs}, args.out_dir, args.tag, result):
+            run_points(servers, prompts, args, result, out, deadline, first)
         check_lossless(servers, result, out)
         if args.step_ctx:
             e2e_step = _sibling("e2e_step", REPO / "benchmarks" / "e2e_step.py")

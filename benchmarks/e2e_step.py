@@ -84,7 +84,7 @@ CONFIGS = {
     "dflash": ["--speculative-algorithm", "DFLASH"],
 }
 DDTREE_CONFIG = re.compile(r"ddtree([1-9][0-9]*)")
-DDTREE_BUDGETS = range(1, 257)  # --speculative-ddtree-budget's range (speculative/ddtree/flags.py)
+DDTREE_BUDGETS = range(1, 257)  # --speculative-ddtree-budget's range (speculative/ddtree/budget.py)
 
 
 def config_args(config: str) -> list[str]:
@@ -110,7 +110,7 @@ def config_order(config: str) -> tuple:
 
 
 BACKENDS = ("triton", "flashinfer")
-#: SGLANG_DDTREE_VERIFY_STRATEGY values (tree_verify/dispatch.py STRATEGIES), each set
+#: SGLANG_DDTREE_VERIFY_STRATEGY values (tree_verify/registry.py STRATEGIES), each set
 #: explicitly, and "auto": the variable unset, the server's own choice (tree_verify/policy.py:
 #: per arch and batch size from the measured strategy table).
 VERIFY_PATHS = ("fused", "upstream_extend", "flashinfer_split", "flashmla_split", "reference", "auto")

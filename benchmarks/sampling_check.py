@@ -7,7 +7,10 @@ counts of the two samples are compared (chi-square test of homogeneity), and so 
 joint first tokens (pairs, triples). One family of tests per run, Bonferroni-corrected, so
 the run rejects with probability at most ``alpha`` when every server samples the target's
 distribution. A second sample from the no-speculation server is compared with the first as
-a control.
+a control, and a sample drawn at a slightly wrong temperature (``BIASED``: what a verify
+that sharpens or flattens the target would sample) must be rejected, so the run shows it
+can fail. ``detectable_shift`` is the smallest change of one token's probability the family
+detects with 80 % power at the sample size used (for the worst-case probability 0.5).
 
 Categories seen fewer than ``MIN_TOTAL`` times in both samples together are pooled into one
 bin (merged into the smallest bin when the pool itself is too small); the pooling looks only
@@ -33,11 +36,15 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 MIN_TOTAL = 10
-#: The sampling settings checked: plain T=1 and T=1 with top-p and top-k together.
+#: The sampling settings checked: what chat clients send (Qwen's recommended top-k with top-p,
+#: plus min-p) and plain T=1 with a repetition penalty (penalties along each tree path).
 SETTINGS = [
-    {"name": "T1", "temperature": 1.0, "top_p": 1.0, "top_k": -1},
-    {"name": "T1-top_p0.9-top_k20", "temperature": 1.0, "top_p": 0.9, "top_k": 20},
+    {"name": "T0.7-top_k20-top_p0.8-min_p0.05", "temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.05},
+    {"name": "T1-repetition_penalty1.1", "temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.1},
 ]
+#: The deliberately biased control: no speculation at this multiple of the setting's temperature.
+BIASED = 1.1
+BIASED_LABEL = f"nospec at {BIASED}x temperature (must differ)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,6 +96,15 @@ def compare(sa: Sequence[Sequence[int]], sb: Sequence[Sequence[int]], positions:
     return tests
 
 
+def detectable_shift(samples: int, tests: int, alpha: float, power: float = 0.8) -> float:
+    """Smallest shift of one token's probability (around 0.5, the worst case) that a two-sided
+    two-sample test at the family's per-test level detects with ``power``."""
+    from scipy.stats import norm
+
+    z = norm.isf(alpha / (2 * max(1, tests))) + norm.isf(1 - power)
+    return float(z * (2 * 0.25 / max(1, samples)) ** 0.5)
+
+
 def family_verdict(tests: list[dict], alpha: float) -> dict:
     m = max(1, len(tests))
     p_min = min((t["p"] for t in tests), default=1.0)
@@ -103,8 +119,8 @@ def family_verdict(tests: list[dict], alpha: float) -> dict:
 def draw(server, prompt_ids: list[int], n: int, new_tokens: int, setting: dict, chunk: int = 250,
          threads: int = 4) -> list[list[int]]:
     """``n`` continuations of ``new_tokens`` tokens, as batched native /generate requests."""
-    params = {"temperature": setting["temperature"], "top_p": setting["top_p"], "top_k": setting["top_k"],
-              "max_new_tokens": new_tokens, "ignore_eos": True}
+    params = {k: v for k, v in setting.items() if k != "name"}
+    params.update(max_new_tokens=new_tokens, ignore_eos=True)
 
     def one(k):
         out = server.post("/generate", {"input_ids": [prompt_ids] * k, "sampling_params": params})
@@ -138,7 +154,9 @@ def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, posi
             base = draw(servers["nospec"], prompt, samples, positions, setting)
             control = draw(servers["nospec"], prompt, samples, positions, setting)
             per_draw = (time.monotonic() - t) / 2
-            pairs = [("nospec (second sample)", control)]
+            biased = {**setting, "temperature": setting["temperature"] * BIASED}
+            pairs = [("nospec (second sample)", control),
+                     (BIASED_LABEL, draw(servers["nospec"], prompt, samples, positions, biased))]
             for label in others:
                 pairs.append((label, draw(servers[label], prompt, samples, positions, setting)))
             for label, other in pairs:
@@ -147,14 +165,20 @@ def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, posi
                                            "tests": tests, "distinct_first_tokens": len({s[0] for s in other})})
                 worst = min(tests, key=lambda x: x["p"])
                 log(f"[sampling] {setting['name']} prompt {pi} {label}: min p {worst['p']:.3g} ({worst['what']})")
-    all_tests = [t for c in out["comparisons"] for t in c["tests"]]
+    all_tests = [t for c in out["comparisons"] for t in c["tests"] if c["server"] != BIASED_LABEL]
     out["verdict"] = family_verdict(all_tests, alpha)
+    out["detectable_shift"] = detectable_shift(samples, len(all_tests), alpha)
+    controls = [c for c in out["comparisons"] if c["server"] == BIASED_LABEL]
+    # Power: every biased sample is told apart at the family's own per-test level.
+    out["biased_rejected"] = bool(controls) and all(
+        min(t["p"] for t in c["tests"]) < out["verdict"]["per_test_alpha"] for c in controls)
     out["wall_s"] = time.monotonic() - t0
     rejected = [(c["setting"], c["prompt"], c["server"], t["what"], t["p"]) for c in out["comparisons"]
-                for t in c["tests"] if t["p"] < out["verdict"]["per_test_alpha"]]
+                for t in c["tests"] if t["p"] < out["verdict"]["per_test_alpha"] and c["server"] != BIASED_LABEL]
     out["rejected"] = [dict(zip(("setting", "prompt", "server", "test", "p"), r)) for r in rejected]
     log(f"[sampling] {len(all_tests)} tests, min p {out['verdict']['min_p']:.3g}, "
-        f"{'REJECT' if out['verdict']['reject'] else 'no difference'} at family alpha {alpha}")
+        f"{'REJECT' if out['verdict']['reject'] else 'no difference'} at family alpha {alpha}; detects a "
+        f"{out['detectable_shift']:.3f} shift; biased control {'rejected' if out['biased_rejected'] else 'NOT rejected'}")
     return out
 
 
@@ -186,7 +210,7 @@ def main(argv=None) -> int:
         ap.error(f"{args.prompt_ids}: expected a list of token-id lists (or objects with prompt_ids)")
     result = run_check(servers, prompts, args.samples, args.positions, args.alpha)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    return 1 if result["verdict"]["reject"] else 0
+    return 1 if result["verdict"]["reject"] or not result["biased_rejected"] else 0
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Dict, Iterator, List, Optional
+from typing import Iterator, List, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -242,7 +242,7 @@ def gpu_accept_path(counter: StepOpCounter) -> Iterator[None]:
             verify_tree_greedy_cpu(**kwargs)
 
     accept._want_kernel = lambda use_kernel, ref: True
-    accept._kernel_ops = lambda: (greedy, None)
+    accept._kernel_ops = lambda: greedy
     try:
         yield
     finally:
@@ -271,7 +271,8 @@ class _SamplingInfo:
 
     is_all_greedy = True
     has_custom_logit_processor = False
-    acc_linear_penalties = None
+    acc_additive_penalties = None
+    acc_scaling_penalties = None
     penalizer_orchestrator = None
     grammar_mask = None
     logit_bias = None
@@ -306,16 +307,18 @@ class StepWorld:
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
         from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
+        from sglang.srt.speculative.verify_sampling.verify_sampler import VerifySampler
 
         self.algo, self.bs = algo, bs
         gen = torch.Generator().manual_seed(seed)
         self.gen = gen
         self.counter: Optional[StepOpCounter] = None
         if algo == "DDTREE":
-            from sglang.srt.speculative.ddtree.flags import resolve_draft_block_size
+            from sglang.srt.speculative.ddtree.budget import TreeBudget
             from sglang.srt.speculative.ddtree.worker import DDTreeWorker as cls
 
-            block = resolve_draft_block_size(block, budget)
+            tree = TreeBudget.resolve(budget, None, block, vocab)
+            block = tree.draft_block
             self.width = budget + 1
         elif algo == "DFLASH":
             from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2 as cls
@@ -356,6 +359,9 @@ class StepWorld:
             _warned_sampling_fallback=False,
             _draft_sampler=None,
             _append_target_hidden_to_draft_kv_by_loc=self._stand_in("draft_context_kv_writer", lambda **kw: None),
+            # A greedy batch never reaches the sampler's draw.
+            verify_sampler=VerifySampler(vocab_size=vocab, device="cpu", sampler=SimpleNamespace(_sample_from_probs=None),
+                                          sampling_backend=None),
         )  # fmt: skip
         for name in ("_draft_block_ids_buf", "_draft_block_positions_buf", "_draft_block_tokens_buf",
                      "_draft_verify_out_cache_loc_buf", "_draft_block_end_buf", "_draft_seq_lens_cpu_buf",
@@ -366,12 +372,10 @@ class StepWorld:
         if algo == "DDTREE":
             from sglang.srt.speculative.ddtree.dflash_internals import DFlashInternals
             from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats
-            from sglang.srt.speculative.ddtree.tree_compile import max_tree_depth
             from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
             w.__dict__.update(
-                _dflash=DFlashInternals(w), _linear_state=False, budget=budget, topk=min(budget, vocab),
-                verify_width=budget + 1, max_depth=max_tree_depth(budget, block - 1),
+                _dflash=DFlashInternals(w), _linear_state=False, tree=tree,
                 _algo=SpeculativeAlgorithm.from_string("DDTREE"), _context_len=self.CONTEXT,
                 stats=DDTreeStepStats(budget, interval=1 << 30),
             )  # fmt: skip

@@ -254,12 +254,9 @@ def run_windowed(name, inputs, config_arch, heads, extra):
         return lambda: tree_verify_attention(*args, strategy="reference", **extra), None
     if name != "upstream_extend":
         raise StrategyUnavailable(f"{name}: no sliding window / sinks")
-    from sglang.srt.layers.attention.tree_verify.upstream_extend import (
-        _extend_attention_fwd,
-        dense_custom_mask,
-    )
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd as extend
+    from sglang.srt.layers.attention.tree_verify.upstream_extend import dense_custom_mask
 
-    extend = _extend_attention_fwd()
     q, k, v, indptr, prefix_idx, tree_idx, mask, scale = args
     bs, n = tree_idx.shape
     plens = (indptr[1:] - indptr[:-1]).long()

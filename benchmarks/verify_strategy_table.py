@@ -126,7 +126,7 @@ def measure(shapes, strategies, proxy: bool) -> list[dict]:
         plan_flashmla,
         staging_pages,
     )
-    from sglang.srt.layers.attention.tree_verify.policy import flashinfer_backend
+    from sglang.srt.layers.attention.tree_verify.strategies.flashinfer_split import flashinfer_backend
 
     rows = []
     for h, n, p, bs in shapes:
@@ -233,7 +233,7 @@ def main(argv=None) -> int:
 
     from verify_attention import full_matrix
 
-    from sglang.srt.layers.attention.tree_verify.support import arch_family
+    from sglang.srt.utils.gpu_arch import arch_family
     from sglang.srt.utils.gpu_arch import device_capability, policy_arch
 
     try:

@@ -131,12 +131,14 @@ def compile_sglang_jit(entries: list, arch: tuple[int, int], results: list) -> N
 # ----------------------------------------------------------------------------- Triton
 def ddtree_sources():
     """The DDTree build, compile and step-commit kernels at the budgets their launch helpers
-    serve, as ``(label, ASTSource, compile options)``: the same for every arch."""
+    serve, and the verify sampler's node-logits kernel, as ``(label, ASTSource, compile
+    options)``: the same for every arch."""
     import triton
     from triton.compiler import ASTSource
 
     from sglang.srt.speculative.ddtree.tree_build import MAX_BUDGET, _ddtree_build_kernel, _launch_config
-    from sglang.srt.speculative.ddtree.tree_compile import _ddtree_compile_kernel, mask_words
+    from sglang.srt.layers.attention.tree_verify.masks import mask_words
+    from sglang.srt.speculative.ddtree.tree_compile import _ddtree_compile_kernel
 
     fn = _ddtree_build_kernel
     ints = ["stride_lp_b", "stride_lp_d", "stride_ids_b", "stride_ids_d", "stride_out_b",
@@ -181,6 +183,20 @@ def ddtree_sources():
                 sig.update(accept_index_ptr="*i32", accept_tokens_ptr="*i32", predicts_ptr="*i32")
             yield (f"ddtree_commit budget={budget} {'greedy kernel' if from_kernel else 'accept result'}",
                    ASTSource(fn, sig, constexprs=consts), {"num_warps": 1 if n <= 64 else 4})
+    from sglang.srt.speculative.verify_sampling.node_logits import _BLOCK_V, _node_logits_kernel
+
+    # DFLASH/DDTREE verify: each node's penalties along its root path and the logit bias, for a
+    # vocabulary of at least one block (smaller ones compile at their own size on first use).
+    fn = _node_logits_kernel
+    types = {n: "i32" for n in fn.arg_names if not n.endswith("_ptr")}
+    types.update(logits_ptr="*fp32", tokens_ptr="*i64", parent_ptr="*i64", depth_ptr="*i32", rows_ptr="*i32",
+                 counts_ptr="*i32", out_len_ptr="*i32", freq_ptr="*fp32", pres_ptr="*fp32", rep_ptr="*fp32",
+                 min_new_ptr="*i32", stop_ptr="*i32", bias_ptr="*fp32")
+    for penalty, bias in ((True, True), (True, False), (False, True)):
+        consts = dict(HAS_PENALTY=penalty, HAS_BIAS=bias, BLOCK=_BLOCK_V)
+        sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
+        yield (f"verify_node_logits penalties={penalty} bias={bias}", ASTSource(fn, sig, constexprs=consts),
+               {"num_warps": 4})
 
 
 def compile_triton(names: list, cap: tuple[int, int], results: list) -> None:

@@ -6,24 +6,26 @@
 #
 # The tier is a list of pieces, one pytest session each: a tests/gpu/<dir>, or a share of the
 # e2e configurations. Pieces run --jobs at a time (default: all at once), spread round-robin over
-# the visible GPUs; a piece that needs every GPU (tensor parallel) or a whole GPU's memory (servers
-# at the default memory flags) runs alone after the others, one such piece at a time.
-# --jobs 1 runs them one after another. Logs go to $OUT (or /tmp/ddtree-out): <piece>-pytest.log,
-# <piece>-server-logs.tgz for pieces that start servers, gpu-tier-summary.txt (one line per
-# piece). Exits nonzero if any piece failed, timed out (--dir-timeout, per piece) or collected
-# nothing (pytest rc 5), or if no test passed at all; a skip is a failure (env.sh sets
-# DDTREE_GPU_HOST=1), and a piece that needs two GPUs is left out on a host with one.
+# the visible GPUs; a piece that needs every GPU (tensor parallel), a whole GPU's memory (servers
+# at the default memory flags) or the GPU to itself (the timed soak) runs alone after the others,
+# one such piece at a time. --jobs 1 runs them one after another. Logs go to $OUT (or
+# /tmp/ddtree-out): <piece>-pytest.log, <piece>-server-logs.tgz for pieces that start servers,
+# soak.json, gpu-tier-summary.txt (one line per piece). Exits nonzero if any piece failed, timed
+# out (--dir-timeout, per piece) or collected nothing (pytest rc 5), or if no test passed at all;
+# a skip is a failure (env.sh sets DDTREE_GPU_HOST=1), and a piece that needs two GPUs is left
+# out on a host with one.
 # DDTREE_E2E_CONFIGS / DDTREE_E2E_SERVERS set by the caller turn that dir back into one piece
 # with the caller's selection. PYTHON picks the interpreter (default python3).
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
-ALL_DIRS=(tree_verify tree_verify_integration ddtree_logic arch_gating e2e ddtree hybrid swa dflash2 serving_defaults)
-SERVER_DIRS=" e2e ddtree hybrid swa dflash2 serving_defaults "  # start sglang servers: need the test models, leave server logs
+ALL_DIRS=(tree_verify tree_verify_integration ddtree_logic arch_gating e2e ddtree hybrid swa dflash2 verify_sampling serving_defaults soak)
+SERVER_DIRS=" e2e ddtree hybrid swa dflash2 verify_sampling serving_defaults soak "  # start sglang servers: need the test models, leave server logs
 
 # name|dir|environment (space-separated VAR=value)|all-gpus when it runs alone on every GPU and
 # needs two (tensor parallel), alone when it runs alone but one GPU is enough
-# (serving_defaults: each server sizes its KV pools from the whole GPU's memory).
+# (serving_defaults: each server sizes its KV pools from the whole GPU's memory; soak: six
+# servers under 256 clients for five minutes, timed).
 # Longest first: a free slot takes the next piece in this order. The e2e shares together hold
 # every configuration of tests/gpu/e2e (a CPU test checks it); each holds two or more, so its
 # cross-configuration check runs.
@@ -35,15 +37,17 @@ PIECES=(
     "hybrid|hybrid||"
     "swa|swa||"
     "dflash2|dflash2||"
+    "verify_sampling|verify_sampling||"
     "tree_verify|tree_verify||"
     "tree_verify_integration|tree_verify_integration||"
     "ddtree_logic|ddtree_logic||"
     "arch_gating|arch_gating||"
     "e2e-tp2|e2e|DDTREE_E2E_CONFIGS=triton-nospec-tp2,triton-dflash-tp2|all-gpus"
     "serving_defaults|serving_defaults||alone"
+    "soak|soak||alone"
 )
 
-usage() { sed -n '3,16p' "$0" | sed 's/^# \{0,1\}//'; echo "dirs: ${ALL_DIRS[*]}"; }
+usage() { sed -n '3,18p' "$0" | sed 's/^# \{0,1\}//'; echo "dirs: ${ALL_DIRS[*]}"; }
 only="" dir_timeout=0 jobs="" list=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -103,6 +107,7 @@ mkdir -p "$OUTDIR"
 summary="$OUTDIR/gpu-tier-summary.txt"
 : >"$summary"
 export DDTREE_LOGIC_BENCH_JSON=${DDTREE_LOGIC_BENCH_JSON:-$OUTDIR/ddtree_logic_bench.json}
+export DDTREE_SOAK_JSON=${DDTREE_SOAK_JSON:-$OUTDIR/soak.json}
 LOG_ROOT=${DDTREE_GPU_LOG_ROOT:-/tmp/ddtree-logs}
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/gpu-tier.XXXXXX")
 trap 'rm -rf "$STATE"' EXIT

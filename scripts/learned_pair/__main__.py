@@ -7,6 +7,8 @@
   pack   PAIR --to DIR [--part-mib 15.5]
   unpack DIR [DIR ...] --to PAIR
   show   PAIR
+  offline PAIR --sampling T[/top_k[/top_p[/min_p]]],... [--budgets 16,64] [--prompts 8]
+         [--new-tokens 128] [--out FILE]   accept lengths replayed with the torch models
 """
 
 from __future__ import annotations
@@ -59,6 +61,15 @@ def main(argv=None) -> int:
     u.add_argument("--to", type=Path, required=True)
     s = sub.add_parser("show", help="print a pair's manifest summary")
     s.add_argument("pair", type=Path)
+    o = sub.add_parser("offline", help="accept lengths of DFLASH and DDTREE replayed on the target's own "
+                                       "continuations, per sampling setting")
+    o.add_argument("pair", type=Path)
+    o.add_argument("--sampling", default="0,1,0.7/20/0.8")
+    o.add_argument("--budgets", default="16,64")
+    o.add_argument("--prompts", type=int, default=8)
+    o.add_argument("--new-tokens", type=int, default=128)
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
 
     from . import checkpoint
@@ -90,6 +101,25 @@ def main(argv=None) -> int:
         print(f"{len(parts)} parts in {args.to}")
     elif args.cmd == "unpack":
         print(checkpoint.unpack(args.dirs, args.to))
+    elif args.cmd == "offline":
+        import torch
+
+        from . import evaluate
+        from .tokenizer import MASK_ID
+
+        target, drafter = checkpoint.load_pair(args.pair)
+        target.eval(), drafter.eval()
+        rows = [json.loads(line) for line in (args.pair / "prompts.jsonl").read_text().splitlines() if line.strip()]
+        prompts = [r["prompt_ids"] for r in rows[: args.prompts]]
+        budgets = [int(b) for b in args.budgets.split(",")]
+        result = {"pair": str(args.pair), "torch_threads": torch.get_num_threads(), "settings": []}
+        for spec in args.sampling.split(","):
+            r = evaluate.offline_accept_sampled(drafter, target, prompts, args.new_tokens, budgets, MASK_ID,
+                                                args.seed, evaluate.Sampling.parse(spec))
+            result["settings"].append(r)
+            print(json.dumps(r), flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
     elif args.cmd == "show":
         m = json.loads((args.pair / "manifest.json").read_text())
         keys = ["date", "device", "profile", "params", "corpus", "tokens", "heldout", "offline_accept_t0",

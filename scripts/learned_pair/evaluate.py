@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the pair is, measured offline with the torch models: held-out loss and next-token
 entropy of the target, the held-out prompts, and the accept length a DFLASH chain and a
-DDTREE tree of each budget would reach at T=0 on the target's own greedy continuations.
+DDTREE tree of each budget would reach on the target's own continuations: greedy at T=0, or
+sampled as SGLang's sampler samples (temperature, then top-k and top-p jointly on the
+distribution, then min-p) for a sampling setting, where the verify accepts a path exactly
+when it spells the target's draws.
 
 The offline accept length replays what the server does per step: from anchor ``a`` (the
 bonus token), the drafter's per-depth distributions over ``a + 1 .. a + L``; the chain
@@ -21,7 +24,7 @@ import numpy as np
 import torch
 
 from . import dflash_batch
-from .model import Drafter, Target
+from .model import Drafter, KVCache, Target
 from .train import generate
 
 
@@ -151,11 +154,80 @@ def _greedy(target: Target, prompts: list[list[int]], new_tokens: int, seed: int
     return [out[i] for i in range(len(prompts))]
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """A request's sampling setting; temperature 0 is greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no top-k
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    @classmethod
+    def parse(cls, spec: str) -> "Sampling":
+        """``T[/top_k[/top_p[/min_p]]]``, e.g. ``0.7/20/0.8``."""
+        parts = spec.split("/")
+        kinds = (float, int, float, float)
+        return cls(*(kind(x) for kind, x in zip(kinds, parts)))
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution SGLang's sampler draws from (its torch path: top-k and top-p masks on
+        the sorted original probabilities, then min-p relative to the top one)."""
+        p = torch.softmax(logits.float() / self.temperature, dim=-1)
+        ps, idx = p.sort(dim=-1, descending=True)
+        rank = torch.arange(p.shape[-1], device=p.device)
+        keep = (ps.cumsum(-1) - ps) <= self.top_p
+        if self.top_k > 0:
+            keep &= rank < self.top_k
+        ps = torch.where(keep, ps, 0.0)
+        if self.min_p > 0:
+            ps = torch.where(ps >= ps[..., :1] * self.min_p, ps, 0.0)
+        out = torch.zeros_like(p).scatter_(-1, idx, ps)
+        return out / out.sum(-1, keepdim=True)
+
+
 @torch.no_grad()
-def draft_topk(drafter: Drafter, target: Target, seq: torch.Tensor, anchors: torch.Tensor, k: int,
-               mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per anchor, the drafter's top-k log-probs and tokens at depths 1..L. seq [1, S], anchors [1, N]
-    -> ([N, L, k], [N, L, k])."""
+def sampled_continuations(target: Target, prompts: list[list[int]], new_tokens: int, sampling: Sampling,
+                          seed: int) -> list[torch.Tensor]:
+    """The target's own continuations under ``sampling`` (greedy at temperature 0)."""
+    if sampling.temperature <= 0:
+        return _greedy(target, prompts, new_tokens, seed)
+    dev = next(target.parameters()).device
+    dtype = next(target.parameters()).dtype
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    out = []
+    for prompt in prompts:
+        cache = KVCache(target.shape, 1, len(prompt) + new_tokens, dev, dtype)
+        logits, _ = target(torch.tensor([prompt], device=dev), cache=cache)
+        seq = list(prompt)
+        for i in range(new_tokens):
+            tok = int(torch.multinomial(sampling.probs(logits[0, -1]), 1, generator=gen))
+            seq.append(tok)
+            if i + 1 < new_tokens:
+                logits, _ = target(torch.tensor([[tok]], device=dev), cache=cache)
+        out.append(torch.tensor(seq, device=dev))
+    return out
+
+
+#: How a tree is scored from the drafter's per-depth distributions: ``raw`` its own (what the
+#: server does), ``matched`` the drafter's distribution put through the request's sampling.
+SCORINGS = ("raw", "matched")
+
+
+def tree_logprobs(logits: torch.Tensor, scoring: str, sampling: Sampling) -> torch.Tensor:
+    """Per-depth log-probs a tree is built from, ``[..., V]`` from the drafter's logits."""
+    if scoring == "raw" or sampling.temperature <= 0:
+        return torch.log_softmax(logits.float(), dim=-1)
+    if scoring == "matched":
+        p = sampling.probs(logits)
+        return torch.where(p > 0, p.clamp(min=1e-30).log(), torch.tensor(float("-inf"), device=p.device))
+    raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+
+
+@torch.no_grad()
+def draft_logits(drafter: Drafter, target: Target, seq: torch.Tensor, anchors: torch.Tensor,
+                 mask_token_id: int) -> torch.Tensor:
+    """Per anchor, the drafter's logits at depths 1..L. seq [1, S], anchors [1, N] -> [N, L, V]."""
     bs = drafter.shape.block_size
     s = seq.shape[1]
     _, captured = target(seq, capture=drafter.shape.target_layer_ids, logits=False)
@@ -164,7 +236,54 @@ def draft_topk(drafter: Drafter, target: Target, seq: torch.Tensor, anchors: tor
     ctx = drafter.context(captured)
     hidden = drafter(embeds.to(ctx.dtype), blocks.pos, ctx, torch.arange(s, device=seq.device), blocks.mask)
     logits = torch.nn.functional.linear(hidden, target.lm_head_weight.to(hidden.dtype)).float()
-    logp = torch.log_softmax(logits, dim=-1).view(anchors.shape[1], bs, -1)[:, 1:]
+    return logits.view(anchors.shape[1], bs, -1)[:, 1:]
+
+
+@torch.no_grad()
+def offline_accept_sampled(drafter: Drafter, target: Target, prompts: list[list[int]], new_tokens: int,
+                           budgets: Sequence[int], mask_token_id: int, seed: int, sampling: Sampling,
+                           scorings: Sequence[str] = SCORINGS) -> dict:
+    """Mean accept length of the DFLASH chain (the drafter's argmax per depth) and of DDTREE
+    trees per budget and scoring, replayed on the target's continuations under ``sampling``."""
+    bs = drafter.shape.block_size
+    kmax = max(budgets)
+    steps: dict = {}
+    for prompt, seq in zip(prompts, sampled_continuations(target, prompts, new_tokens, sampling, seed)):
+        seq = seq.unsqueeze(0)
+        plen, last = len(prompt), seq.shape[1] - bs
+        anchors = torch.arange(plen, last + 1, device=seq.device).unsqueeze(0)
+        logits = draft_logits(drafter, target, seq, anchors, mask_token_id)
+        x = seq[0].tolist()
+        tops = {sc: tree_logprobs(logits, sc, sampling).topk(kmax, dim=-1) for sc in scorings}
+        argmax = logits.argmax(-1).tolist()
+        names = ["dflash"] + [f"ddtree{b}" + ("" if sc == "raw" else f"_{sc}") for sc in scorings for b in budgets]
+        for name in names:
+            a = plen
+            while a <= last:
+                i = a - plen
+                truth = x[a + 1 : a + bs]
+                if name == "dflash":
+                    acc = chain_accept(argmax[i], truth)
+                else:
+                    b_str, _, sc = name[len("ddtree"):].partition("_")
+                    b = int(b_str)
+                    depth, k = min(bs - 1, b), min(b, kmax)
+                    vals, ids = tops[sc or "raw"]
+                    nodes = build_tree(vals[i, :depth, :k].tolist(), b)
+                    acc = tree_accept(nodes, ids[i, :depth, :k].tolist(), truth[:depth])
+                steps.setdefault(name, []).append(acc + 1)
+                a += acc + 1
+    out = {name: float(np.mean(v)) for name, v in steps.items()}
+    out.update(prompts=len(prompts), new_tokens=new_tokens, sampling=sampling.__dict__)
+    return out
+
+
+@torch.no_grad()
+def draft_topk(drafter: Drafter, target: Target, seq: torch.Tensor, anchors: torch.Tensor, k: int,
+               mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per anchor, the drafter's top-k log-probs and tokens at depths 1..L. seq [1, S], anchors [1, N]
+    -> ([N, L, k], [N, L, k])."""
+    logp = torch.log_softmax(draft_logits(drafter, target, seq, anchors, mask_token_id), dim=-1)
     v, i = logp.topk(k, dim=-1)
     return v, i
 

@@ -166,15 +166,18 @@ def backend_verdicts(cap: tuple[int, int]) -> dict:
         return {"error": "backend_support is not part of this build"}
     except Exception as e:  # noqa: BLE001
         return {"error": f"backend_support failed to import: {type(e).__name__}: {e}"}
-    needed = ("arch_family", "default_backend", "backends_for")
+    needed = ("default_backend", "backends_for")
     missing = [n for n in needed if not hasattr(bs, n)]
     if missing:
         return {"error": f"backend_support lacks {', '.join(missing)}"}
     try:
+        gpu_arch = importlib.import_module("sglang.srt.utils.gpu_arch")
         support = importlib.import_module("sglang.srt.layers.attention.tree_verify.support")
     except Exception as e:  # noqa: BLE001
-        return {"error": f"tree_verify.support failed to import: {type(e).__name__}: {e}"}
-    family = _call(bs.arch_family, cap)
+        return {"error": f"the arch helpers failed to import: {type(e).__name__}: {e}"}
+    if not hasattr(gpu_arch, "arch_family"):
+        return {"error": "sglang.srt.utils.gpu_arch lacks arch_family"}
+    family = _call(gpu_arch.arch_family, cap)
     if family not in getattr(bs, "GATED_FAMILIES", ()):
         return {"gating": f"{family or 'this GPU'} is not gated: upstream's own backend choice applies"}
     out = {}

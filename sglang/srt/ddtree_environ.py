@@ -50,6 +50,10 @@ with _declaring_fields():
         # policy (tree_verify/strategy_table.json's format).
         SGLANG_DDTREE_STRATEGY_TABLE = EnvStr("")
 
+        # DFLASH/DDTREE verify sampling: GPU workspace of one chunk of per-node draws,
+        # reserved when the KV pool is sized (speculative/verify_sampling/workspace.py).
+        SGLANG_DDTREE_SAMPLING_WORKSPACE_MB = EnvInt(512)
+
         # DDTree metrics: verify steps between two logged summaries.
         SGLANG_DDTREE_STATS_INTERVAL = EnvInt(256)
 

@@ -37,9 +37,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional, Set, Tuple
+from typing import Any, List, Optional, Set, Tuple
 
 import torch
+
+from sglang.srt.layers.attention.tree_verify.dispatch import forced_strategy
+from sglang.srt.layers.attention.tree_verify.policy import VerifyShape, choose_strategy
+from sglang.srt.layers.attention.tree_verify.registry import (
+    FLASHMLA_SPLIT,
+    MLA_DIMS,
+    VerifyTarget,
+    static_verify_kind,
+)
+from sglang.srt.layers.attention.tree_verify.strategies import available_strategies
+from sglang.srt.utils import gpu_arch
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +82,7 @@ def uses_dflash_draft_pool(spec_algorithm: Any) -> bool:
     """DFLASH and DDTREE: a DFlash drafter with its own KV pool of the target's
     token count (DDTREE registers as a DFlash-family algorithm that verifies a
     tree). Other algorithms keep upstream's accounting."""
-    if spec_algorithm is None:
-        return False
-    if getattr(spec_algorithm, "verify_uses_tree_mask", False):
-        return True
-    is_dflash = getattr(spec_algorithm, "is_dflash", None)
-    return bool(callable(is_dflash) and is_dflash())
+    return static_verify_kind(spec_algorithm) is not None
 
 
 def draft_model_config(server_args: Any):
@@ -143,11 +149,65 @@ def _cell_size(kvc: Any) -> int:
     return int(formula._compute_cell_size(kvc, kvc.layer_info.num_effective_layers))
 
 
+#: Attention backends whose TARGET_VERIFY goes through the tree-verify hook (MLA).
+_HOOKED_MLA_BACKENDS = ("triton", "flashinfer")
+
+
+def flashmla_staging_layers(kvc: Any) -> int:
+    """Target KV layers' worth of memory per pool token that flashmla_split's page
+    staging will take on this server: 1 when the target's verify will go through
+    FlashMLA at any batch size (forced, or the policy's choice), else 0. The KV
+    pool is sized with it counted, rather than the staging being taken later from
+    the headroom activations and graphs need. Made from the server's arguments, it
+    may count the staging for a server whose hook turns itself off for another
+    reason (deterministic inference, say); the hook falls back to the fused kernel
+    if the staging still does not fit. ``kvc``: upstream's ``KVCacheConfigurator``."""
+    if kvc.is_draft_worker or static_verify_kind(kvc.spec_algorithm) is None:
+        return 0
+    mc = kvc.model_config
+    latent = (getattr(mc, "kv_lora_rank", None), getattr(mc, "qk_rope_head_dim", None))
+    if not kvc.use_mla_backend or latent != (512, 64):
+        return 0
+    if (kvc.page_size or 1) != 1 or kvc.kv_cache_dtype != kvc.model_dtype:
+        return 0  # the hook is off, or FlashMLA cannot read this KV cache
+    if kvc.model_dtype not in (torch.bfloat16, torch.float16):
+        return 0
+    if not set(kvc.server_args.get_attention_backends()) & set(_HOOKED_MLA_BACKENDS):
+        return 0
+    forced = forced_strategy()
+    if forced is not None:
+        return int(forced == FLASHMLA_SPLIT)
+    device = torch.device(f"cuda:{kvc.gpu_id}" if str(kvc.device) == "cuda" else kvc.device)
+    try:
+        real = gpu_arch.device_capability(device)
+    except RuntimeError:
+        return 0
+    target = VerifyTarget.of(*MLA_DIMS, kvc.model_dtype, kvc.kv_cache_dtype)
+    available, _ = available_strategies(target, real)
+    if FLASHMLA_SPLIT not in available:
+        return 0
+    arch = gpu_arch.policy_arch(device)
+    heads = mc.num_attention_heads // max(1, kvc.ps.attn_tp_size)
+    width = int(kvc.server_args.speculative_num_draft_tokens or 0)
+    return int(any(
+        choose_strategy(arch, VerifyShape(heads, width, bs), available) == FLASHMLA_SPLIT
+        for bs in _batch_sizes(kvc.server_args)
+    ))  # fmt: skip
+
+
+def _batch_sizes(server_args: Any) -> List[int]:
+    """Batch sizes a verify may run at: powers of two up to the running-request cap."""
+    cap = getattr(server_args, "max_running_requests", None) or 256
+    sizes, bs = [], 1
+    while bs <= cap:
+        sizes.append(bs)
+        bs *= 2
+    return sizes
+
+
 def flashmla_staging_bytes(kvc: Any) -> int:
     """flashmla_split's page staging per pool token: one target KV layer when the
-    target's verify will go through FlashMLA (the decision is the hook's), else 0."""
-    from sglang.srt.layers.attention.tree_verify.policy import flashmla_staging_layers
-
+    target's verify will go through FlashMLA, else 0."""
     layers = flashmla_staging_layers(kvc)
     if not layers:
         return 0

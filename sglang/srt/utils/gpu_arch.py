@@ -148,6 +148,34 @@ def max_shared_memory_per_block(cap: Capability) -> int:
     )
 
 
+#: The arch families, one key per group of GPUs that share kernels and limits.
+ARCH_FAMILIES = ("sm80", "sm90", "sm100", "sm12x")
+
+
+def arch_family(cap: Capability) -> Optional[str]:
+    """The arch family of ``cap``, the key of the per-arch tables (backend gating,
+    tree-verify support, the verify-strategy table):
+
+    * ``sm12x``: 12.x (RTX PRO 6000 and RTX 5090: 12.0; GB10: 12.1);
+    * ``sm100``: 10.x and 11.x (B200, B300, Thor);
+    * ``sm90``: 9.0 (H100, H200);
+    * ``sm80``: 8.x (A100, Orin, RTX 30xx and 40xx, L4, L40);
+    * None: any other capability.
+
+    Kernel tiles follow shared memory per block instead
+    (:func:`max_shared_memory_per_block`), which differs inside ``sm80``."""
+    c = _as_capability(cap)
+    if is_sm12x(c):
+        return "sm12x"
+    if is_datacenter_blackwell(c):
+        return "sm100"
+    if is_hopper(c):
+        return "sm90"
+    if c[0] == 8:
+        return "sm80"
+    return None
+
+
 def arch_name(cap: Capability) -> str:
     """``(12, 0) -> "sm_120"``, the spelling used in error messages."""
     c = _as_capability(cap)

@@ -46,7 +46,7 @@ def test_greedy_stand_in_keeps_the_kernel_contract(seed):
         retrive_index=ct.retrive_index, retrive_next_token=ct.retrive_next_token,
         retrive_next_sibling=ct.retrive_next_sibling, target_predict=pred,
     )  # fmt: skip
-    got = accept._from_kernel(ct, predicts, accept_index, accept_num)
+    got = accept.KernelAccept(predicts, accept_index, accept_num).to_result(ct.num_tokens)
     for name in ("accept_index", "num_accepted", "accept_tokens", "next_bonus"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
     assert bool((want.num_accepted > 0).any())

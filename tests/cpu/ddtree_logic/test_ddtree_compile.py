@@ -9,15 +9,10 @@ from _ddtree_helpers import random_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sglang.srt.layers.attention.tree_verify.masks import mask_words, pack_bits, unpack_tree_mask
 from sglang.srt.speculative.ddtree.reference import ancestors_ref, compile_tree_ref
 from sglang.srt.speculative.ddtree.tree_build import build_tree_from_logits, triton_interpreted
-from sglang.srt.speculative.ddtree.tree_compile import (
-    compile_tree,
-    mask_words,
-    max_tree_depth,
-    pack_bits,
-    tree_mask_to_dense,
-)
+from sglang.srt.speculative.ddtree.tree_compile import compile_tree, max_tree_depth
 
 
 
@@ -69,7 +64,7 @@ def test_dense_mask_is_ancestor_closure(budget, num_depths, seed):
     rng = np.random.default_rng(seed)
     tree = random_tree(rng, 2, budget, num_depths, 5, 0.3)
     ct, _, _ = _compile(tree, num_depths, rng)
-    dense = tree_mask_to_dense(ct.tree_mask, budget + 1)
+    dense = unpack_tree_mask(ct.tree_mask, budget + 1)
     for b in range(2):
         parent_full = ct.parent[b].tolist()
         for i in range(budget + 1):
@@ -105,7 +100,7 @@ def test_compile_of_a_built_tree():
     ct = compile_tree(tree, torch.tensor([1, 2, 3]), torch.tensor([10, 0, 7]), max_tree_depth(64, 15))
     assert ct.positions[:, 0].tolist() == [10, 0, 7]
     assert torch.equal(ct.positions[:, 1:] - ct.positions[:, :1], tree.node_depth.long())
-    dense = tree_mask_to_dense(ct.tree_mask, 65)
+    dense = unpack_tree_mask(ct.tree_mask, 65)
     # every node sees root and itself; row popcount = depth + 1
     assert dense[..., 0].all() and torch.diagonal(dense, dim1=1, dim2=2).all()
     assert torch.equal(dense.sum(-1), ct.depth.long() + 1)
@@ -121,7 +116,7 @@ def test_bit_31_and_word_boundaries():
     ct = compile_tree(tree, torch.tensor([0]), torch.tensor([0]), budget, use_triton=True)
     assert torch.equal(ct.tree_mask, compile_tree(tree, torch.tensor([0]), torch.tensor([0]), budget,
                                                   use_triton=False).tree_mask)
-    dense = tree_mask_to_dense(ct.tree_mask, budget + 1)
+    dense = unpack_tree_mask(ct.tree_mask, budget + 1)
     assert torch.equal(dense[0], torch.tril(torch.ones(budget + 1, budget + 1, dtype=torch.bool)))
     assert ct.tree_mask[0, 31, 0].item() == -1  # all 32 bits of word 0
     assert ct.tree_mask[0, 40, 1].item() == (1 << 9) - 1
@@ -144,7 +139,7 @@ def test_triton_and_torch_compile_agree(budget):
 
 def test_pack_bits_round_trip():
     flags = torch.rand(3, 5, 77) > 0.5
-    assert torch.equal(tree_mask_to_dense(pack_bits(flags), 77), flags)
+    assert torch.equal(unpack_tree_mask(pack_bits(flags), 77), flags)
 
 
 def test_compile_rejects_bad_shapes():

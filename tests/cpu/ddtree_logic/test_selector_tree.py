@@ -187,7 +187,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from sglang.srt.speculative.ddtree.selector_tree import _selector_tree_kernel as fn
-from sglang.srt.speculative.ddtree.tree_build import MAX_BUDGET, _launch_config
+from sglang.srt.layers.attention.tree_verify.masks import MAX_BUDGET
+from sglang.srt.speculative.ddtree.tree_build import _launch_config
 
 types = {n: "i32" for n in ("stride_out_b", "slots", "k", "width", "budget")}
 types.update(lp_ptr="*fp32", order_ptr="*i32", ids_ptr="*i64", out_token_ptr="*i64", out_parent_ptr="*i32",

@@ -5,11 +5,10 @@ and the fixture's real DFlash 2 drafter for the selector.
 
 - Greedy: the verified chain is ``[bonus, the selector's argmax path]`` over the draft
   forward's hidden states, and the folded greedy head is not used.
-- Sampling: the step hands upstream's rejection-sampling chain kernel the walk's q at
-  the candidates (and zeros elsewhere), and the kept buffer is all zeros afterwards.
-- Lossless at T > 0: drawing the path from q and accepting it against q reproduces
-  the target's distribution at the first position (the kernel under the Triton
-  interpreter, many requests in one launch).
+- Sampling (T > 0): the chain is still the selector's greedy path; the verify sampler
+  hands the sampler's draw (a stand-in recording what it gets) one row per chain
+  position, softmax(logits / T) at that position, and the step commits what the greedy
+  rule over the draws accepts, with or without upstream's sampling kernels.
 - ``attach`` hands the drafter the worker's block; every hook is a no-op for a DFlash
   drafter.
 """
@@ -17,16 +16,14 @@ and the fixture's real DFlash 2 drafter for the selector.
 from __future__ import annotations
 
 from types import SimpleNamespace
-from unittest import mock
 
-import numpy as np
 import pytest
 import torch
 
 from benchmarks import step_ops
 from sglang.srt.speculative.ddtree.tree_build import triton_interpreted
 from sglang.srt.speculative.dflash2 import dflash_step
-from sglang.srt.speculative.dflash2.selector import walk
+from sglang.srt.speculative.dflash2.selector import greedy_walk, walk
 from tests.cpu.dflash2 import harness
 
 pytestmark = pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1 before triton loads")
@@ -66,18 +63,24 @@ def test_greedy_step_verifies_the_selector_path(drafter):
     head = world.worker.model_runner.model.lm_head
     ids, scores = drafter.selector_lattice(hidden, bonus, head)
     tokens, _, _ = walk(ids, scores, torch.zeros(bs, block - 1), torch.ones(bs), torch.ones(bs, dtype=torch.bool))
+    assert torch.equal(greedy_walk(ids, scores), tokens)
     chain = world.verified[0]
     assert torch.equal(chain[:, 0], bonus)
     assert torch.equal(chain[:, 1:], tokens)
     # Not each slot's argmax (the folded head's -7s or the plain DFlash chain).
     argmax = torch.matmul(hidden, head.weight.T).argmax(-1)
     assert not torch.equal(chain[:, 1:], argmax)
-    assert world.worker._dflash2_sample is None
 
 
 class _Sampling(step_ops._SamplingInfo):
+    """A sampling batch's state as upstream's ``SamplingBatchInfo`` carries it (no penalties,
+    bias or seeds)."""
+
     is_all_greedy = False
     need_top_k_sampling = True
+    need_top_p_sampling = False
+    need_min_p_sampling = False
+    sampling_seed = None
 
     def __init__(self, bs, temperatures, top_ks):
         super().__init__(bs)
@@ -87,79 +90,99 @@ class _Sampling(step_ops._SamplingInfo):
         self.min_ps = torch.zeros(bs)
 
 
-def test_sampling_step_verifies_against_q(drafter):
-    from sglang.kernels.ops.speculative.dspark import dspark_accept
+class _SamplerDraw:
+    """Stands in for ``Sampler._sample_from_probs`` (the sampling backend's kernels, which
+    need a GPU): records what the verify sampler hands it and returns chosen draws, the
+    chain's own next token at the first ``accept[b]`` positions of request ``b``, then a
+    token off the chain."""
+
+    def __init__(self, world, accept):
+        self.world, self.accept, self.calls, self.draws = world, accept, [], None
+
+    def __call__(self, probs, info, positions, simple):
+        self.calls.append((probs.clone(), info, positions.clone(), simple))
+        chain = self.world.verified[-1]
+        width = chain.shape[1]
+        draws = torch.empty_like(chain)
+        draws[:, :-1] = chain[:, 1:]
+        draws[:, -1] = (chain[:, -1] + 3) % VOCAB  # the last position's draw: any token
+        for b, a in enumerate(self.accept):
+            if a + 1 < width:
+                draws[b, a] = (chain[b, a + 1] + 1) % VOCAB
+        self.draws = draws
+        return draws.view(-1)
+
+
+@pytest.mark.parametrize("sampling_kernels", [True, False], ids=["sampling-kernels", "no-sampling-kernels"])
+def test_sampling_step_verifies_the_greedy_path_through_the_verify_sampler(drafter, monkeypatch, sampling_kernels):
+    """At T > 0 the chain is still the selector's greedy path, every chain position gets one
+    draw by the server's sampler (at its temperature and position), and the step commits
+    what the greedy rule over those draws accepts."""
     from sglang.srt.speculative import dflash_worker_v2
+    from sglang.srt.speculative.verify_sampling import verify_sampler
+    from sglang.srt.speculative.verify_sampling.verify_sampler import VerifySampler
 
     bs, block = 3, harness.block_size()
+    temperatures = [0.8, 1.0, 1.0]
     world = _World(drafter, bs, block, seed=1)
-    world.batch.sampling_info = _Sampling(bs, [0.8, 1.0, 1.0], [VOCAB, VOCAB, 1])
+    world.batch.sampling_info = _Sampling(bs, temperatures, [VOCAB, VOCAB, 1])
+    accept = [0, 2, block - 1]  # drafts each request's draws accept
+    draw = _SamplerDraw(world, accept)
+    world.worker.verify_sampler = VerifySampler(vocab_size=VOCAB, device="cpu",
+                                                sampler=SimpleNamespace(_sample_from_probs=draw),
+                                                sampling_backend=None)  # fmt: skip
+    logits = []
+    target_forward = world._target_forward
+
+    def recorded_target_forward(**kw):
+        out = target_forward(**kw)
+        logits.append(out.logits_output.next_token_logits.clone())
+        return out
+
+    world.worker._target_worker.forward_batch_generation = recorded_target_forward
+    monkeypatch.setattr(dflash_worker_v2, "is_dflash_sampling_verify_available", lambda: sampling_kernels)
+    monkeypatch.setattr(verify_sampler, "get_tp_group", lambda: SimpleNamespace(world_size=1))
     dflash_step.attach(world.worker)
-    seen = {}
-    real = dspark_accept.accept_sampling
-
-    def spy(**kw):
-        seen["probs"] = kw["draft_probs"].clone()
-        seen["candidates"] = kw["candidates"].clone()
-        return real(**kw)
-
-    with mock.patch.object(dflash_worker_v2, "is_dflash_sampling_verify_available", lambda: True), \
-         mock.patch.object(dspark_accept, "accept_sampling", spy), \
-         mock.patch.object(dflash_worker_v2, "apply_dflash_verify_logits_adjustments", lambda **kw: None), \
-         torch.no_grad():  # fmt: skip
+    with torch.no_grad():
         result = world.step()
-    probs = seen["probs"]
-    chain = seen["candidates"]
-    assert probs.shape == (bs, block - 1, world.worker.model_runner.model.lm_head.weight.shape[0])
-    # Each slot's row is a distribution over the slot's K candidates, holding the chain's token.
-    assert torch.allclose(probs.sum(-1), torch.ones(bs, block - 1))
-    assert ((probs > 0).sum(-1) <= drafter.candidate_selector.top_k).all()
-    assert (probs.gather(2, chain[:, 1:, None]).squeeze(2) > 0).all()
-    # Request 2 decodes greedily (top-k 1): its q is one-hot.
-    assert torch.equal(probs[2].max(-1).values, torch.ones(block - 1))
-    assert world.worker._dflash2_probs.abs().sum() == 0
-    assert result.accept_lens.shape == (bs,)
-    assert ((result.accept_lens >= 1) & (result.accept_lens <= block)).all()
 
+    # The chain: [bonus, the selector's greedy path] for every request, sampled or not.
+    hidden = world.draft_hidden[0].view(bs, block, -1)[:, 1:]
+    bonus = world.batch.spec_info.bonus_tokens
+    ids, scores = drafter.selector_lattice(hidden, bonus, world.worker.model_runner.model.lm_head)
+    chain = world.verified[0]
+    assert torch.equal(chain[:, 0], bonus)
+    assert torch.equal(chain[:, 1:], greedy_walk(ids, scores))
+    # A sampled walk at these temperatures would have left the greedy path somewhere.
+    sampled, _, _ = walk(ids, scores, torch.rand(bs, block - 1, generator=torch.Generator().manual_seed(3)),
+                         torch.tensor(temperatures), torch.zeros(bs, dtype=torch.bool))  # fmt: skip
+    assert not torch.equal(sampled, chain[:, 1:])
 
-def test_rejection_against_q_is_lossless():
-    """The first committed token of a step follows the target's distribution when the
-    path is walked from the selector's q and accepted against it."""
-    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+    # One draw per chain position, from softmax(logits / T) of the request, at its position.
+    assert len(draw.calls) == 1
+    probs, info, positions, simple = draw.calls[0]
+    assert probs.shape == (bs * block, VOCAB) and not simple
+    temps = torch.tensor(temperatures).repeat_interleave(block).view(-1, 1)
+    torch.testing.assert_close(probs, torch.softmax(logits[0] / temps, dim=-1))
+    assert torch.equal(info.temperatures, temps)
+    assert torch.equal(info.top_ks, torch.tensor([VOCAB, VOCAB, 1], dtype=torch.int32).repeat_interleave(block))
+    seq_lens = world.seq_lens.view(bs, 1)
+    assert torch.equal(positions.view(bs, block), seq_lens + torch.arange(block))
 
-    g = torch.Generator().manual_seed(5)
-    n, vocab, k, slots = 3000, 8, 4, 2
-    temperature = 1.0
-    ids = torch.stack([torch.randperm(vocab, generator=g)[:k] for _ in range(slots)]).expand(n, slots, k).contiguous()
-    scores = (torch.randn(1, slots, k, k, generator=g) * 1.5).expand(n, slots, k, k).contiguous()
-    target_logits = torch.randn(vocab, generator=g) * 1.5
-    tokens, q, _ = walk(ids, scores, torch.rand(n, slots, generator=g), torch.full((n,), temperature),
-                        torch.zeros(n, dtype=torch.bool))  # fmt: skip
-    candidates = torch.cat([torch.zeros(n, 1, dtype=torch.int64), tokens], dim=1)
-    logits = target_logits.expand(n * (slots + 1), vocab).contiguous()
-    info = _Sampling(n, [temperature] * n, [vocab] * n)
-    info.need_top_k_sampling = False
-    worker = SimpleNamespace(_dflash2_sample=(ids, q), _dflash2_probs=None)
-    draft_input = DFlashDraftInputV2.create_idle_input(device="cpu")
-    torch.manual_seed(6)
-    accept_len, bonus = dflash_step.sampling_accept(
-        worker, candidates=candidates, next_token_logits=logits, sampling_info=info, draft_input=draft_input
-    )
-    first = torch.where(accept_len > 0, candidates[:, 1], bonus)
-    freq = np.bincount(first.numpy(), minlength=vocab) / n
-    p = torch.softmax(target_logits / temperature, -1).numpy()
-    assert np.abs(freq - p).max() < 4 * np.sqrt(p.max() / n) + 1e-3
-    # Acceptance against q beats the target-only rule's p(token) on average.
-    assert (accept_len > 0).float().mean() > float(p[tokens[:, 0].numpy()].mean())
+    # The greedy rule over the draws: accept[b] drafts, then the draw after them.
+    draws = draw.draws
+    assert result.accept_lens.tolist() == [a + 1 for a in accept]
+    out = result.next_token_ids.view(bs, block)
+    for b, a in enumerate(accept):
+        assert torch.equal(out[b, :a], chain[b, 1 : a + 1])
+        assert int(out[b, a]) == int(draws[b, a])
+    assert torch.equal(result.next_draft_input.bonus_tokens, draws[torch.arange(bs), torch.tensor(accept)])
 
 
 def test_hooks_are_no_ops_for_a_dflash_drafter():
     worker = SimpleNamespace(draft_model=SimpleNamespace(layers=[]), block_size=8, ps=SimpleNamespace(tp_rank=0))
     dflash_step.attach(worker)
-    assert dflash_step.propose(worker, None, bs=1, anchor_ids=torch.zeros(1), lm_head=None, sampling_info=None,
-                               sampling_verify=True) is None  # fmt: skip
-    assert dflash_step.sampling_accept(worker, candidates=None, next_token_logits=None, sampling_info=None,
-                                       draft_input=None) is None  # fmt: skip
+    assert dflash_step.propose(worker, None, bs=1, anchor_ids=torch.zeros(1), lm_head=None) is None
 
 
 def test_attach_hands_the_drafter_the_workers_block(published):

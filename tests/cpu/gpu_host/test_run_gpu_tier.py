@@ -51,8 +51,9 @@ def test_pieces_cover_every_dir_and_e2e_configuration_once():
             assert (mode == "all-gpus") == any("tp2" in c for c in configs), name
         else:
             assert env == "", name
-            # servers at the default memory flags size their pools from the whole GPU
-            assert mode == ("alone" if d == "serving_defaults" else ""), name
+            # servers at the default memory flags size their pools from the whole GPU; the soak
+            # times itself under load
+            assert mode == ("alone" if d in ("serving_defaults", "soak") else ""), name
 
 
 def test_caller_selection_makes_one_piece():
@@ -94,7 +95,7 @@ def test_a_run_where_nothing_ran_fails(tmp_path):
     assert (tmp_path / "models" / "manifest.json").is_file()  # server pieces need the test models
 
     alone = [p[0] for p in pieces() if p[3] in ("all-gpus", "alone")]
-    assert alone == ["e2e-tp2", "serving_defaults"]
+    assert alone == ["e2e-tp2", "serving_defaults", "soak"]
     running, most, finished = 0, 0, []
     events = r.stdout.split("--- summary")[0].splitlines()
     for line in events:
@@ -137,11 +138,13 @@ def test_the_tensor_parallel_piece_is_left_out_with_one_gpu(tmp_path):
                                                                          "e2e-triton"]
 
 
-def test_the_whole_gpu_piece_runs_with_one_gpu(tmp_path):
-    """serving_defaults needs a whole GPU, not two: on a one-GPU host it runs (alone)."""
-    r = tier("--only", "serving_defaults", PYTHON=sys.executable, OUT=str(tmp_path), CUDA_VISIBLE_DEVICES="0",
+@pytest.mark.parametrize("piece", ["serving_defaults", "soak"])
+def test_the_whole_gpu_piece_runs_with_one_gpu(tmp_path, piece):
+    """serving_defaults and soak need one GPU to themselves, not two: on a one-GPU host they run (alone)."""
+    r = tier("--only", piece, PYTHON=sys.executable, OUT=str(tmp_path), CUDA_VISIBLE_DEVICES="0",
              DDTREE_GPU_HOST="0", DDTREE_GPU_LOG_ROOT=str(tmp_path / "logs"), DDTREE_TEST_MODELS=str(tmp_path / "m"))
     summary = (tmp_path / "gpu-tier-summary.txt").read_text()
     assert "not run" not in summary, summary
-    assert "--- start serving_defaults (tests/gpu/serving_defaults, every GPU, alone)" in r.stdout, r.stdout
-    assert (tmp_path / "serving_defaults-pytest.log").exists()
+    assert f"--- start {piece} (tests/gpu/{piece}, every GPU, alone)" in r.stdout, r.stdout
+    assert (tmp_path / f"{piece}-pytest.log").exists()
+

@@ -130,15 +130,18 @@ class FakeServer:
 def test_run_check_accepts_equal_servers_and_rejects_one_that_ignores_top_p():
     logits = _chain()
     ok = sc.run_check({"nospec": FakeServer(logits, 1), "ddtree16": FakeServer(logits, 2),
-                       "dflash": FakeServer(logits, 3)}, [[5, 6, 7]], samples=2000, log=lambda m: None)
+                       "dflash": FakeServer(logits, 3)}, [[5, 6, 7]], samples=12000, log=lambda m: None)
     assert not ok["verdict"]["reject"] and not ok["rejected"]
-    assert len(ok["comparisons"]) == 2 * 3  # settings x (control + 2 servers)
-    assert ok["verdict"]["tests"] == 6 * (POSITIONS + 2)
-    assert {c["server"] for c in ok["comparisons"]} == {"nospec (second sample)", "ddtree16", "dflash"}
+    assert len(ok["comparisons"]) == 2 * 4  # settings x (control + biased control + 2 servers)
+    assert ok["verdict"]["tests"] == 6 * (POSITIONS + 2)  # the biased control is not in the family
+    assert {c["server"] for c in ok["comparisons"]} == {"nospec (second sample)", sc.BIASED_LABEL, "ddtree16",
+                                                        "dflash"}
+    assert ok["biased_rejected"]  # the check can fail: a 10 % temperature error is seen
+    assert 0.0 < ok["detectable_shift"] < 0.1
     bad = sc.run_check({"nospec": FakeServer(logits, 1), "ddtree16": FakeServer(logits, 2, ignore_top_p=True)},
                        [[5]], samples=3000, log=lambda m: None)
     assert bad["verdict"]["reject"]
-    assert {r["setting"] for r in bad["rejected"]} == {"T1-top_p0.9-top_k20"}
+    assert {r["setting"] for r in bad["rejected"]} == {"T0.7-top_k20-top_p0.8-min_p0.05"}
     assert {r["server"] for r in bad["rejected"]} == {"ddtree16"}
 
 
@@ -149,4 +152,10 @@ def test_run_check_needs_a_baseline_and_respects_the_deadline():
     r = sc.run_check({"nospec": FakeServer(logits, 1), "dflash": FakeServer(logits, 2)}, [[1], [2]], samples=500,
                      deadline_s=0.0, log=lambda m: None)
     # the first draw always runs (its time is the estimate); what would not fit is listed
-    assert r["skipped"] and len(r["comparisons"]) + 2 * len(r["skipped"]) == 2 * 2 * 2
+    assert r["skipped"] and len(r["comparisons"]) + 3 * len(r["skipped"]) == 2 * 2 * 3
+
+
+def test_detectable_shift_shrinks_with_the_sample():
+    """About 27,000 samples per server find a 2 % shift in a family of 60 tests at alpha 0.01."""
+    assert 0.019 < sc.detectable_shift(27000, 60, 0.01) < 0.021
+    assert sc.detectable_shift(4 * 27000, 60, 0.01) == pytest.approx(sc.detectable_shift(27000, 60, 0.01) / 2)

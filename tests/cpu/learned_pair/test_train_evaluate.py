@@ -4,6 +4,7 @@ time, and the offline tree/acceptance replay equals the server's DDTree referenc
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -137,3 +138,31 @@ def test_chain_accept_and_a_chain_is_a_budget_of_depths_with_one_rank():
     nodes = evaluate.build_tree(logp, 5)
     assert [(n.parent, n.depth, n.rank) for n in nodes] == [(i - 1, i + 1, 0) for i in range(5)]
     assert evaluate.tree_accept(nodes, tokens, [10, 11, 12, 0, 0]) == 3
+
+
+def test_sampling_probs_are_the_samplers():
+    """Top-k and top-p on the original distribution (p = .4 .3 .2 .1, k = 2, p = 0.5 keeps two),
+    min-p relative to the top token, temperature before all of it."""
+    logits = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    torch.testing.assert_close(evaluate.Sampling(1.0, 2, 0.5).probs(logits), torch.tensor([4 / 7, 3 / 7, 0, 0]))
+    torch.testing.assert_close(evaluate.Sampling(1.0, 0, 1.0, 0.4).probs(logits),
+                               torch.tensor([0.4, 0.3, 0.2, 0.0]) / 0.9)  # fmt: skip
+    sharp = evaluate.Sampling(0.5).probs(logits)
+    torch.testing.assert_close(sharp, torch.softmax(logits / 0.5, -1))
+    assert evaluate.Sampling.parse("0.7/20/0.8") == evaluate.Sampling(0.7, 20, 0.8, 0.0)
+
+
+def test_offline_replay_at_a_sampling_setting(toy_pair):
+    from scripts.learned_pair import checkpoint
+    from scripts.learned_pair.tokenizer import MASK_ID
+
+    pair, _ = toy_pair
+    target, drafter = checkpoint.load_pair(pair)
+    prompts = [json.loads(line)["prompt_ids"][:24] for line in (pair / "prompts.jsonl").read_text().splitlines()[:2]]
+    r = evaluate.offline_accept_sampled(drafter, target, prompts, 24, [4, 8], MASK_ID, 0, evaluate.Sampling(1.0, 20))
+    assert set(r) >= {"dflash", "ddtree4", "ddtree8", "ddtree4_matched", "ddtree8_matched"}
+    for name in ("dflash", "ddtree4", "ddtree8", "ddtree8_matched"):
+        assert 1.0 <= r[name] <= drafter.shape.block_size
+    # T=0 replays the greedy continuation, where both scorings are the drafter's own
+    g = evaluate.offline_accept_sampled(drafter, target, prompts, 24, [8], MASK_ID, 0, evaluate.Sampling())
+    assert g["ddtree8"] == g["ddtree8_matched"]

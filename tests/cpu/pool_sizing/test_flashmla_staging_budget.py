@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """When the KV pool's per-token budget counts flashmla_split's page staging: the
-decision, ``tree_verify.policy.flashmla_staging_layers``, over the server's arguments
+decision, ``pool_token_bytes.flashmla_staging_layers``, over the server's arguments
 and the GPU. The bytes it adds to the real patched pool configurator (patch 0071,
 ``model_executor/pool_token_bytes.py``) are tested in test_pool_token_bytes.py."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang.srt.layers.attention.tree_verify import policy
+from sglang.srt.model_executor import pool_token_bytes
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.utils import gpu_arch
 
@@ -51,19 +51,19 @@ def kvc(algorithm="DDTREE", width=65, heads=16, tp=1, backends=("triton", "trito
      (dict(backends=("triton", "flashmla")), 1)],
 )  # fmt: skip
 def test_staging_is_counted_when_the_default_takes_flashmla(hopper, case, layers):
-    assert policy.flashmla_staging_layers(kvc(**case)) == layers
+    assert pool_token_bytes.flashmla_staging_layers(kvc(**case)) == layers
 
 
 def test_staging_follows_the_gpu_and_the_strategy_variable(hopper, monkeypatch):
     monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "fused")
-    assert policy.flashmla_staging_layers(kvc()) == 0
+    assert pool_token_bytes.flashmla_staging_layers(kvc()) == 0
     monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "flashmla_split")  # forced: any width
-    assert policy.flashmla_staging_layers(kvc(width=17)) == 1
+    assert pool_token_bytes.flashmla_staging_layers(kvc(width=17)) == 1
     monkeypatch.delenv("SGLANG_DDTREE_VERIFY_STRATEGY")
     monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (12, 0))
-    assert policy.flashmla_staging_layers(kvc()) == 0
+    assert pool_token_bytes.flashmla_staging_layers(kvc()) == 0
     monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (9, 0))
-    assert policy.flashmla_staging_layers(kvc(algorithm="EAGLE")) == 0
+    assert pool_token_bytes.flashmla_staging_layers(kvc(algorithm="EAGLE")) == 0
 
 
 def test_the_stand_in_reads_only_upstreams_fields():

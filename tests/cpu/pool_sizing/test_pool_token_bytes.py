@@ -133,7 +133,8 @@ def test_profiled_pool_fits_the_budget(configured, gpu_after_weights, pair, algo
     gpu_after_weights(free_gib)
     pre_load_gib = gpu_mib / 1024 - 1.0
     budget = c.kvc._profile_available_bytes(pre_load_gib)
-    assert budget == int((free_gib - pre_load_gib * (1 - c.server_args.mem_fraction_static)) * GIB)
+    # the verify sampling's workspace stays out of the KV pool (512 MiB by default)
+    assert budget == int((free_gib - pre_load_gib * (1 - c.server_args.mem_fraction_static) - 0.5) * GIB)
     tokens = c.kvc._resolve_memory_pool_config(pre_load_gib).max_total_num_tokens
     target, draft = measured(c)
     used = tokens * (target + draft)
@@ -189,3 +190,21 @@ def test_the_cost_is_logged_once(configured, caplog, monkeypatch):
     assert len(lines) == 1
     assert f"target KV {target:,}" in lines[0] and f"draft KV {draft:,}" in lines[0]
     assert f"= {target + draft:,} bytes per token" in lines[0]
+
+
+@pytest.mark.parametrize("algorithm,workspace_mb,kept_gib", [
+    (None, None, 0.0), ("DFLASH", None, 0.5), ("DDTREE", None, 0.5), ("DDTREE", 2048, 2.0),
+])  # fmt: skip
+def test_the_verify_sampling_workspace_is_kept_out_of_the_pool(configured, gpu_after_weights, algorithm,
+                                                              workspace_mb, kept_gib):
+    """The KV budget leaves the workspace the verify's per-node draws are chunked into
+    (``SGLANG_DDTREE_SAMPLING_WORKSPACE_MB``) free; a server without DFLASH/DDTREE keeps it all."""
+    from sglang.srt.ddtree_environ import ddtree_envs
+
+    c = configured("qwen3-8b-shape", algorithm, gpu_mib=H200_MIB, attention_backend="flashinfer",
+                   mem_fraction_static=0.85)  # fmt: skip
+    gpu_after_weights(100.0)
+    pre_load_gib = H200_MIB / 1024 - 1.0
+    slack = pre_load_gib * (1 - 0.85)
+    with ddtree_envs.SGLANG_DDTREE_SAMPLING_WORKSPACE_MB.override(workspace_mb or 512):
+        assert c.kvc._profile_available_bytes(pre_load_gib) == int((100.0 - slack - kept_gib) * GIB)

@@ -14,7 +14,7 @@ from sglang.srt.layers.attention.tree_verify.configs import (
     head_dim_blocks,
     select_config,
 )
-from sglang.srt.layers.attention.tree_verify.dispatch import _run_flashmla_split
+from sglang.srt.layers.attention.tree_verify.strategies import get_strategy
 from sglang.srt.layers.attention.tree_verify.prefix_split import choose_num_splits, num_splits_for
 
 
@@ -64,7 +64,7 @@ def test_unknown_and_unavailable_strategies(monkeypatch):
     with pytest.raises(StrategyUnavailable, match="CUDA device"):
         tree_verify_attention(*inputs(), strategy="fused")
     with pytest.raises(StrategyUnavailable, match="sm_90a/sm_100a only"):
-        _run_flashmla_split(arch=(12, 0), kv_scales=None)
+        get_strategy("flashmla_split").run(arch=(12, 0), kv_scales=None)
 
 
 def test_fp8_kv_cache_scales_and_strategies(monkeypatch):

@@ -1,26 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
 """The verify-strategy policy: one function over a measured table, what can run
-where, the forced strategy, and the table's format."""
+where (the strategies' own answers), the forced strategy, and the table's format."""
 
 import json
 
 import pytest
 import torch
 
-from sglang.srt.layers.attention.tree_verify import flashmla_split, policy
+from sglang.srt.layers.attention.tree_verify import dispatch, flashmla_split, policy
+from sglang.srt.layers.attention.tree_verify.dispatch import forced_strategy
 from sglang.srt.layers.attention.tree_verify.policy import (
     FLASHMLA_MIN_ROWS,
     StrategyTable,
     StrategyTableError,
     VerifyShape,
-    VerifyTarget,
-    available_strategies,
     choose_strategy,
-    forced_strategy,
 )
+from sglang.srt.layers.attention.tree_verify.registry import SERVING_STRATEGIES, VerifyTarget
+from sglang.srt.layers.attention.tree_verify.strategies import available_strategies
+from sglang.srt.layers.attention.tree_verify.strategies.flashinfer_split import flashinfer_backend
 from sglang.srt.utils import gpu_arch
 
-ALL = frozenset(policy.SERVING_STRATEGIES)
+ALL = frozenset(SERVING_STRATEGIES)
 MLA = VerifyTarget.of(576, 512, 1, torch.bfloat16, torch.bfloat16)
 
 
@@ -154,11 +155,11 @@ def test_the_table_variable_names_another_table(tmp_path, monkeypatch):
 
 
 def test_forced_strategy(monkeypatch):
-    monkeypatch.delenv(policy.STRATEGY_ENV, raising=False)
+    monkeypatch.delenv(dispatch.STRATEGY_ENV, raising=False)
     assert forced_strategy() is None
-    monkeypatch.setenv(policy.STRATEGY_ENV, " flashmla_split ")
+    monkeypatch.setenv(dispatch.STRATEGY_ENV, " flashmla_split ")
     assert forced_strategy() == "flashmla_split"
-    monkeypatch.setenv(policy.STRATEGY_ENV, "flashmla")
+    monkeypatch.setenv(dispatch.STRATEGY_ENV, "flashmla")
     with pytest.raises(ValueError, match="not a tree-verify strategy; choose from fused"):
         forced_strategy()
 
@@ -186,10 +187,10 @@ def test_what_can_run_here(hopper, monkeypatch):
 
 
 def test_the_sm120_proxy_takes_the_sm12x_policy_without_flashmla(hopper, monkeypatch):
-    assert policy.flashinfer_backend() == "auto"
+    assert flashinfer_backend() == "auto"
     monkeypatch.setenv(gpu_arch.SM120_PROXY_ENV, "1")
     available, why = available_strategies(MLA, (9, 0))  # the real H200
     assert "flashmla_split" not in available and gpu_arch.SM120_PROXY_ENV in why["flashmla_split"]
     assert gpu_arch.policy_arch() == (12, 0)
-    assert policy.flashinfer_backend() == "fa2"
+    assert flashinfer_backend() == "fa2"
     assert choose_strategy(gpu_arch.policy_arch(), VerifyShape(16, 65, 1), available, SM12X) == "flashinfer_split"

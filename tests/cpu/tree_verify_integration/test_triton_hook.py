@@ -217,15 +217,15 @@ def test_fp8_kv_cache_is_served_unless_turned_off(monkeypatch, env):
 def _observe_flashmla_runner(monkeypatch):
     """flashmla_split's runner observed, computing the reference (FlashMLA itself runs
     on the GPU host only, tests/gpu/tree_verify); returns each call's options."""
-    from sglang.srt.layers.attention.tree_verify import dispatch
+    from sglang.srt.layers.attention.tree_verify.strategies import get_strategy
 
     calls = []
 
     def observed(*, arch, kv_scales, staging=None, plan=None, max_prefix_len=None, **call):
         calls.append(dict(staging=staging, plan=plan))
-        return dispatch._run_reference(arch=arch, kv_scales=kv_scales, **call)
+        return get_strategy("reference").run(arch=arch, kv_scales=kv_scales, **call)
 
-    monkeypatch.setitem(dispatch._RUNNERS, "flashmla_split", observed)
+    monkeypatch.setattr(get_strategy("flashmla_split"), "run", observed)
     return calls
 
 
@@ -390,7 +390,7 @@ def test_default_flashmla_without_room_for_its_staging_falls_back_for_good(monke
     with caplog.at_level("WARNING"):
         forward()
         forward()
-    assert calls == [] and len(tries) == 1 and be.tree_verify.routes.flashmla_off
+    assert calls == [] and len(tries) == 1 and be.tree_verify.routes.planners["flashmla_split"].off
     assert be.tree_verify.routes.strategy(2, 9, SHAPES["mla"][0]) == "fused"
     assert "FlashMLA verify off, the fused kernel serves it: no room for its page staging" in caplog.text
 

@@ -286,10 +286,10 @@ def test_flashinfer_on_a_windowed_model_refuses_ddtree():
 
 
 def test_window_and_sink_layers_take_the_fused_kernel():
-    """The policy's per-layer choice: a verify planned for a prefix pass
+    """The routes' per-layer choice: a verify planned for a prefix pass
     (flashinfer_split, flashmla_split) serves its window and sink layers with the
     fused kernel, which is the only one that applies them."""
-    from sglang.srt.layers.attention.tree_verify.policy import layer_strategy
+    from sglang.srt.layers.attention.tree_verify.routes import layer_strategy
 
     for strategy in ("flashinfer_split", "flashmla_split", "fused"):
         assert layer_strategy(strategy, True) == "fused"
@@ -303,8 +303,9 @@ def test_forced_prefix_pass_routes_window_layers_to_fused(monkeypatch):
     sinks): its full layers take the forced pass, its sliding layers the fused
     kernel; on gpt-oss (sinks on every layer) forcing a prefix pass is refused when
     the backend is built, and the policy plans none."""
-    from sglang.srt.layers.attention.tree_verify.routes import TargetAttention, VerifyRoutes
     from sglang.srt.layers.attention.tree_verify import flashinfer_split
+    from sglang.srt.layers.attention.tree_verify.registry import TargetAttention
+    from sglang.srt.layers.attention.tree_verify.routes import VerifyRoutes
     from sglang.srt.utils import gpu_arch
 
     monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (9, 0))
@@ -371,16 +372,19 @@ def test_a_flashinfer_plan_serves_only_the_layers_it_was_planned_for(monkeypatch
     from types import SimpleNamespace
 
     from sglang.srt.layers.attention.tree_verify.flashinfer_split import PrefixPassShape
-    from sglang.srt.layers.attention.tree_verify.routes import VerifyRoutes
+    from sglang.srt.layers.attention.tree_verify.strategies import get_strategy
 
-    routes = VerifyRoutes(backend_name="TritonAttnBackend", device=None, target=None, forced=None,
-                          pool_requests=8, max_context_len=MAX_CTX)  # fmt: skip
+    planner = get_strategy("flashinfer_split").planner(
+        backend_name="TritonAttnBackend", target=None, forced=False, pool_requests=8, max_context_len=MAX_CTX
+    )
     planned = PrefixPassShape(num_heads=32, num_kv_heads=4, head_dim_qk=512, head_dim_v=512, width=17,
                               q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16, sm_scale=1.0)  # fmt: skip
-    routes._prefix_pass = SimpleNamespace(shape=planned)
+    meta = SimpleNamespace()
+    planner._planned = (meta, SimpleNamespace(shape=planned))
     full = SimpleNamespace(scaling=1.0)
     q_full, k_full = torch.zeros(17, 32, 512), torch.zeros(8, 4, 512)
     q_swa, k_swa = torch.zeros(17, 32, 256), torch.zeros(8, 16, 256)
-    assert routes._flashinfer_options(q_full, k_full, full, 0.0) == {"prefix_pass": routes._prefix_pass}
-    assert routes._flashinfer_options(q_swa, k_swa, full, 0.0) is None
-    assert routes._flashinfer_options(q_full, torch.zeros(8, 16, 512), full, 0.0) is None
+    options = lambda q, k: planner.layer_options(meta, q, k, None, full, 0.0)  # noqa: E731
+    assert options(q_full, k_full) == {"prefix_pass": planner._planned[1]}
+    assert options(q_swa, k_swa) is None
+    assert options(q_full, torch.zeros(8, 16, 512)) is None

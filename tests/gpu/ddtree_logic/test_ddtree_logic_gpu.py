@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """DDTree algorithm core on a real GPU: the compiled Triton build kernel
-against the heap reference at serving shapes, the sglang-kernel acceptance ops
+against the heap reference at serving shapes, the sglang-kernel acceptance op
 against the torch path, CUDA-graph capture of the whole per-step pipeline, and
 step-time measurements.
 
@@ -17,11 +17,7 @@ import torch
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from sglang.srt.speculative.ddtree.accept import (  # noqa: E402
-    greedy_accept,
-    kernel_ops_available,
-    sample_accept,
-)
+from sglang.srt.speculative.ddtree.accept import greedy_accept, kernel_ops_available  # noqa: E402
 from sglang.srt.speculative.ddtree.kv_slot_plan import plan_kv_compaction, plan_kv_remap  # noqa: E402
 from sglang.srt.speculative.ddtree.reference import build_tree_ref_batched  # noqa: E402
 from sglang.srt.speculative.ddtree.tree_build import (  # noqa: E402
@@ -158,44 +154,6 @@ def test_commit_reads_back_the_greedy_kernel(bs, budget):
         assert torch.equal(r2t_k, r2t_t)
 
 
-@needs_sgl_kernel
-@pytest.mark.parametrize("bs,budget", [(8, 64), (16, 32)])
-def test_sampling_kernel_matches_torch(bs, budget):
-    agree = total = 0
-    for seed in range(8):
-        ct, logits = _random_step(bs, budget, 15, 256, seed)
-        probs = torch.softmax(logits * 0.7, -1)
-        g = torch.Generator(device=DEV).manual_seed(100 + seed)
-        coins = 1.0 - torch.rand(bs, budget + 1, device=DEV, generator=g)
-        final = 1.0 - torch.rand(bs, device=DEV, generator=g)
-        a = sample_accept(ct, probs, coins, final, use_kernel=True)
-        b = sample_accept(ct, probs, coins, final, use_kernel=False)
-        same = (a.accept_index.long() == b.accept_index).all(1) & (a.accept_tokens == b.accept_tokens).all(1)
-        agree += int(same.sum())
-        total += bs
-    # identical up to fp32 rounding at interval boundaries
-    assert agree >= 0.98 * total, f"{agree}/{total}"
-
-
-@needs_sgl_kernel
-def test_sampling_kernel_first_token_distribution():
-    from scipy import stats
-
-    bs, budget, vocab = 4096, 16, 8
-    lp, ids = _draft(1, 4, vocab, budget, torch.float32, seed=5)
-    tree = build_tree(lp.expand(bs, -1, -1).contiguous(), ids.expand(bs, -1, -1).contiguous(), budget)
-    ct = compile_tree(tree, torch.zeros(bs, dtype=torch.int64, device=DEV),
-                      torch.zeros(bs, dtype=torch.int64, device=DEV), max_tree_depth(budget, 4))
-    q = torch.softmax(torch.randn(budget + 1, vocab, device=DEV) * 1.5, -1)
-    probs = q.unsqueeze(0).expand(bs, -1, -1).contiguous()
-    counts = torch.zeros(vocab, dtype=torch.float64)
-    for rep in range(5):
-        res = sample_accept(ct, probs, use_kernel=True)
-        counts += torch.bincount(res.accept_tokens[:, 0].cpu(), minlength=vocab).double()
-    expected = q[0].double().cpu() / q[0].double().sum().cpu() * counts.sum()
-    assert stats.chisquare(counts.numpy(), expected.numpy()).pvalue > 1e-4
-
-
 def _per_step(lp, ids, budget, bonus, committed, pred, slots, num_depths):
     tree = build_tree(lp, ids, budget)
     ct = compile_tree(tree, bonus, committed, max_tree_depth(budget, num_depths))
@@ -288,13 +246,6 @@ def test_step_time(bs, budget):
                kv_remap_us=kv_us, whole_step_graph_us=graph_us)
     if kernel_ops_available():
         row["greedy_accept_sgl_kernel_us"] = _time_us(lambda: greedy_accept(ct, pred, use_kernel=True))
-    # sampling acceptance at a real vocabulary: torch path vs the sgl_kernel op
-    # (which needs a zeroed [bs, N, V] draft_probs scratch every call)
-    probs = torch.softmax(torch.randn(bs, budget + 1, 151936, device=DEV), -1)
-    row["sample_accept_torch_us"] = _time_us(lambda: sample_accept(ct, probs, use_kernel=False), iters=50)
-    if kernel_ops_available():
-        row["sample_accept_sgl_kernel_us"] = _time_us(lambda: sample_accept(ct, probs, use_kernel=True), iters=50)
-    del probs
     _BENCH[f"bs{bs}_B{budget}_L{num_depths}"] = row
     print(f"\nbs={bs} B={budget} L={num_depths}: " + ", ".join(f"{k}={v:.1f}" for k, v in row.items()))
     if (bs, budget) == (8, 64):

@@ -151,9 +151,9 @@ def test_chain_mask_dflash():
 
 def test_sm120_override_selects_sm120_tiles(monkeypatch):
     monkeypatch.setenv(KERNEL_ARCH_ENV, "12.0")
-    from sglang.srt.layers.attention.tree_verify.dispatch import _kernel_arch
+    from sglang.srt.utils.gpu_arch import kernel_arch
 
-    assert _kernel_arch(torch.device("cuda")) == (12, 0)
+    assert kernel_arch(torch.device("cuda")) == (12, 0)
     assert select_config((12, 0), 576, 512) != select_config((9, 0), 576, 512)
 
 

@@ -37,10 +37,12 @@ def require_flashmla() -> None:
     """FlashMLA on an sm_90/sm_100 GPU; on other GPUs it does not exist (a skip)."""
     import torch
 
-    from sglang.srt.layers.attention.tree_verify.flashmla_split import flash_mla_reason
+    from sglang.srt.layers.attention.tree_verify.flashmla_split import FLASHMLA_MAJORS
+    from sglang.srt.layers.attention.tree_verify.strategies import get_strategy
 
-    if torch.cuda.get_device_capability()[0] not in (9, 10):
+    cap = torch.cuda.get_device_capability()
+    if cap[0] not in FLASHMLA_MAJORS:
         pytest.skip(NOT_APPLICABLE + "FlashMLA runs on sm_90/sm_100 only")
-    reason = flash_mla_reason()
+    reason = get_strategy("flashmla_split").unavailable(None, cap)
     if reason:
         unavailable(reason)

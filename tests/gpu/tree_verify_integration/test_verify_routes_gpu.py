@@ -51,7 +51,6 @@ def flashinfer_policy(monkeypatch, tmp_path):
     the family this GPU's policy follows (sm12x under the proxy)."""
 
     def use(proxy: bool):
-        from sglang.srt.layers.attention.tree_verify.support import arch_family
         from sglang.srt.utils import gpu_arch
 
         monkeypatch.delenv("SGLANG_DDTREE_VERIFY_STRATEGY", raising=False)
@@ -59,7 +58,7 @@ def flashinfer_policy(monkeypatch, tmp_path):
             monkeypatch.setenv(gpu_arch.SM120_PROXY_ENV, "1")
         else:
             monkeypatch.delenv(gpu_arch.SM120_PROXY_ENV, raising=False)
-        family = arch_family(gpu_arch.policy_arch())
+        family = gpu_arch.arch_family(gpu_arch.policy_arch())
         rows = [{"H": 16, "N": 65, "P": p, "bs": bs, "ms": {"fused": 1.0, "flashinfer_split": 0.5}}
                 for p in (1024, 16384) for bs in (1, 4)]  # fmt: skip
         path = tmp_path / "table.json"
@@ -92,7 +91,7 @@ def test_flashinfer_route_matches_dense_attention(flashinfer_policy, proxy, pref
     q, k, v = qkv(verify, h, hkv, dqk, dv, torch.bfloat16, True, gen)
     fb = verify.forward_batch()
     be.init_forward_metadata(fb)
-    (prefix_pass,) = routes._prefix_passes.values()
+    (prefix_pass,) = routes.planners["flashinfer_split"]._passes.values()
     if proxy:  # FlashInfer's kernels of an sm_120 GPU
         assert prefix_pass.wrapper._backend == "fa2"
     o = be.forward_extend(q, k, v, layer, fb).view(-1, h, dv)
@@ -135,7 +134,7 @@ def test_flashinfer_route_replays_with_new_prefix_lengths(flashinfer_policy, pro
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         run(fb)
-    assert len(be.tree_verify.routes._prefix_passes) == 1
+    assert len(be.tree_verify.routes.planners["flashinfer_split"]._passes) == 1
     for prefix in ([16000, 5, 0, 9000], [1, 2, 3, 4], [8192, 8192, 100, 7]):
         v2 = Verify(prefix, n, "DDTREE", gen, max_ctx=CTX, pool_size=POOL_SIZE, device="cuda")
         be.req_to_token.copy_(v2.req_to_token)
@@ -147,7 +146,7 @@ def test_flashinfer_route_replays_with_new_prefix_lengths(flashinfer_policy, pro
         g.replay()
         ref = dense_reference(v2, q.view(-1, h, dqk), pool, layer.scaling)
         torch.testing.assert_close(static_o.float(), ref, atol=TOL, rtol=TOL)
-    assert len(be.tree_verify.routes._prefix_passes) == 1  # one pass per captured batch size
+    assert len(be.tree_verify.routes.planners["flashinfer_split"]._passes) == 1  # one pass per captured batch size
 
 
 def _gqa_flashinfer(algorithm, verify, pool, is_draft=False):

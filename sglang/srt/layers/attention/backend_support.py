@@ -151,22 +151,10 @@ SM12X_SUPPORT: Dict[str, Support] = {
 
 SUPPORT_BY_FAMILY: Dict[str, Dict[str, Support]] = {"sm12x": SM12X_SUPPORT}
 
-def arch_family(cap: Tuple[int, int]) -> Optional[str]:
-    """Family key of a capability, or None for one this module does not know."""
-    if gpu_arch.is_sm12x(cap):
-        return "sm12x"
-    if gpu_arch.is_datacenter_blackwell(cap):
-        return "sm100"
-    if gpu_arch.is_hopper(cap):
-        return "sm90"
-    if cap[0] == 8:
-        return "sm80"
-    return None
-
 
 def support_for(backend: str, cap: Tuple[int, int]) -> Optional[Support]:
     """The table entry for ``backend`` on ``cap``; None when ``cap`` is not gated."""
-    family = arch_family(cap)
+    family = gpu_arch.arch_family(cap)
     if family not in GATED_FAMILIES:
         return None
     table = SUPPORT_BY_FAMILY[family]
@@ -177,7 +165,7 @@ def support_for(backend: str, cap: Tuple[int, int]) -> Optional[Support]:
 
 def backends_for(cap: Tuple[int, int], kind: str, role: str) -> Tuple[str, ...]:
     """Backends that can serve ``role`` for a ``kind`` model on ``cap``."""
-    family = arch_family(cap)
+    family = gpu_arch.arch_family(cap)
     if family not in GATED_FAMILIES:
         return ()
     table = SUPPORT_BY_FAMILY[family]
@@ -280,7 +268,7 @@ def _gated_gpu(server_args: Any) -> Optional[Tuple[Tuple[int, int], str]]:
     if not str(getattr(server_args, "device", "cuda") or "cuda").startswith("cuda"):
         return None
     cap = _nvidia_capability()
-    if cap is None or arch_family(cap) not in GATED_FAMILIES:
+    if cap is None or gpu_arch.arch_family(cap) not in GATED_FAMILIES:
         return None
     return cap, gpu_arch.device_name()
 
@@ -407,7 +395,7 @@ def guard_backend_factory(name: str, factory: Callable) -> Callable:
 
     def create(runner):
         cap = _nvidia_capability()
-        if cap is not None and arch_family(cap) in GATED_FAMILIES:
+        if cap is not None and gpu_arch.arch_family(cap) in GATED_FAMILIES:
             support = support_for(name, cap)
             kind = MLA if getattr(runner, "use_mla_backend", False) else MHA
             if support is not None and not support.model_specific:

@@ -1,24 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """Lossless acceptance of a verified DDTree.
 
-Greedy: walk from the root while the target's argmax at the current node is one
-of its children's tokens; the first unmatched argmax is the next bonus token.
-
-Sampling (target-only): at each node draw one token from the target's
-distribution (the request's temperature / top-k / top-p, penalties already in
-the logits) and walk the same way. Each emitted token is therefore an exact
-draw from the target's own decoding distribution. The draw at a node is an
-inverse-CDF draw with that node's children's tokens ordered first, so a single
-uniform ``coin`` per node decides which child (if any) is accepted, and the
-bonus at the last accepted node is drawn from the target with its children's
-tokens removed (``final_coin``) - the same semantics as sglang-kernel's
-``tree_speculative_sampling_target_only`` with ``threshold_* = 1``.
+Walk from the root while the target's token at the current node is one of its
+children's tokens; the first unmatched target token is the next bonus token.
+The target's token at a node is its argmax (greedy) or one draw from the
+server's sampler for that node's context (``speculative/verify_sampling``): with
+one independent draw per node the walk emits exactly what the target samples
+alone, so a single rule serves greedy and sampled requests alike.
 
 Two implementations with one contract:
 
 - pure torch, batched, no host sync, runs anywhere (tests, CPU, fallback);
-- the sglang-kernel ops (``verify_tree_greedy`` /
-  ``tree_speculative_sampling_target_only``) on CUDA when they load.
+- sglang-kernel's ``verify_tree_greedy`` on CUDA when it loads.
 
 Trees must have distinct tokens among siblings (``build_tree`` guarantees it:
 siblings are distinct ranks of one depth's top-K).
@@ -88,7 +81,7 @@ def greedy_accept(
     use_kernel: Optional[bool] = None,
     read_back: bool = True,
 ) -> Union[AcceptResult, KernelAccept]:
-    """Greedy acceptance. ``target_predict`` is the target's argmax ``[bs, N]``.
+    """Acceptance of the target's tokens ``target_predict`` ``[bs, N]`` (argmaxes or draws).
 
     ``use_kernel=None`` uses sglang-kernel's ``verify_tree_greedy`` on CUDA when
     it loads, else the torch path; ``True``/``False`` forces a path.
@@ -102,80 +95,6 @@ def greedy_accept(
         raw = _greedy_accept_kernel(tree, target_predict)
         return raw.to_result(n) if read_back else raw
     return _accept_from_draws(tree, target_predict)
-
-
-def sample_accept(
-    tree: CompiledTree,
-    target_probs: torch.Tensor,
-    coins: Optional[torch.Tensor] = None,
-    final_coins: Optional[torch.Tensor] = None,
-    *,
-    generator: Optional[torch.Generator] = None,
-    use_kernel: Optional[bool] = None,
-) -> AcceptResult:
-    """Target-only sampling acceptance.
-
-    ``target_probs`` ``[bs, N, V]`` (or ``[bs * N, V]``) float32 is the target's
-    sampling distribution at every node, after penalties, temperature, top-k
-    and top-p (``target_probs_from_logits``). ``coins`` ``[bs, N]`` and
-    ``final_coins`` ``[bs]`` are uniforms in (0, 1]; drawn here when omitted.
-    """
-    bs, n = tree.tokens.shape
-    if target_probs.dim() == 2:
-        target_probs = target_probs.view(bs, n, -1)
-    if target_probs.shape[:2] != (bs, n):
-        raise ValueError(
-            f"target_probs must be [bs={bs}, N={n}, V], got {tuple(target_probs.shape)}"
-        )
-    device = target_probs.device
-    if coins is None:
-        coins = 1.0 - torch.rand((bs, n), device=device, generator=generator)
-    if final_coins is None:
-        final_coins = 1.0 - torch.rand((bs,), device=device, generator=generator)
-    coins = _as_bn(coins, bs, n, "coins").float()
-    if final_coins.shape != (bs,):
-        raise ValueError(f"final_coins must be [bs={bs}], got {tuple(final_coins.shape)}")
-    final_coins = final_coins.float()
-    if _want_kernel(use_kernel, target_probs):
-        return _sample_accept_kernel(tree, target_probs.float().contiguous(), coins, final_coins)
-    return _sample_accept_torch(tree, target_probs, coins, final_coins)
-
-
-def target_probs_from_logits(
-    logits: torch.Tensor,
-    temperatures: torch.Tensor,
-    top_ks: Optional[torch.Tensor] = None,
-    top_ps: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """Per-node sampling distribution in pure torch (reference / fallback).
-
-    ``logits`` ``[bs, N, V]`` with penalties already applied; ``temperatures``,
-    ``top_ks``, ``top_ps`` are per request ``[bs]`` (or ``[bs, 1]``). Top-k is
-    applied first, then top-p over the renormalised top-k mass, as SGLang's
-    sampler does. ``top_k <= 0`` means no top-k. The sort makes this slower
-    than the sglang-kernel renorm ops at large vocabularies.
-    """
-    bs, n, v = logits.shape
-    t = temperatures.reshape(bs, 1, 1).float()
-    probs = torch.softmax(logits.float() / t, dim=-1)
-    if top_ks is None and top_ps is None:
-        return probs
-    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-    rank = torch.arange(v, device=logits.device).view(1, 1, v)
-    keep = torch.ones_like(sorted_p, dtype=torch.bool)
-    if top_ks is not None:
-        k = top_ks.reshape(bs, 1, 1).to(torch.int64)
-        k = torch.where(k <= 0, v, k)
-        keep &= rank < k
-    sorted_p = torch.where(keep, sorted_p, 0.0)
-    if top_ps is not None:
-        sorted_p = sorted_p / sorted_p.sum(-1, keepdim=True)
-        before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-        keep &= before < top_ps.reshape(bs, 1, 1).float()
-        keep[..., 0] = True
-        sorted_p = torch.where(keep, sorted_p, 0.0)
-    sorted_p = sorted_p / sorted_p.sum(-1, keepdim=True)
-    return torch.zeros_like(probs).scatter_(-1, order, sorted_p)
 
 
 # ---------------------------------------------------------------------------
@@ -193,12 +112,6 @@ def _accept_from_draws(tree: CompiledTree, draws: torch.Tensor) -> AcceptResult:
     drawn_at_parent = torch.gather(draws, 1, parent)
     matched = (tree.tokens == drawn_at_parent) & (tree.parent >= 0)
     matched[:, 0] = True
-    return _path_from_matched(tree, matched, draws)
-
-
-def _path_from_matched(
-    tree: CompiledTree, matched: torch.Tensor, draws: torch.Tensor
-) -> AcceptResult:
     bs, n = matched.shape
     width = tree.max_depth + 1
     unmatched = pack_bits(~matched)  # [bs, W]
@@ -219,79 +132,6 @@ def _path_from_matched(
     return AcceptResult(accept_index, num_accepted, accept_tokens, next_bonus)
 
 
-def _sample_accept_torch(
-    tree: CompiledTree,
-    target_probs: torch.Tensor,
-    coins: torch.Tensor,
-    final_coins: torch.Tensor,
-) -> AcceptResult:
-    bs, n = tree.tokens.shape
-    v = target_probs.shape[-1]
-    parent = tree.parent.clamp(min=0)
-    has_parent = tree.parent >= 0
-
-    # q_parent(token) for every child, then the running mass of the earlier
-    # siblings (same parent, smaller index) and of itself.
-    flat_rows = (parent + torch.arange(bs, device=parent.device).unsqueeze(1) * n).flatten()
-    child_p = target_probs.reshape(bs * n, v)[flat_rows, tree.tokens.flatten()].view(bs, n).float()
-    child_p = torch.where(has_parent, child_p, 0.0)
-    idx = torch.arange(n, device=parent.device)
-    same_parent = (tree.parent.unsqueeze(2) == tree.parent.unsqueeze(1)) & (
-        idx.view(1, 1, n) <= idx.view(1, n, 1)
-    )
-    incl = torch.bmm(same_parent.float(), child_p.unsqueeze(-1)).squeeze(-1)
-    excl = incl - child_p
-    coin_at_parent = torch.gather(coins, 1, parent)
-    matched = has_parent & (coin_at_parent > excl) & (coin_at_parent <= incl)
-    matched[:, 0] = True
-
-    # A node's draw is the token of its matched child; nodes without one get
-    # a placeholder (-1) except the last accepted node, which gets the bonus.
-    draws = torch.full((bs, n), -1, dtype=torch.int64, device=parent.device)
-    child_rows = torch.where(matched & has_parent, parent, n)
-    draws_ext = torch.cat([draws, draws[:, :1]], dim=1)
-    draws_ext.scatter_(1, child_rows, torch.where(matched & has_parent, tree.tokens, -1))
-    draws = draws_ext[:, :n]
-    res = _path_from_matched(tree, matched, draws)
-
-    last = torch.gather(res.accept_index, 1, res.num_accepted.to(torch.int64).unsqueeze(1))
-    rows = (last.squeeze(1) + torch.arange(bs, device=parent.device) * n)
-    residual = target_probs.reshape(bs * n, v)[rows].float()
-    is_child = (tree.parent == last).to(torch.int32)
-    hits = torch.zeros((bs, v), dtype=torch.int32, device=parent.device)
-    hits.scatter_add_(1, tree.tokens, is_child)
-    residual = torch.where(hits > 0, 0.0, residual)
-    bonus = _inverse_cdf(residual, final_coins)
-
-    width = res.accept_index.shape[1]
-    col = torch.arange(width, device=parent.device).unsqueeze(0)
-    at_bonus = col == res.num_accepted.to(torch.int64).unsqueeze(1)
-    accept_tokens = torch.where(at_bonus, bonus.unsqueeze(1), res.accept_tokens)
-    return AcceptResult(res.accept_index, res.num_accepted, accept_tokens, bonus)
-
-
-def _inverse_cdf(weights: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
-    """First index whose running sum exceeds ``coin * total`` (per row).
-
-    Falls back to the last positive entry when rounding pushes the target past
-    the total, like the sglang-kernel sampler.
-    """
-    v = weights.shape[-1]
-    cdf = torch.cumsum(weights, dim=-1)
-    u = (coins * cdf[:, -1]).unsqueeze(1)
-    idx = torch.searchsorted(cdf, u.contiguous(), right=True).squeeze(1)
-    positive = weights > 0
-    last_pos = torch.where(
-        positive.any(-1),
-        v - 1 - torch.flip(positive, dims=[-1]).to(torch.int8).argmax(-1),
-        v - 1,
-    )
-    ok = idx < v
-    safe = idx.clamp(max=v - 1)
-    ok &= torch.gather(weights, 1, safe.unsqueeze(1)).squeeze(1) > 0
-    return torch.where(ok, safe, last_pos).to(torch.int64)
-
-
 # ---------------------------------------------------------------------------
 # sglang-kernel path
 
@@ -299,10 +139,10 @@ def _inverse_cdf(weights: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
 @functools.lru_cache(maxsize=1)
 def _kernel_ops():
     try:
-        from sgl_kernel import tree_speculative_sampling_target_only, verify_tree_greedy
+        from sgl_kernel import verify_tree_greedy
     except Exception:  # no GPU driver, no wheel, wrong arch
         return None
-    return verify_tree_greedy, tree_speculative_sampling_target_only
+    return verify_tree_greedy
 
 
 def kernel_ops_available() -> bool:
@@ -314,30 +154,22 @@ def _want_kernel(use_kernel: Optional[bool], ref: torch.Tensor) -> bool:
         return ref.is_cuda and kernel_ops_available()
     if use_kernel and not (ref.is_cuda and kernel_ops_available()):
         raise RuntimeError(
-            "use_kernel=True needs CUDA tensors and a loadable sgl_kernel "
-            "(verify_tree_greedy / tree_speculative_sampling_target_only)"
+            "use_kernel=True needs CUDA tensors and a loadable sgl_kernel (verify_tree_greedy)"
         )
     return use_kernel
 
 
-def _kernel_buffers(tree: CompiledTree, fill: bool = True):
+def _kernel_buffers(tree: CompiledTree):
     bs, n = tree.tokens.shape
     device = tree.tokens.device
-    # The ops write ``predicts`` at every accepted row and read none of it;
-    # only accepted rows are read back (``_read_back``, or the commit kernel), so it needs no fill.
-    predicts = torch.empty((bs * n,), dtype=torch.int32, device=device)
-    if not fill:
-        # verify_tree_greedy writes accept_token_num and the path's columns of
-        # accept_index for every request, and the read-backs stop at the path.
-        accept_index = torch.empty((bs, tree.max_depth + 1), dtype=torch.int32, device=device)
-        return predicts, accept_index, torch.empty((bs,), dtype=torch.int32, device=device)
-    accept_index = torch.full((bs, tree.max_depth + 1), -1, dtype=torch.int32, device=device)
-    accept_num = torch.zeros((bs,), dtype=torch.int32, device=device)
-    return predicts, accept_index, accept_num
-
-
-def _from_kernel(tree: CompiledTree, predicts, accept_index, accept_num) -> AcceptResult:
-    return _read_back(tree.tokens.shape[1], predicts, accept_index, accept_num)
+    # verify_tree_greedy writes ``predicts`` at every accepted row, accept_token_num
+    # and the path's columns of accept_index for every request; the read-backs
+    # (``_read_back``, or the commit kernel) stop at the path, so nothing is filled.
+    return (
+        torch.empty((bs * n,), dtype=torch.int32, device=device),
+        torch.empty((bs, tree.max_depth + 1), dtype=torch.int32, device=device),
+        torch.empty((bs,), dtype=torch.int32, device=device),
+    )
 
 
 def _read_back(n: int, predicts, accept_index, accept_num) -> AcceptResult:
@@ -352,8 +184,8 @@ def _read_back(n: int, predicts, accept_index, accept_num) -> AcceptResult:
 
 
 def _greedy_accept_kernel(tree: CompiledTree, target_predict: torch.Tensor) -> KernelAccept:
-    verify_tree_greedy, _ = _kernel_ops()
-    predicts, accept_index, accept_num = _kernel_buffers(tree, fill=False)
+    verify_tree_greedy = _kernel_ops()
+    predicts, accept_index, accept_num = _kernel_buffers(tree)
     verify_tree_greedy(
         predicts=predicts,
         accept_index=accept_index,
@@ -365,36 +197,6 @@ def _greedy_accept_kernel(tree: CompiledTree, target_predict: torch.Tensor) -> K
         target_predict=target_predict.contiguous(),
     )
     return KernelAccept(predicts, accept_index, accept_num)
-
-
-def _sample_accept_kernel(
-    tree: CompiledTree,
-    target_probs: torch.Tensor,
-    coins: torch.Tensor,
-    final_coins: torch.Tensor,
-) -> AcceptResult:
-    _, tree_sampling = _kernel_ops()
-    predicts, accept_index, accept_num = _kernel_buffers(tree)
-    # The op writes rejected children's mass into draft_probs to form the
-    # residual, so it must start at zero every call.
-    draft_probs = torch.zeros_like(target_probs)
-    tree_sampling(
-        predicts=predicts,
-        accept_index=accept_index,
-        accept_token_num=accept_num,
-        candidates=tree.tokens.contiguous(),
-        retrive_index=tree.retrive_index.contiguous(),
-        retrive_next_token=tree.retrive_next_token.contiguous(),
-        retrive_next_sibling=tree.retrive_next_sibling.contiguous(),
-        uniform_samples=coins.contiguous(),
-        uniform_samples_for_final_sampling=final_coins.contiguous(),
-        target_probs=target_probs,
-        draft_probs=draft_probs,
-        threshold_single=1.0,
-        threshold_acc=1.0,
-        deterministic=True,
-    )
-    return _from_kernel(tree, predicts, accept_index, accept_num)
 
 
 def _as_bn(x: torch.Tensor, bs: int, n: int, name: str) -> torch.Tensor:

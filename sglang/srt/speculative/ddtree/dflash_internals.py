@@ -36,7 +36,6 @@ ATTRIBUTES: Tuple[str, ...] = (
 )
 #: Private methods of ``DFlashWorkerV2`` called here, with the parameters passed.
 METHODS: Dict[str, Tuple[str, ...]] = {
-    "_validate_phase1_sampling_support": ("batch",),
     "_ensure_draft_block_buffers": ("bs",),
     "_append_target_hidden_to_draft_kv_by_loc": (
         "target_hidden",
@@ -83,9 +82,6 @@ class DFlashInternals:
     @property
     def draft_block_spec_info(self):
         return self._worker._draft_block_spec_info
-
-    def validate_sampling(self, batch) -> None:
-        self._worker._validate_phase1_sampling_support(batch)
 
     def draft_block_buffers(self, bs: int) -> DraftBlockBuffers:
         w = self._worker

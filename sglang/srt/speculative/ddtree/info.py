@@ -29,8 +29,9 @@ from typing import Optional
 import torch
 
 from sglang.srt.layers.attention.tree_verify.hook import innermost_attention_backend
+from sglang.srt.layers.attention.tree_verify.masks import unpack_tree_mask
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-from sglang.srt.speculative.ddtree.tree_compile import CompiledTree, tree_mask_to_dense
+from sglang.srt.speculative.ddtree.tree_compile import CompiledTree
 from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
 
@@ -77,7 +78,7 @@ def dense_verify_mask(
         start.view(bs, 1, 1) + rows * row_len.view(bs, 1, 1) + prefix.view(bs, 1, 1) + cols
     )
     mask = torch.ones((numel,), dtype=torch.bool, device=device)
-    mask[tail_idx.reshape(-1)] = tree_mask_to_dense(tree_mask, n).reshape(-1)
+    mask[tail_idx.reshape(-1)] = unpack_tree_mask(tree_mask, n).reshape(-1)
     return mask
 
 

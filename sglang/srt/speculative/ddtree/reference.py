@@ -174,50 +174,6 @@ def greedy_accept_ref(
         cur = nxt
 
 
-def sample_accept_ref(
-    tokens: Sequence[int],
-    parent_full: Sequence[int],
-    target_probs: np.ndarray,
-    coins: Sequence[float],
-    final_coin: float,
-) -> Tuple[List[int], int]:
-    """Target-only tree sampling for one request.
-
-    At node ``cur`` the coin ``coins[cur]`` is an inverse-CDF draw from the
-    target distribution with the children's tokens ordered first (in index
-    order): a child is accepted iff the draw lands on its token. If none is,
-    the bonus is drawn from the target with the children's tokens removed,
-    using ``final_coin``. Marginally the emitted tokens follow the target.
-    """
-    path = [0]
-    cur = 0
-    while True:
-        q = np.asarray(target_probs[cur], dtype=np.float64)
-        children = [j for j in range(1, len(tokens)) if parent_full[j] == cur]
-        acc = 0.0
-        chosen = None
-        for j in children:
-            lo = acc
-            acc += float(q[tokens[j]])
-            if lo < coins[cur] <= acc:
-                chosen = j
-                break
-        if chosen is None:
-            residual = q.copy()
-            for j in children:
-                residual[tokens[j]] = 0.0
-            total = residual.sum()
-            u = final_coin * total
-            cdf = np.cumsum(residual)
-            idx = int(np.searchsorted(cdf, u, side="right"))
-            if idx >= len(q) or residual[idx] <= 0.0:
-                nz = np.nonzero(residual > 0)[0]
-                idx = int(nz[-1]) if len(nz) else len(q) - 1
-            return path, idx
-        path.append(chosen)
-        cur = chosen
-
-
 def kv_commit_ref(
     out_cache_loc: Sequence[int], path: Sequence[int]
 ) -> Tuple[List[int], List[int]]:
@@ -225,29 +181,3 @@ def kv_commit_ref(
     kept = [out_cache_loc[i] for i in path]
     freed = [s for i, s in enumerate(out_cache_loc) if i not in set(path)]
     return kept, freed
-
-
-def target_probs_ref(
-    logits: np.ndarray, temperature: float, top_k: int, top_p: float
-) -> np.ndarray:
-    """Temperature, then top-k, then top-p (over the top-k renormalised mass)."""
-    x = np.asarray(logits, dtype=np.float64) / temperature
-    p = np.exp(x - x.max())
-    p /= p.sum()
-    order = np.argsort(-p, kind="stable")
-    keep = np.zeros_like(p, dtype=bool)
-    k = len(p) if top_k <= 0 else min(top_k, len(p))
-    keep[order[:k]] = True
-    p = np.where(keep, p, 0.0)
-    p /= p.sum()
-    csum = 0.0
-    keep2 = np.zeros_like(keep)
-    for idx in order:
-        if not keep[idx]:
-            break
-        keep2[idx] = True
-        csum += p[idx]
-        if csum >= top_p:
-            break
-    p = np.where(keep2, p, 0.0)
-    return p / p.sum()

@@ -47,10 +47,10 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.attention.tree_verify.masks import MAX_BUDGET
 from sglang.srt.speculative.ddtree.draft_tree import DraftTree
 from sglang.srt.speculative.ddtree.reference import RefNode, pack_ref_trees
 from sglang.srt.speculative.ddtree.tree_build import (
-    MAX_BUDGET,
     _launch_config,
     copy_tree,
     output_tree,

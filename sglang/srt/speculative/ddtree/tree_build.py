@@ -35,11 +35,10 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.attention.tree_verify.masks import MAX_BUDGET
 from sglang.srt.speculative.ddtree.draft_tree import FIELDS, DraftTree, empty_tree
 from sglang.srt.speculative.ddtree.reference import build_tree_ref_batched
 
-#: Largest supported tree budget (nodes besides the root).
-MAX_BUDGET = 256
 
 
 def draft_topk(

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.attention.tree_verify.masks import mask_words, pack_bits
 from sglang.srt.speculative.ddtree.draft_tree import DraftTree
 from sglang.srt.speculative.ddtree.tree_build import triton_interpreted as _interpreted
 
@@ -59,10 +60,6 @@ class CompiledTree:
 def max_tree_depth(budget: int, num_depths: int) -> int:
     """Deepest node a tree of ``budget`` nodes over ``num_depths`` depths can have."""
     return min(budget, num_depths)
-
-
-def mask_words(num_tokens: int) -> int:
-    return (num_tokens + 31) // 32
 
 
 def compile_tree(
@@ -252,31 +249,6 @@ def child_links(parent: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     first = first[:, :n]
     next_token = torch.where(first < n, first, -1)
     return next_token, next_sibling
-
-
-def tree_mask_to_dense(tree_mask: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """Unpack ``[bs, N, W]`` bits into a ``bool [bs, N, N]`` visibility matrix."""
-    bits = torch.arange(32, device=tree_mask.device, dtype=torch.int32)
-    dense = ((tree_mask.unsqueeze(-1) >> bits) & 1).bool()
-    return dense.flatten(-2)[..., :num_tokens]
-
-
-def pack_bits(flags: torch.Tensor) -> torch.Tensor:
-    """``bool [..., N]`` -> ``int32 [..., ceil(N/32)]`` in the tree-mask layout."""
-    n = flags.shape[-1]
-    words = mask_words(n)
-    pad = words * 32 - n
-    if pad:
-        flags = torch.nn.functional.pad(flags, (0, pad))
-    weights = torch.ones(32, dtype=torch.int64, device=flags.device) << torch.arange(
-        32, dtype=torch.int64, device=flags.device
-    )
-    packed = (flags.view(*flags.shape[:-1], words, 32).to(torch.int64) * weights).sum(-1)
-    return _to_int32_bits(packed)
-
-
-def _to_int32_bits(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(x >= (1 << 31), x - (1 << 32), x).to(torch.int32)
 
 
 _SELF_BITS: Dict[Tuple[int, str], torch.Tensor] = {}

@@ -8,7 +8,8 @@ path and context-KV materialisation. Only the decode step differs:
 2. per-depth top-K log-probs of the drafter's L distributions;
 3. tree build + compile (``tree_build`` / ``tree_compile``) on the GPU;
 4. target verify over the N = B + 1 tree tokens with the tree mask;
-5. acceptance, greedy or target-only sampling (``accept``);
+5. the target's token at every node as the server's sampler picks it
+   (``speculative/verify_sampling``), then the greedy walk over them (``accept``);
 6. commit: permute the tree's KV window so the kept path comes first
    (``kv_slot_plan``), feed the kept nodes' verify hidden states to the drafter;
    on hybrid linear-attention targets, keep the accepted node's recurrent
@@ -35,7 +36,8 @@ from sglang.srt.model_executor.forward_batch_info import (
 )
 from sglang.srt.runtime_context import get_exec
 from sglang.srt.speculative.ddtree import linear_state, step_io
-from sglang.srt.speculative.ddtree.accept import greedy_accept, sample_accept, target_probs_from_logits
+from sglang.srt.speculative.ddtree.accept import greedy_accept
+from sglang.srt.speculative.ddtree.budget import TreeBudget
 from sglang.srt.speculative.ddtree.dflash_internals import DFlashInternals
 from sglang.srt.speculative.ddtree.draft_topk import lm_head_topk
 from sglang.srt.speculative.ddtree.info import (
@@ -46,13 +48,8 @@ from sglang.srt.speculative.ddtree.info import (
 )
 from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats
 from sglang.srt.speculative.ddtree.tree_build import build_tree
-from sglang.srt.speculative.ddtree.tree_compile import compile_tree, max_tree_depth
+from sglang.srt.speculative.ddtree.tree_compile import compile_tree
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
-from sglang.srt.speculative.dflash_utils import (
-    apply_dflash_verify_logits_adjustments,
-    build_dflash_verify_target_probs,
-    is_dflash_sampling_verify_available,
-)
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -61,6 +58,7 @@ from sglang.srt.speculative.spec_utils import (
     build_grammar_vocab_mask,
     prepare_mamba_track_for_verify,
 )
+from sglang.srt.speculative.verify_sampling.node_logits import NodePaths
 
 logger = logging.getLogger(__name__)
 
@@ -70,26 +68,18 @@ class DDTreeWorker(DFlashWorkerV2):
         super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
         self._dflash = DFlashInternals(self)
         self._linear_state = False  # set by init_attention_backends
-        self.budget = int(server_args.speculative_ddtree_budget)
-        self.topk = int(server_args.speculative_ddtree_topk)
-        self.verify_width = self.budget + 1
-        if int(server_args.speculative_num_draft_tokens) != self.verify_width:
-            raise ValueError(
-                "DDTREE expects speculative_num_draft_tokens == budget + 1 "
-                f"({self.verify_width}), got {server_args.speculative_num_draft_tokens}."
-            )
-        self.max_depth = max_tree_depth(self.budget, int(self.block_size) - 1)
+        self.tree = TreeBudget.of(server_args)
         self._algo = SpeculativeAlgorithm.from_string("DDTREE")
         self._context_len = int(self.model_runner.model_config.context_len)
-        self.stats = DDTreeStepStats.for_worker(server_args, self.ps, self.budget)
+        self.stats = DDTreeStepStats.for_worker(server_args, self.ps, self.tree.budget)
         if self.ps.tp_rank == 0:
             logger.info(
                 "DDTREE worker: budget=%d (verify width %d), topk=%d, draft block=%d, max depth=%d.",
-                self.budget,
-                self.verify_width,
-                self.topk,
-                self.block_size,
-                self.max_depth,
+                self.tree.budget,
+                self.tree.verify_width,
+                self.tree.topk,
+                self.tree.draft_block,
+                self.tree.max_depth,
             )
 
     def init_attention_backends(self):
@@ -99,7 +89,7 @@ class DDTreeWorker(DFlashWorkerV2):
         # state per node; the accepted one is committed after each step.
         self._linear_state = mambaish_config(runner.model_config) is not None
         if self._linear_state:
-            linear_state.check_tree_verify_support(runner, self.verify_width)
+            linear_state.check_tree_verify_support(runner, self.tree.verify_width)
             linear_state.check_radix_strategy(self.server_args)
 
     def _maybe_build_draft_sampler(self):
@@ -130,7 +120,6 @@ class DDTreeWorker(DFlashWorkerV2):
             )
         if getattr(batch, "return_logprob", False):
             raise ValueError("DDTREE speculative decoding does not support return_logprob yet.")
-        self._dflash.validate_sampling(batch)
 
         draft_input = batch.spec_info
         if not isinstance(draft_input, DFlashDraftInputV2):
@@ -138,19 +127,19 @@ class DDTreeWorker(DFlashWorkerV2):
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
 
         bs = len(batch.seq_lens)
-        n = self.verify_width
+        n = self.tree.verify_width
         prefix_lens = batch.seq_lens
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
 
         # 1-3) draft, per-depth top-K, tree.
         draft_hidden = self._draft_block_hidden(batch, draft_input, bs)
         logprobs, token_ids = self._draft_topk(draft_hidden[:, 1:, :])
-        tree = build_tree(logprobs, token_ids, self.budget)
+        tree = build_tree(logprobs, token_ids, self.tree.budget)
         compiled = compile_tree(
             tree,
             bonus=draft_input.bonus_tokens.view(bs).to(torch.int64),
             committed_len=prefix_lens.view(bs),
-            max_depth=self.max_depth,
+            max_depth=self.tree.max_depth,
             req_to_token=req_to_token,
             req_pool_indices=batch.req_pool_indices,
         )
@@ -183,17 +172,19 @@ class DDTreeWorker(DFlashWorkerV2):
             )
         else:
             grammar_mask = None
-        if sampling_info is not None:
-            apply_dflash_verify_logits_adjustments(
-                next_token_logits=logits_output.next_token_logits,
-                sampling_info=sampling_info,
-                draft_token_num=n,
-            )
-        if grammar_mask is not None:
-            grammar_mask.apply(logits_output.next_token_logits)
 
-        # 5) accept.
-        accepted = self._accept(compiled, logits_output.next_token_logits, sampling_info, draft_input, bs)
+        # 5) accept: the target's token at every node as the sampler would pick it
+        # (argmax, or one draw per node), then the greedy walk over those tokens.
+        verify = self.verify_sampler.target_tokens(
+            logits_output.next_token_logits,
+            sampling_info,
+            batch.reqs,
+            NodePaths(compiled.tokens, compiled.parent, compiled.depth, self.tree.max_depth),
+            compiled.positions,
+            grammar_mask,
+        )
+        # On the kernel path the commit launch reads the outputs back.
+        accepted = greedy_accept(compiled, verify.tokens, read_back=False)
 
         # 6) commit: the kept path's KV first in the window, the emitted tokens,
         # the committed lengths, the drafter's context rows and the step
@@ -209,6 +200,7 @@ class DDTreeWorker(DFlashWorkerV2):
             tree_depth=compiled.depth,
         )
         self.stats.step_counted()
+        self.verify_sampler.commit(verify, compiled.tokens[:, 0], commit.output_tokens, commit.commit_lens)
         res = commit.accept
         if self._linear_state:
             self._commit_linear_state(batch, res, prefix_lens)
@@ -315,7 +307,7 @@ class DDTreeWorker(DFlashWorkerV2):
         else:
             start, held = int(shard.org_vocab_start_index), int(shard.num_org_elements)
         valid = max(0, min(held, model_vocab - start))
-        k = min(self.topk, model_vocab)
+        k = min(self.tree.topk, model_vocab)
         tp_group = get_tp_group()
         gather = None
         if tp_group.world_size > 1:
@@ -326,7 +318,7 @@ class DDTreeWorker(DFlashWorkerV2):
     # ---------------------------------------------------------------- verify
 
     def _verify(self, batch, draft_input, compiled, bs):
-        n = self.verify_width
+        n = self.tree.verify_width
         seq_lens_cpu_backup = batch.seq_lens_cpu
         seq_lens_sum_backup = batch.seq_lens_sum
         # Host upper bound of the device prefix lengths' sum (the host copy may
@@ -362,36 +354,6 @@ class DDTreeWorker(DFlashWorkerV2):
             skip_attn_backend_init=True,
         )
         return out.logits_output, out.can_run_cuda_graph
-
-    def _accept(self, compiled, logits, sampling_info, draft_input, bs):
-        n = self.verify_width
-        if sampling_info is None or sampling_info.is_all_greedy:
-            # On the kernel path the commit launch reads the outputs back.
-            return greedy_accept(compiled, torch.argmax(logits, dim=-1).view(bs, n), read_back=False)
-        if is_dflash_sampling_verify_available():
-            probs = build_dflash_verify_target_probs(
-                next_token_logits=logits,
-                sampling_info=sampling_info,
-                draft_token_num=n,
-                bs=bs,
-                max_top_k=draft_input.max_top_k,
-                uniform_top_k_value=draft_input.uniform_top_k_value,
-            )
-        else:
-            probs = target_probs_from_logits(
-                logits.view(bs, n, -1),
-                sampling_info.temperatures.view(bs),
-                sampling_info.top_ks if sampling_info.need_top_k_sampling else None,
-                sampling_info.top_ps if sampling_info.need_top_p_sampling else None,
-            )
-        res = sample_accept(compiled, probs.view(bs, n, -1))
-        tp_group = get_tp_group()
-        if tp_group.world_size > 1:
-            # Every rank drew its own coins: take TP rank 0's outcome so all
-            # ranks commit the same tokens and KV.
-            for t in (res.accept_index, res.num_accepted, res.accept_tokens, res.next_bonus):
-                tp_group.broadcast(t, src=0)
-        return res
 
     def _commit_linear_state(self, batch: ScheduleBatch, res, prefix_lens: torch.Tensor) -> None:
         """The accepted node's conv and gated-delta state becomes the request's

@@ -16,10 +16,12 @@ For a drafted block with S mask slots:
    output. Slot 0's predecessor is the block's anchor (the verified bonus
    token), so its K rows are equal.
 3. **Walk.** One path through the lattice: slot 0 picks from row 0, slot s from
-   the row of the candidate picked at slot s - 1. Greedy rows take the first
-   argmax; sampled rows draw by inverse CDF with one uniform per slot from
-   ``softmax(row / T)``, which is the draft distribution q handed to the
-   verifier (one-hot for greedy rows).
+   the row of the candidate picked at slot s - 1. The server walks greedily at
+   every temperature (``greedy_walk``: the first argmax of each row). ``walk``
+   is the reference's full walk: greedy rows as above, sampled rows drawn by
+   inverse CDF with one uniform per slot from ``softmax(row / T)``, with the
+   distribution q each slot was drawn from (one-hot for greedy rows); the server
+   does not sample the path (docs/drafters.md, "DFLASH").
 
 Pure tensor code, no scheduler state; runs on any device.
 """
@@ -159,16 +161,26 @@ def walk(
     probs = torch.softmax(scores.float() / temp, dim=-1)  # [bs, S, K(p), K(c)]
     drawn = (uniforms.float().view(bs, slots, 1, 1) >= probs.cumsum(dim=-1)).sum(dim=-1).clamp_max(k - 1)
     greedy = greedy_mask.view(bs, 1, 1)
-    # Where each predecessor row leads at each slot.
-    step = torch.where(greedy, scores.argmax(dim=-1), drawn)  # [bs, S, K(p)]
-    index = step[:, 0, 0]
-    picks = [index]
-    for s in range(1, slots):
-        index = step[:, s].gather(1, index.unsqueeze(1)).squeeze(1)
-        picks.append(index)
-    path = torch.stack(picks, dim=1)  # [bs, S]
+    path = _follow(torch.where(greedy, scores.argmax(dim=-1), drawn))
     rows = torch.cat([path.new_zeros((bs, 1)), path[:, :-1]], dim=1)
     q = probs.gather(2, rows.view(bs, slots, 1, 1).expand(bs, slots, 1, k)).squeeze(2)
     q = torch.where(greedy, F.one_hot(path, k).to(q.dtype), q)
     tokens = candidate_ids.gather(2, path.unsqueeze(2)).squeeze(2)
     return tokens, q, path
+
+
+def greedy_walk(candidate_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """The argmax path's tokens ``[bs, S]`` int64 (``walk`` with every row greedy)."""
+    path = _follow(scores.argmax(dim=-1))
+    return candidate_ids.gather(2, path.unsqueeze(2)).squeeze(2)
+
+
+def _follow(step: torch.Tensor) -> torch.Tensor:
+    """The path ``[bs, S]`` (candidate index per slot) from ``step [bs, S, K(p)]``, where
+    each predecessor row leads at each slot; slot 0 follows row 0 (the anchor)."""
+    index = step[:, 0, 0]
+    picks = [index]
+    for s in range(1, step.shape[1]):
+        index = step[:, s].gather(1, index.unsqueeze(1)).squeeze(1)
+        picks.append(index)
+    return torch.stack(picks, dim=1)

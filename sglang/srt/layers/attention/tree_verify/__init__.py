@@ -4,17 +4,14 @@ request's committed prefix and to the tree nodes its ancestor bitmask allows.
 
 Public API: :func:`tree_verify_attention` (one dispatcher over the strategies,
 ``dispatch.py``), :class:`StrategyUnavailable`, and the bitmask helpers
-(``masks.py``; :func:`causal_tree_mask` is the chain as a tree). How a server
-uses it: ``hook.py`` (the per-backend path, built by ``backends.py`` from the
-patches), ``policy.py`` (which strategy serves which verify), ``support.py``
-(which attention backends verify trees).
+(``masks.py``; :func:`causal_tree_mask` is the chain as a tree). The strategies
+are registered units (``registry.py``, one module each under ``strategies/``).
+How a server uses it: ``hook.py`` (the per-backend path, built by ``backends.py``
+from the patches), ``routes.py`` (which strategy serves which verify, from
+``policy.py``'s ranking), ``support.py`` (which attention backends verify trees).
 """
 
-from sglang.srt.layers.attention.tree_verify.dispatch import (
-    STRATEGIES,
-    StrategyUnavailable,
-    tree_verify_attention,
-)
+from sglang.srt.layers.attention.tree_verify.dispatch import tree_verify_attention
 from sglang.srt.layers.attention.tree_verify.masks import (
     causal_tree_mask,
     full_tree_mask,
@@ -22,6 +19,7 @@ from sglang.srt.layers.attention.tree_verify.masks import (
     tree_mask_from_parents,
     unpack_tree_mask,
 )
+from sglang.srt.layers.attention.tree_verify.registry import STRATEGIES, StrategyUnavailable
 
 __all__ = [
     "STRATEGIES",

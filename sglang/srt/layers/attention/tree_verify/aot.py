@@ -18,11 +18,16 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from sglang.srt.layers.attention.tree_verify import prefix_split
+from sglang.srt.layers.attention.tree_verify import flashmla_split, prefix_split
 from sglang.srt.layers.attention.tree_verify.configs import (
+    CLASS_HEAD_DIMS,
+    MLA,
+    MLA_SEPARATE_V,
     TreeVerifyConfig,
+    configs_for_arch,
     head_dim_blocks,
 )
+from sglang.srt.utils.gpu_arch import parse_capability
 
 _DIV16 = [["tt.divisibility", 16]]
 
@@ -148,8 +153,6 @@ def compile_combine_kernel(dv: int, cap, dtype: str = "bf16", parts: int = 257, 
 
 def compile_page_gather_kernel(cap, dtype: str = "bf16"):
     """flashmla_split's prefix-to-pages copy, for the archs FlashMLA serves."""
-    from sglang.srt.layers.attention.tree_verify import flashmla_split
-
     fn = flashmla_split._tree_verify_page_gather_kernel
     types = dict(kv=f"*{dtype}", indptr="*i32", indices="*i32", page_start="*i32",
                  staging=f"*{dtype}", stride_kv_row="i32", stride_staging_row="i32")  # fmt: skip
@@ -160,8 +163,6 @@ def compile_page_gather_kernel(cap, dtype: str = "bf16"):
 
 def compile_merge_chunks_kernel(cap, dtype: str = "bf16", chunks: int = 8):
     """flashmla_split's merge of FlashMLA's KV chunks with the tail, for FlashMLA's archs."""
-    from sglang.srt.layers.attention.tree_verify import flashmla_split
-
     fn = flashmla_split._tree_verify_merge_chunks_kernel
     ints = ["total_rows", "num_nodes", "num_heads", "chunks", "stride_eob", "stride_eoq",
             "stride_eoh", "stride_elb", "stride_elq", "stride_elh", "stride_tr", "stride_ot",
@@ -177,13 +178,6 @@ def compile_merge_chunks_kernel(cap, dtype: str = "bf16", chunks: int = 8):
 
 def compile_arch_report(cap) -> list:
     """Compile every selectable config for ``cap``; one record per kernel."""
-    from sglang.srt.layers.attention.tree_verify.configs import (
-        CLASS_HEAD_DIMS,
-        MLA,
-        MLA_SEPARATE_V,
-        configs_for_arch,
-    )
-
     records = []
     for cls, cfg in sorted(configs_for_arch(cap).items()):
         dqk, dv = CLASS_HEAD_DIMS[cls]
@@ -203,7 +197,7 @@ def compile_arch_report(cap) -> list:
         records.append(dict(kernel="combine", dv=dv, shared=k.metadata.shared, mma=None))
     k = compile_combine_kernel(64, cap, sinks=True)  # gpt-oss: head dim 64, attention sinks
     records.append(dict(kernel="combine", dv=64, sinks=True, shared=k.metadata.shared, mma=None))
-    if cap[0] in (9, 10):  # FlashMLA's archs
+    if cap[0] in flashmla_split.FLASHMLA_MAJORS:
         k = compile_page_gather_kernel(cap)
         records.append(dict(kernel="page_gather", shared=k.metadata.shared, mma=None))
         k = compile_merge_chunks_kernel(cap)
@@ -223,8 +217,6 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="compile the tree-verify kernels for a GPU arch")
     ap.add_argument("--arch", default="12.0", help="compute capability, e.g. 12.0 or 9.0")
     args = ap.parse_args(argv)
-    from sglang.srt.utils.gpu_arch import parse_capability
-
     for rec in compile_arch_report(parse_capability(args.arch)):
         print(json.dumps(rec), flush=True)
 

@@ -29,9 +29,13 @@ from sglang.srt.layers.attention.tree_verify.hook import (
     active_hook,
     fp8_kv_enabled,
     is_fp8,
+)
+from sglang.srt.layers.attention.tree_verify.registry import (
+    TREE,
+    TargetAttention,
     static_verify_kind,
 )
-from sglang.srt.layers.attention.tree_verify.routes import TargetAttention
+from sglang.srt.runtime_context import get_parallel
 
 
 def _kv_dtype_reason(model_runner: Any) -> Optional[str]:
@@ -49,8 +53,6 @@ def _kv_dtype_reason(model_runner: Any) -> Optional[str]:
 
 def _attention_tp_size() -> int:
     try:
-        from sglang.srt.distributed.parallel_state_wrapper import get_parallel
-
         return int(get_parallel().attn_tp_size)
     except Exception:  # no distributed state (a backend built outside a server)
         return 1
@@ -250,6 +252,7 @@ def flashinfer_verify_metadata(backend: Any, forward_batch: Any, swa_out_cache_l
     the hook does not serve this forward (upstream plans as before)."""
     if backend.tree_verify.prepare(forward_batch) is None:
         return None
+    # Upstream's FlashInfer backend imports this module (patch 0034).
     from sglang.srt.layers.attention.flashinfer_backend import PrefillMetadata
 
     return PrefillMetadata(
@@ -299,6 +302,6 @@ def verify_capture_dense_mask(attn_backend: Any, spec_algorithm: Any, upstream_c
     (``upstream_choice``, from ``resolve_dflash_verify_mask_policy``)."""
     if active_hook(attn_backend) is not None:
         return False
-    if static_verify_kind(spec_algorithm) == "tree":
+    if static_verify_kind(spec_algorithm) == TREE:
         return True
     return upstream_choice

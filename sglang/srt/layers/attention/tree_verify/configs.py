@@ -15,6 +15,8 @@ from typing import Dict, Tuple
 
 import triton
 
+from sglang.srt.utils import gpu_arch
+
 Capability = Tuple[int, int]
 
 
@@ -156,35 +158,28 @@ _SM12X = {
     "generic": _C(block_m=32, block_n=32, num_warps=4, num_stages=1),
 }
 
-# Datacenter Blackwell (227 KiB) starts from the Hopper tiles.
-_BY_FAMILY: Dict[str, Dict[str, TreeVerifyConfig]] = {
-    "sm90": _SM90,
-    "sm80": _SM80,
-    "sm12x": _SM12X,
-}
 
-
-def arch_family(cap: Capability) -> str:
-    """Which table serves ``cap``: tiles follow shared memory per block."""
-    from sglang.srt.utils.gpu_arch import max_shared_memory_per_block
-
+def _tiles(cap: Capability) -> Dict[str, TreeVerifyConfig]:
+    """The table that serves ``cap``: tiles follow shared memory per block, not the
+    arch family (8.6 and 8.9 have sm_12x's 99 KiB; datacenter Blackwell's 227 KiB
+    takes the Hopper tiles; an unknown GPU the sm_12x tiles, which fit everywhere)."""
     try:
-        smem = max_shared_memory_per_block(cap)
+        smem = gpu_arch.max_shared_memory_per_block(cap)
     except ValueError:
-        return "sm12x"  # unknown: the small tiles fit everywhere
+        return _SM12X
     if smem >= 227 * 1024:
-        return "sm90"
-    return "sm80" if smem >= 160 * 1024 else "sm12x"
+        return _SM90
+    return _SM80 if smem >= 160 * 1024 else _SM12X
 
 
 def configs_for_arch(cap: Capability) -> Dict[str, TreeVerifyConfig]:
-    return dict(_BY_FAMILY[arch_family(cap)])
+    return dict(_tiles(cap))
 
 
 def select_config(
     cap: Capability, dqk: int, dv: int, share_kv: bool = True
 ) -> TreeVerifyConfig:
-    return _BY_FAMILY[arch_family(cap)][head_class(dqk, dv, share_kv)]
+    return _tiles(cap)[head_class(dqk, dv, share_kv)]
 
 
 # Representative (Dqk, Dv) per class, for compile tests.

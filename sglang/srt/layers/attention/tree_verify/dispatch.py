@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One entry point over the tree-verify strategies.
+"""One entry point over the tree-verify strategies: validate the call, look the
+strategy up in the registry, run it.
 
 Every strategy computes the same attention (each tree node over its request's
-committed prefix and the tree nodes its ancestor bitmask allows):
+committed prefix and the tree nodes its ancestor bitmask allows); each is one
+module under ``strategies/``:
 
 * ``fused``: the prefix-split Triton kernels in this package; every arch,
   CUDA-graph capturable with no host work per step;
@@ -13,120 +15,49 @@ committed prefix and the tree nodes its ancestor bitmask allows):
   (the baseline);
 * ``reference``: plain torch in fp32 (the CPU default).
 
-Which one serves a server's verify is the policy's choice
-(``tree_verify/policy.py``); a caller that names none gets ``fused`` on a GPU
-and ``reference`` on the CPU. A strategy that cannot run here raises
-:class:`StrategyUnavailable` saying why.
+A caller that names none gets ``fused`` on a GPU and ``reference`` on the CPU.
+Which one serves a server's verify is the policy's ranking (``policy.py``) unless
+``SGLANG_DDTREE_VERIFY_STRATEGY`` forces one (:func:`forced_strategy`). A strategy
+that cannot run here raises :class:`StrategyUnavailable` saying why.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Callable, Dict, Optional
+from typing import Optional
 
 import torch
 
-from sglang.srt.layers.attention.tree_verify.configs import select_config
+from sglang.srt.ddtree_environ import ddtree_envs
 from sglang.srt.layers.attention.tree_verify.masks import MAX_TREE_SIZE, mask_words
-
-
-class StrategyUnavailable(RuntimeError):
-    """A tree-verify strategy cannot run here; the message says why."""
-
-
-FUSED = "fused"
-UPSTREAM_EXTEND = "upstream_extend"
-FLASHINFER_SPLIT = "flashinfer_split"
-FLASHMLA_SPLIT = "flashmla_split"
-REFERENCE = "reference"
-STRATEGIES = (FUSED, UPSTREAM_EXTEND, FLASHINFER_SPLIT, FLASHMLA_SPLIT, REFERENCE)
+from sglang.srt.layers.attention.tree_verify.registry import (
+    FUSED,
+    REFERENCE,
+    STRATEGIES,
+    StrategyUnavailable,
+)
+from sglang.srt.layers.attention.tree_verify.strategies import get_strategy
+from sglang.srt.utils import gpu_arch
 
 #: KV cache dtypes served next to q's own: scaled fp8 (dequantized in the kernel),
-#: by these strategies only.
+#: by the strategies that read them.
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-FP8_KV_STRATEGIES = (FUSED, REFERENCE)
-#: Strategies that apply a sliding window and attention sinks.
-WINDOW_SINK_STRATEGIES = (FUSED, REFERENCE)
+
+STRATEGY_ENV = "SGLANG_DDTREE_VERIFY_STRATEGY"
 
 
-def _config(arch, q, k_buffer, v_buffer):
-    from sglang.srt.layers.attention.tree_verify.prefix_split import kv_shares_storage
-
-    share = kv_shares_storage(k_buffer, v_buffer)
-    return select_config(arch, q.shape[-1], v_buffer.shape[-1], share)
-
-
-# Each runner takes the validated call as keyword arguments (the names of
-# tree_verify_attention's), the kernel arch, the fp8 KV scales (or None) and the
-# strategy's own options.
-
-
-def _run_fused(*, arch, kv_scales, **call):
-    from sglang.srt.layers.attention.tree_verify.prefix_split import tree_verify_fused
-
-    return tree_verify_fused(
-        **call, config=_config(arch, call["q"], call["k_buffer"], call["v_buffer"]),
-        kv_scales=kv_scales,
-    )  # fmt: skip
-
-
-def _run_upstream_extend(*, arch, kv_scales, **call):
-    from sglang.srt.layers.attention.tree_verify.upstream_extend import (
-        tree_verify_upstream_extend,
-    )
-
-    return tree_verify_upstream_extend(**call)
-
-
-def _run_flashinfer_split(*, arch, kv_scales, prefix_pass=None, **call):
-    from sglang.srt.layers.attention.tree_verify.flashinfer_split import (
-        tree_verify_flashinfer_split,
-    )
-
-    config = _config(arch, call["q"], call["k_buffer"], call["v_buffer"])
-    return tree_verify_flashinfer_split(**call, config=config, prefix_pass=prefix_pass)
-
-
-def flashmla_arch_reason(arch) -> Optional[str]:
-    """Why FlashMLA has no kernels for ``arch`` (None: it has)."""
-    if arch[0] in (9, 10):
+def forced_strategy() -> Optional[str]:
+    """The strategy ``SGLANG_DDTREE_VERIFY_STRATEGY`` forces for a server's target
+    verify, None when unset; a name that is not a strategy is refused."""
+    value = (ddtree_envs.SGLANG_DDTREE_VERIFY_STRATEGY.get() or "").strip()
+    if not value:
         return None
-    return (
-        f"flashmla_split: FlashMLA ships kernels for sm_90a/sm_100a only, "
-        f"not compute capability {arch[0]}.{arch[1]}"
-    )
-
-
-def _run_flashmla_split(*, arch, kv_scales, staging=None, plan=None, max_prefix_len=None, **call):
-    reason = flashmla_arch_reason(arch)
-    if reason:
-        raise StrategyUnavailable(reason)
-    from sglang.srt.layers.attention.tree_verify.flashmla_split import (
-        tree_verify_flashmla_split,
-    )
-
-    config = _config(arch, call["q"], call["k_buffer"], call["v_buffer"])
-    return tree_verify_flashmla_split(
-        **call, config=config, staging=staging, plan=plan, max_prefix_len=max_prefix_len
-    )
-
-
-def _run_reference(*, arch, kv_scales, **call):
-    from sglang.srt.layers.attention.tree_verify.reference import (
-        tree_verify_attention_ref,
-    )
-
-    return tree_verify_attention_ref(**call, kv_scales=kv_scales)
-
-
-_RUNNERS: Dict[str, Callable] = {
-    FUSED: _run_fused,
-    UPSTREAM_EXTEND: _run_upstream_extend,
-    FLASHINFER_SPLIT: _run_flashinfer_split,
-    FLASHMLA_SPLIT: _run_flashmla_split,
-    REFERENCE: _run_reference,
-}
-assert tuple(_RUNNERS) == STRATEGIES
+    if value not in STRATEGIES:
+        raise ValueError(
+            f"{STRATEGY_ENV}={value!r} is not a tree-verify strategy; choose from "
+            f"{', '.join(STRATEGIES)}, or unset it for the per-arch policy"
+        )
+    return value
 
 
 def _validate(q, k_buffer, v_buffer, indptr, indices, tree_idx, tree_mask, out):
@@ -227,29 +158,28 @@ def tree_verify_attention(
     _validate(q, k_buffer, v_buffer, prefix_kv_indptr, prefix_kv_indices,
               tree_kv_indices, tree_mask, out)  # fmt: skip
     window_and_sinks = _validate_window_and_sinks(q, sliding_window, sinks)
-    arch = _kernel_arch(q.device) if q.is_cuda else None
+    arch = gpu_arch.kernel_arch(q.device) if q.is_cuda else None
     if strategy is None:
         strategy = REFERENCE if arch is None else FUSED
-    if strategy not in _RUNNERS:
-        raise ValueError(f"unknown tree-verify strategy {strategy!r}; choose from {STRATEGIES}")
-    if arch is None and strategy != REFERENCE and not _interpreting():
+    unit = get_strategy(strategy)
+    if arch is None and not unit.runs_on_cpu and not _interpreting():
         raise StrategyUnavailable(
             f"strategy {strategy!r} needs a CUDA device (q is on {q.device}); "
             "use strategy='reference' on CPU"
         )
     kv_scales = None
     if k_buffer.dtype != q.dtype:
-        if strategy not in FP8_KV_STRATEGIES:
+        if not unit.reads_fp8_kv:
             raise StrategyUnavailable(
                 f"{strategy}: an fp8 KV cache is served by the fused and reference strategies only"
             )
         kv_scales = (float(k_scale), float(v_scale))
-    if window_and_sinks and strategy not in WINDOW_SINK_STRATEGIES:
+    if window_and_sinks and not unit.applies_window_and_sinks:
         raise StrategyUnavailable(
             f"{strategy}: sliding windows and attention sinks are served by the fused "
             "and reference strategies only"
         )
-    return _RUNNERS[strategy](
+    return unit.run(
         q=q, k_buffer=k_buffer, v_buffer=v_buffer,
         prefix_kv_indptr=prefix_kv_indptr, prefix_kv_indices=prefix_kv_indices,
         tree_kv_indices=tree_kv_indices, tree_mask=tree_mask,
@@ -277,12 +207,6 @@ def _validate_window_and_sinks(q, sliding_window, sinks) -> dict:
             raise TypeError(f"sinks must be a floating-point tensor, got {sinks.dtype}")
         extra["sinks"] = sinks.contiguous()
     return extra
-
-
-def _kernel_arch(device: torch.device):
-    from sglang.srt.utils.gpu_arch import kernel_arch
-
-    return kernel_arch(device)
 
 
 def _interpreting() -> bool:

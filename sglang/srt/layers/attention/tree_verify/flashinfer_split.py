@@ -24,12 +24,10 @@ from typing import Optional
 import torch
 
 from sglang.srt.layers.attention.tree_verify.configs import TreeVerifyConfig
-from sglang.srt.layers.attention.tree_verify.dispatch import StrategyUnavailable
 from sglang.srt.layers.attention.tree_verify.prefix_split import merge_external_prefix
+from sglang.srt.layers.attention.tree_verify.registry import MLA_DIMS, StrategyUnavailable
 
 _WORKSPACE_BYTES = 128 * 1024 * 1024
-#: Absorbed MLA: latent + rope per key, value width, KV heads.
-_MLA_DIMS = (576, 512, 1)
 #: FlashInfer's MLA kernels this module asks for: "auto" (FA3 on sm_90a, FA2
 #: elsewhere) or "fa2", the kernel an sm_120 GPU runs.
 MLA_BACKENDS = ("auto", "fa2")
@@ -72,7 +70,7 @@ class PrefixPassShape:
 
     @property
     def mla(self) -> bool:
-        return (self.head_dim_qk, self.head_dim_v, self.num_kv_heads) == _MLA_DIMS
+        return (self.head_dim_qk, self.head_dim_v, self.num_kv_heads) == MLA_DIMS
 
     def check(self) -> None:
         if not self.mla and self.head_dim_qk != self.head_dim_v:
@@ -187,8 +185,8 @@ class FlashInferPrefixPass:
         slots = indices[:0] if self.graph_buffers is not None else indices
         if s.mla:
             self.wrapper.plan(
-                qo_indptr, kv_indptr, slots, lens, s.num_heads, _MLA_DIMS[1],
-                _MLA_DIMS[0] - _MLA_DIMS[1], 1, False, s.sm_scale, s.q_dtype, s.kv_dtype,
+                qo_indptr, kv_indptr, slots, lens, s.num_heads, MLA_DIMS[1],
+                MLA_DIMS[0] - MLA_DIMS[1], 1, False, s.sm_scale, s.q_dtype, s.kv_dtype,
             )  # fmt: skip
         else:
             last_page = torch.ones(bs, dtype=torch.int32, device=kv_indptr.device)

@@ -41,11 +41,12 @@ from sglang.srt.layers.attention.tree_verify.prefix_split import (
     merge_external_prefix,
     tail_partials,
 )
-from sglang.srt.layers.attention.tree_verify.dispatch import StrategyUnavailable
+from sglang.srt.layers.attention.tree_verify.registry import MLA_DIMS, StrategyUnavailable
 
 #: FlashMLA's page size (``page_block_size``); the staging is laid out in such pages.
 PAGE = 64
-_MLA_DIMS = (576, 512, 1)  # latent + rope per key, value width, KV heads
+#: Compute capability majors FlashMLA ships kernels for (sm_90a, sm_100a).
+FLASHMLA_MAJORS = (9, 10)
 _LOG2E = math.log2(math.e)
 
 
@@ -86,7 +87,7 @@ def staging_pages(bs: int, total_prefix_tokens: int) -> int:
 
 def new_staging(pages: int, like: torch.Tensor) -> torch.Tensor:
     """``[pages, PAGE, 1, 576]`` in the KV cache's dtype (``staging_pages``)."""
-    return torch.empty(pages, PAGE, 1, _MLA_DIMS[0], dtype=like.dtype, device=like.device)
+    return torch.empty(pages, PAGE, 1, MLA_DIMS[0], dtype=like.dtype, device=like.device)
 
 
 def page_starts(prefix_kv_indptr: torch.Tensor) -> torch.Tensor:
@@ -157,21 +158,12 @@ def _flash_mla():
     return flash_mla_with_kvcache, get_mla_metadata
 
 
-def flash_mla_reason() -> Optional[str]:
-    """Why sgl_kernel's FlashMLA cannot be loaded here (None: it can)."""
-    try:
-        _flash_mla()
-    except StrategyUnavailable as e:
-        return str(e)
-    return None
-
-
 def check_supported(q, k_buffer, v_buffer, logit_cap: float) -> None:
     """Raise StrategyUnavailable unless FlashMLA's dense bf16/fp16 kernel serves this call."""
     if logit_cap > 0:
         raise StrategyUnavailable("flashmla_split does not apply a logit cap")
     dims = (q.shape[-1], v_buffer.shape[-1], k_buffer.shape[1])
-    if dims != _MLA_DIMS:
+    if dims != MLA_DIMS:
         raise StrategyUnavailable(
             f"flashmla_split serves absorbed MLA (Dqk 576, Dv 512, 1 KV head); got "
             f"Dqk={dims[0]}, Dv={dims[1]}, Hkv={dims[2]}"
@@ -285,7 +277,7 @@ def flashmla_prefix_pass(
     if bs > 1 and plan.chunks > 1:
         q4 = q4.contiguous()
     o, lse = flash_mla_with_kvcache(
-        q4, staging, plan.page_table, plan.lengths, _MLA_DIMS[1],
+        q4, staging, plan.page_table, plan.lengths, MLA_DIMS[1],
         plan.schedule, plan.splits, softmax_scale=sm_scale, causal=False,
     )  # fmt: skip
     return o, lse.transpose(1, 2)

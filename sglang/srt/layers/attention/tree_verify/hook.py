@@ -41,23 +41,31 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
+from sglang.srt.ddtree_environ import ddtree_envs
+from sglang.srt.layers.attention.tree_verify.dispatch import (
+    STRATEGY_ENV,
+    forced_strategy,
+    tree_verify_attention,
+)
 from sglang.srt.layers.attention.tree_verify.masks import (
     causal_tree_mask,
     full_tree_mask,
     mask_words,
 )
-from sglang.srt.layers.attention.tree_verify.policy import (
-    STRATEGY_ENV,
-    UPSTREAM_STRATEGY,
-    forced_strategy,
+from sglang.srt.layers.attention.tree_verify.registry import (
+    BLOCK,
+    CHAIN,
+    TREE,
+    UPSTREAM_EXTEND,
+    TargetAttention,
+    TreeVerifyUnavailable,
+    static_verify_kind,
 )
-from sglang.srt.layers.attention.tree_verify.routes import TargetAttention, VerifyRoutes
+from sglang.srt.layers.attention.tree_verify.routes import VerifyRoutes
+from sglang.srt.speculative.spec_info import SpecInputType
 
 logger = logging.getLogger(__name__)
-
-TREE = "tree"
-CHAIN = "chain"
-BLOCK = "block"  # the DFlash drafter's block on the draft worker
 
 #: The backend-side reason a layer gives for non-causal self-attention; the
 #: draft block serves such layers (with the all-ones mask), verify does not.
@@ -68,29 +76,11 @@ FP8_KV_ENV = "SGLANG_DDTREE_FP8_KV_VERIFY"
 
 def fp8_kv_enabled() -> bool:
     """Whether the fused kernels read an fp8 KV cache (``SGLANG_DDTREE_FP8_KV_VERIFY``)."""
-    from sglang.srt.ddtree_environ import ddtree_envs
-
     return bool(ddtree_envs.SGLANG_DDTREE_FP8_KV_VERIFY.get())
 
 
 def is_fp8(dtype: Any) -> bool:
     return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-class TreeVerifyUnavailable(RuntimeError):
-    """A tree verify reached a backend that cannot apply its mask."""
-
-
-def static_verify_kind(spec_algorithm: Any) -> Optional[str]:
-    """TREE for DDTREE, CHAIN for DFLASH, None for every other algorithm."""
-    if spec_algorithm is None:
-        return None
-    if getattr(spec_algorithm, "verify_uses_tree_mask", False):
-        return TREE
-    is_dflash = getattr(spec_algorithm, "is_dflash", None)
-    if callable(is_dflash) and is_dflash():
-        return CHAIN
-    return None
 
 
 def innermost_attention_backend(attn_backend: Any) -> Any:
@@ -181,10 +171,6 @@ def fill_prefix_indices(
     if bs == 0 or out.numel() == 0:
         return out
     if out.is_cuda:
-        from sglang.kernels.ops.kvcache.kv_indices import (
-            create_flashinfer_kv_indices_triton,
-        )
-
         create_flashinfer_kv_indices_triton[(bs,)](
             req_to_token, req_pool_indices, seq_lens, indptr, start, out,
             req_to_token.stride(0),
@@ -252,8 +238,8 @@ class TreeVerifyHook:
         if wanted == CHAIN and not serves_chain:
             wanted = None
         reason = None
-        if forced == UPSTREAM_STRATEGY:
-            reason = f"{STRATEGY_ENV}={UPSTREAM_STRATEGY} keeps upstream's verify path"
+        if forced == UPSTREAM_EXTEND:
+            reason = f"{STRATEGY_ENV}={UPSTREAM_EXTEND} keeps upstream's verify path"
         elif unsupported:
             reason = unsupported
         elif wanted == BLOCK and draft_window is not None:
@@ -337,8 +323,6 @@ class TreeVerifyHook:
             return None
         if self.kind == TREE:
             return TREE if getattr(spec_info, "tree_mask_bits", None) is not None else None
-        from sglang.srt.speculative.spec_info import SpecInputType
-
         if getattr(spec_info, "spec_input_type", None) != SpecInputType.DFLASH_VERIFY:
             return None
         return self.kind  # CHAIN, or BLOCK on the draft worker
@@ -556,12 +540,10 @@ class TreeVerifyHook:
                 raise TreeVerifyUnavailable(
                     f"DDTREE verify on {self.backend_name}, {where}: the tree-verify "
                     f"path cannot serve it and no dense mask applies. Use "
-                    f"--attention-backend triton with {STRATEGY_ENV}={UPSTREAM_STRATEGY} "
+                    f"--attention-backend triton with {STRATEGY_ENV}={UPSTREAM_EXTEND} "
                     f"for the dense-mask path."
                 )
             return None
-        from sglang.srt.layers.attention.tree_verify.dispatch import tree_verify_attention
-
         prefix_indptr, prefix_indices, tree_indices = (
             meta.prefix_kv_indptr, meta.prefix_kv_indices, meta.tree_kv_indices,
         )  # fmt: skip

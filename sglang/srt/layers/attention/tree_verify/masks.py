@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import torch
 
-MAX_TREE_SIZE = 257
+#: The largest DDTREE budget (draft nodes besides the root) anything in the project accepts.
+MAX_BUDGET = 256
+#: Nodes of the largest tree: the budget and the root.
+MAX_TREE_SIZE = MAX_BUDGET + 1
 
 
 def mask_words(num_nodes: int) -> int:
@@ -20,27 +23,34 @@ def mask_words(num_nodes: int) -> int:
     return (num_nodes + 31) // 32
 
 
+def pack_bits(flags: torch.Tensor) -> torch.Tensor:
+    """``bool [..., N]`` -> ``int32 [..., ceil(N/32)]``: bit ``j % 32`` of word
+    ``j // 32`` is flag j (the mask layout, one row)."""
+    n = flags.shape[-1]
+    words = mask_words(n)
+    pad = words * 32 - n
+    if pad:
+        flags = torch.nn.functional.pad(flags, (0, pad))
+    weights = torch.ones(32, dtype=torch.int64, device=flags.device) << torch.arange(
+        32, dtype=torch.int64, device=flags.device
+    )
+    packed = (flags.view(*flags.shape[:-1], words, 32).to(torch.int64) * weights).sum(-1)
+    # Reinterpret the low 32 bits as a signed int32 (bit 31 set => negative).
+    return torch.where(packed >= (1 << 31), packed - (1 << 32), packed).to(torch.int32)
+
+
 def pack_tree_mask(dense: torch.Tensor) -> torch.Tensor:
     """Pack a boolean ``[bs, N, N]`` visibility matrix into ``[bs, N, W]`` int32."""
     if dense.dim() != 3 or dense.shape[1] != dense.shape[2]:
         raise ValueError(f"expected a [bs, N, N] mask, got {tuple(dense.shape)}")
-    bs, n, _ = dense.shape
-    w = mask_words(n)
-    padded = torch.zeros(bs, n, w * 32, dtype=torch.int64, device=dense.device)
-    padded[:, :, :n] = dense.to(torch.int64)
-    shifts = torch.arange(32, device=dense.device, dtype=torch.int64)
-    words = (padded.view(bs, n, w, 32) << shifts).sum(-1)
-    # Reinterpret the low 32 bits as a signed int32 (bit 31 set => negative).
-    words = torch.where(words >= 2**31, words - 2**32, words)
-    return words.to(torch.int32)
+    return pack_bits(dense)
 
 
 def unpack_tree_mask(bits: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    """Inverse of :func:`pack_tree_mask`: ``[bs, N, W]`` int32 -> bool ``[bs, N, N]``."""
-    shifts = torch.arange(32, device=bits.device, dtype=torch.int64)
-    expanded = (bits.to(torch.int64)[..., None] >> shifts) & 1
-    bs, n, w = bits.shape
-    return expanded.reshape(bs, n, w * 32)[:, :, :num_nodes].bool()
+    """Inverse of :func:`pack_bits`: ``[..., W]`` int32 -> bool ``[..., N]``
+    (a ``[bs, N, W]`` mask -> its ``[bs, N, N]`` visibility matrix)."""
+    shifts = torch.arange(32, device=bits.device, dtype=torch.int32)
+    return ((bits.unsqueeze(-1) >> shifts) & 1).bool().flatten(-2)[..., :num_nodes]
 
 
 def causal_tree_mask(bs: int, num_nodes: int, device="cpu") -> torch.Tensor:

@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Which tree-verify strategy serves a server's verify, per arch and shape.
+"""Which tree-verify strategy serves a server's verify: a ranking, per arch and shape.
 
-One function decides, :func:`choose_strategy`: given the arch whose policy the
+One function ranks, :func:`choose_strategy`: given the arch whose policy the
 server follows, the verify's shape (query heads on this rank, tree nodes per
-request, requests in the batch, MLA or not) and the strategies that can run here,
-it returns the fastest strategy of a measured table
-(``strategy_table.json`` next to this file, or the file
+request, requests in the batch, MLA or not) and the strategies that can run here
+(``strategies.available_strategies``), it returns the fastest strategy of a
+measured table (``strategy_table.json`` next to this file, or the file
 ``SGLANG_DDTREE_STRATEGY_TABLE`` names). Each section of the table holds the
 timings of one arch family, with the date, hardware and command that measured
 them (``benchmarks/verify_strategy_table.py`` writes them). Per (heads, nodes,
@@ -14,14 +14,14 @@ strategy with the least total time over that point's prefix lengths: a server's
 prefixes vary from step to step while its captured CUDA graphs keep one
 strategy per batch size.
 
-Without measured rows for a family the policy keeps what was measured before
-the table existed: FlashMLA's prefix pass on sm_90 from
-:data:`FLASHMLA_MIN_ROWS` query rows per request (tree nodes x heads; see
-docs/tree-verify.md), the fused kernel everywhere else.
+Without measured rows for a family a rule applies, what was measured before the
+table existed: FlashMLA's prefix pass on sm_90 from :data:`FLASHMLA_MIN_ROWS`
+query rows per request (tree nodes x heads; see docs/tree-verify.md), the fused
+kernel everywhere else.
 
-``SGLANG_DDTREE_VERIFY_STRATEGY`` overrides the choice (:func:`forced_strategy`),
+``SGLANG_DDTREE_VERIFY_STRATEGY`` overrides the ranking (``dispatch.forced_strategy``),
 and ``SGLANG_DDTREE_SM120_PROXY`` makes any GPU follow the sm_12x policy
-(``gpu_arch.policy_arch``): no FlashMLA, FlashInfer's fa2 kernels.
+(``gpu_arch.policy_arch``).
 """
 
 from __future__ import annotations
@@ -32,51 +32,33 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Collection, Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Collection, Dict, List, Optional, Tuple
 
-import torch
-
-from sglang.srt.layers.attention.tree_verify.dispatch import (
-    FLASHINFER_SPLIT,
+from sglang.srt.ddtree_environ import ddtree_envs
+from sglang.srt.layers.attention.tree_verify.dispatch import (  # noqa: F401  (flags.py reads them here)
+    STRATEGY_ENV,
+    forced_strategy,
+)
+from sglang.srt.layers.attention.tree_verify.registry import (
     FLASHMLA_SPLIT,
     FUSED,
-    STRATEGIES,
+    MHA_KIND,
+    MLA_KIND,
+    SERVING_STRATEGIES,
     UPSTREAM_EXTEND,
-    WINDOW_SINK_STRATEGIES,
-    flashmla_arch_reason,
+    Capability,
 )
-from sglang.srt.layers.attention.tree_verify.support import arch_family
+from sglang.srt.utils import gpu_arch
 
-Capability = Tuple[int, int]
+#: The forced strategy that keeps upstream's own verify path (the tree-verify hook
+#: off), as speculative/ddtree/flags.py reads it with the override above.
+UPSTREAM_STRATEGY = UPSTREAM_EXTEND
 
-STRATEGY_ENV = "SGLANG_DDTREE_VERIFY_STRATEGY"
 TABLE_ENV = "SGLANG_DDTREE_STRATEGY_TABLE"
 DEFAULT_TABLE = Path(__file__).with_name("strategy_table.json")
-#: The strategy that keeps upstream's own verify path (the tree-verify hook off).
-UPSTREAM_STRATEGY = UPSTREAM_EXTEND
 #: Without measured rows: query rows per request (tree nodes x query heads on this
 #: rank) from which sm_90 runs the target's verify prefix through FlashMLA.
 FLASHMLA_MIN_ROWS = 1024
-#: Strategies a measured table may choose between (the others are baselines).
-SERVING_STRATEGIES = (FUSED, FLASHINFER_SPLIT, FLASHMLA_SPLIT)
-
-MLA_KIND = "mla"
-MHA_KIND = "mha"
-
-
-def forced_strategy() -> Optional[str]:
-    """The strategy ``SGLANG_DDTREE_VERIFY_STRATEGY`` forces, None when unset."""
-    from sglang.srt.ddtree_environ import ddtree_envs
-
-    value = (ddtree_envs.SGLANG_DDTREE_VERIFY_STRATEGY.get() or "").strip()
-    if not value:
-        return None
-    if value not in STRATEGIES:
-        raise ValueError(
-            f"{STRATEGY_ENV}={value!r} is not a tree-verify strategy; choose from "
-            f"{', '.join(STRATEGIES)}, or unset it for the per-arch policy"
-        )
-    return value
 
 
 @dataclass(frozen=True)
@@ -107,7 +89,7 @@ class StrategyTableError(ValueError):
 class TableSection:
     """The timings of one arch family from one run."""
 
-    arch: str  # policy family: "sm12x", "sm90", "sm100", "sm80"
+    arch: str  # arch family (gpu_arch.arch_family): "sm12x", "sm90", "sm100", "sm80"
     date: str
     hardware: str
     proxy: bool  # measured as the sm_120 proxy on other hardware
@@ -140,7 +122,7 @@ class StrategyTable:
             missing = [k for k in ("arch", "date", "hardware", "command", "rows") if k not in s]
             if missing:
                 raise StrategyTableError(f"{at} lacks {', '.join(missing)}")
-            if s["arch"] not in ("sm12x", "sm90", "sm100", "sm80"):
+            if s["arch"] not in gpu_arch.ARCH_FAMILIES:
                 raise StrategyTableError(f"{at}: arch {s['arch']!r} is not a policy family")
             for j, r in enumerate(s["rows"]):
                 _check_row(r, f"{at}.rows[{j}]")
@@ -181,8 +163,6 @@ def _load_table(path: str, mtime: float) -> StrategyTable:
 
 def load_table() -> StrategyTable:
     """The table ``SGLANG_DDTREE_STRATEGY_TABLE`` names, else the shipped one."""
-    from sglang.srt.ddtree_environ import ddtree_envs
-
     path = (ddtree_envs.SGLANG_DDTREE_STRATEGY_TABLE.get() or "").strip() or str(DEFAULT_TABLE)
     if not os.path.exists(path):
         raise StrategyTableError(f"{TABLE_ENV}: no strategy table at {path}")
@@ -232,7 +212,7 @@ def choose_strategy(
     """The strategy that serves a target verify of ``shape`` on a GPU following
     ``arch``'s policy, out of ``available`` (``fused`` always is)."""
     table = load_table() if table is None else table
-    family = arch_family(arch)
+    family = gpu_arch.arch_family(arch)
     choice = measured_choice(table.rows_for(family, shape.kind), shape, available)
     if choice is not None:
         return choice
@@ -244,153 +224,3 @@ def choose_strategy(
     ):
         return FLASHMLA_SPLIT
     return FUSED
-
-
-def layer_strategy(strategy: Optional[str], window_or_sinks: bool) -> Optional[str]:
-    """The strategy for one layer of a verify whose strategy is ``strategy``: a
-    sliding-window or attention-sink layer (gpt-oss, Gemma 4) takes the fused
-    kernel, since the prefix passes of FlashInfer and FlashMLA apply neither;
-    None stays the dispatcher's default (fused on a GPU, reference on the CPU)."""
-    if window_or_sinks and strategy not in (None, *WINDOW_SINK_STRATEGIES):
-        return FUSED
-    return strategy
-
-
-# ---------------------------------------------------------------------------
-# What can run here
-# ---------------------------------------------------------------------------
-
-
-def flashmla_reason(device_cap: Optional[Capability]) -> Optional[str]:
-    """Why FlashMLA cannot serve the verify prefix on this GPU (None: it can)."""
-    from sglang.srt.utils.gpu_arch import SM120_PROXY_ENV, sm120_proxy
-
-    if sm120_proxy():
-        return f"{SM120_PROXY_ENV}=1 (sm_120 has no FlashMLA kernels)"
-    if device_cap is None:
-        return "no CUDA device"
-    reason = flashmla_arch_reason(device_cap)
-    if reason is not None:
-        return reason
-    from sglang.srt.layers.attention.tree_verify.flashmla_split import flash_mla_reason
-
-    return flash_mla_reason()
-
-
-def flashinfer_backend() -> str:
-    """The FlashInfer MLA kernels flashinfer_split asks for: fa2, what sm_120 runs,
-    under the sm_120 proxy; FlashInfer's own choice otherwise."""
-    from sglang.srt.utils.gpu_arch import sm120_proxy
-
-    return "fa2" if sm120_proxy() else "auto"
-
-
-@dataclass(frozen=True)
-class VerifyTarget:
-    """The target's attention as the strategies see it."""
-
-    kind: str  # MLA_KIND or MHA_KIND
-    head_dim_qk: int
-    head_dim_v: int
-    q_dtype: torch.dtype
-    kv_dtype: torch.dtype
-
-    @classmethod
-    def of(cls, dqk: int, dv: int, num_kv_heads: int, q_dtype, kv_dtype) -> "VerifyTarget":
-        kind = MLA_KIND if (dqk, dv, num_kv_heads) == (576, 512, 1) else MHA_KIND
-        return cls(kind, dqk, dv, q_dtype, kv_dtype)
-
-
-def available_strategies(
-    target: VerifyTarget, device_cap: Optional[Capability]
-) -> Tuple[FrozenSet[str], Dict[str, str]]:
-    """The serving strategies that can run for ``target`` here, and why each other
-    one cannot."""
-    reasons: Dict[str, str] = {}
-    same_dtype = target.kv_dtype == target.q_dtype
-    if target.kind != MLA_KIND:
-        reasons[FLASHMLA_SPLIT] = "FlashMLA serves absorbed MLA only"
-    elif not same_dtype:
-        reasons[FLASHMLA_SPLIT] = f"KV cache {target.kv_dtype} is not in q's dtype"
-    else:
-        why = flashmla_reason(device_cap)
-        if why:
-            reasons[FLASHMLA_SPLIT] = why
-    if not same_dtype:
-        reasons[FLASHINFER_SPLIT] = f"KV cache {target.kv_dtype} is not in q's dtype"
-    elif target.kind != MLA_KIND and target.head_dim_qk != target.head_dim_v:
-        reasons[FLASHINFER_SPLIT] = "FlashInfer's paged prefill needs Dqk == Dv"
-    else:
-        from sglang.srt.layers.attention.tree_verify.flashinfer_split import flashinfer_reason
-
-        why = flashinfer_reason()
-        if why:
-            reasons[FLASHINFER_SPLIT] = why
-    available = frozenset(s for s in SERVING_STRATEGIES if s not in reasons)
-    return available, reasons
-
-
-# ---------------------------------------------------------------------------
-# The KV pool's budget (patch 0071)
-# ---------------------------------------------------------------------------
-
-#: Attention backends whose TARGET_VERIFY goes through the tree-verify hook (MLA).
-_HOOKED_MLA_BACKENDS = ("triton", "flashinfer")
-
-
-def flashmla_staging_layers(kvc: Any) -> int:
-    """Target KV layers' worth of memory per pool token that flashmla_split's page
-    staging will take on this server: 1 when the target's verify will go through
-    FlashMLA at any batch size (forced, or the policy's choice), else 0. The KV
-    pool is sized with it counted (``pool_configurator``, patch 0071), rather than
-    the staging being taken later from the headroom activations and graphs need.
-    Made from the server's arguments, it may count the staging for a server whose
-    hook turns itself off for another reason (deterministic inference, say); the
-    hook falls back to the fused kernel if the staging still does not fit.
-    ``kvc``: upstream's ``KVCacheConfigurator``."""
-    from sglang.srt.layers.attention.tree_verify.hook import static_verify_kind
-
-    if kvc.is_draft_worker or static_verify_kind(kvc.spec_algorithm) is None:
-        return 0
-    mc = kvc.model_config
-    latent = (getattr(mc, "kv_lora_rank", None), getattr(mc, "qk_rope_head_dim", None))
-    if not kvc.use_mla_backend or latent != (512, 64):
-        return 0
-    if (kvc.page_size or 1) != 1 or kvc.kv_cache_dtype != kvc.model_dtype:
-        return 0  # the hook is off, or FlashMLA cannot read this KV cache
-    if kvc.model_dtype not in (torch.bfloat16, torch.float16):
-        return 0
-    if not set(kvc.server_args.get_attention_backends()) & set(_HOOKED_MLA_BACKENDS):
-        return 0
-    target = VerifyTarget.of(576, 512, 1, kvc.model_dtype, kvc.kv_cache_dtype)
-    forced = forced_strategy()
-    if forced is not None:
-        return int(forced == FLASHMLA_SPLIT)
-    from sglang.srt.utils.gpu_arch import device_capability, policy_arch
-
-    device = f"cuda:{kvc.gpu_id}" if str(kvc.device) == "cuda" else kvc.device
-    try:
-        real = device_capability(torch.device(device))
-    except RuntimeError:
-        return 0
-    available, _ = available_strategies(target, real)
-    if FLASHMLA_SPLIT not in available:
-        return 0
-    arch = policy_arch(torch.device(device))
-    heads = mc.num_attention_heads // max(1, kvc.ps.attn_tp_size)
-    width = int(kvc.server_args.speculative_num_draft_tokens or 0)
-    batches = _batch_sizes(kvc.server_args)
-    return int(any(
-        choose_strategy(arch, VerifyShape(heads, width, bs), available) == FLASHMLA_SPLIT
-        for bs in batches
-    ))  # fmt: skip
-
-
-def _batch_sizes(server_args: Any) -> List[int]:
-    """Batch sizes a verify may run at: powers of two up to the running-request cap."""
-    cap = getattr(server_args, "max_running_requests", None) or 256
-    sizes, bs = [], 1
-    while bs <= cap:
-        sizes.append(bs)
-        bs *= 2
-    return sizes

@@ -36,6 +36,7 @@ import triton.language as tl
 from sglang.srt.layers.attention.tree_verify.configs import (
     TreeVerifyConfig,
     head_dim_blocks,
+    select_config,
 )
 
 _LOG2E = 1.4426950408889634
@@ -1096,6 +1097,12 @@ def kv_shares_storage(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:
         and v_buffer.stride()[:2] == k_buffer.stride()[:2]
         and v_buffer.shape[-1] <= k_buffer.shape[-1]
     )
+
+
+def call_config(arch, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> TreeVerifyConfig:
+    """The tile configuration of one call on kernel arch ``arch``: its head dims, and
+    whether V is a view of K."""
+    return select_config(arch, q.shape[-1], v_buffer.shape[-1], kv_shares_storage(k_buffer, v_buffer))
 
 
 def reuses_k_tile(config: TreeVerifyConfig, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:

@@ -18,26 +18,23 @@ from sglang.srt.layers.attention.backend_support import (
     MLA,
     NO_ROLES,
     UnsupportedAttentionBackendError,
-    arch_family,
 )
+from sglang.srt.utils.gpu_arch import ARCH_FAMILIES, arch_family
 
 __all__ = [
     "TREE_VERIFY_SUPPORT",
-    "arch_family",
     "check_tree_verify_backend",
     "supports_tree_verify",
     "tree_verify_backends",
 ]
 
-_EVERY_FAMILY = ("sm80", "sm90", "sm100", "sm12x")
-
 TREE_VERIFY_SUPPORT: Dict[str, Dict[str, FrozenSet[str]]] = {
     # The fused tree-verify attention through the hook (patch 0030); upstream's
     # extend kernel with the dense mask when the hook is off.
-    "triton": {family: frozenset((MLA, MHA)) for family in _EVERY_FAMILY},
+    "triton": {family: frozenset((MLA, MHA)) for family in ARCH_FAMILIES},
     # MHA: the hook (patch 0034), or FlashInfer's paged prefill with the dense mask.
     # MLA: FlashInfer's MLA kernels take no mask; the hook serves the tree (0031).
-    "flashinfer": {family: frozenset((MLA, MHA)) for family in _EVERY_FAMILY},
+    "flashinfer": {family: frozenset((MLA, MHA)) for family in ARCH_FAMILIES},
 }
 
 
@@ -49,7 +46,7 @@ def supports_tree_verify(backend: str, cap: Tuple[int, int], kind: str) -> bool:
 def tree_verify_backends(kind: str, cap: Optional[Tuple[int, int]] = None) -> Tuple[str, ...]:
     """Backends that verify a token tree for ``kind`` on ``cap`` (any known arch
     when ``cap`` is None)."""
-    families = _EVERY_FAMILY if cap is None else (arch_family(cap),)
+    families = ARCH_FAMILIES if cap is None else (arch_family(cap),)
     return tuple(
         name
         for name, per_family in TREE_VERIFY_SUPPORT.items()

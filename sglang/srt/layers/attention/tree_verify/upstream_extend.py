@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Baseline strategy: upstream's Triton ``extend_attention_fwd`` with a dense
-custom mask, which is what upstream's Triton backend runs for a tree verify.
+"""The baseline (the ``upstream_extend`` strategy, ``strategies/upstream_extend.py``):
+upstream's Triton ``extend_attention_fwd`` with a dense custom mask, which is what
+upstream's Triton backend runs for a tree verify.
 
 Kept for measurement and as a fallback with upstream's own numerics; it is
 slow at long context because each (head, query block) program streams the
@@ -11,18 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from sglang.srt.layers.attention.tree_verify.dispatch import StrategyUnavailable
+from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 from sglang.srt.layers.attention.tree_verify.masks import unpack_tree_mask
-
-def _extend_attention_fwd():
-    try:
-        from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise StrategyUnavailable(
-            f"upstream_extend needs sglang's Triton extend kernel "
-            f"(sglang.kernels.ops.attention.extend_attention): {e}"
-        ) from e
-    return extend_attention_fwd
 
 
 def dense_custom_mask(
@@ -46,7 +37,6 @@ def tree_verify_upstream_extend(
 ):  # fmt: skip
     """``custom_mask`` (from :func:`dense_custom_mask`) may be built ahead, as
     upstream's backend does, to time the kernel alone or capture it in a graph."""
-    extend_attention_fwd = _extend_attention_fwd()
     bs, n = tree_kv_indices.shape
     flat = tree_kv_indices.reshape(-1).long()
     k_extend = k_buffer[flat].contiguous()

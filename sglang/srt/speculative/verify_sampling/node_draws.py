@@ -1,0 +1,108 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One target token per verified node, drawn by the server's own sampler.
+
+Speculative acceptance is lossless when every emitted token is what the target would
+have drawn for that context. Drawing one token at *every* node from the sampler's own
+distribution, then walking from the root while the draw is one of the node's children
+(the greedy walk, with draws in place of argmaxes), emits exactly the sequence the
+target samples alone: the draw at an accepted node is the target's draw for that
+node's context, and the first draw that leaves the tree is the step's last token.
+Children are accepted with the target's probability of their tokens, as often as
+any lossless rule allows for drafts that are deterministic given the context.
+
+The draw reuses ``Sampler._sample_from_probs`` (the sampling backend's own kernels:
+FlashInfer's joint top-k/top-p, its min-p path, or the seeded pytorch path), after
+the same temperature and softmax as ``Sampler.forward``; with per-request seeds
+(``--enable-deterministic-inference``) each node is drawn at its own position, so a
+seeded request emits the same tokens with and without speculation.
+
+Rows are drawn in chunks so the sampler's temporaries stay within a fixed workspace
+(reserved when the KV pool is sized: ``workspace.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+#: Bytes per logit a chunk's draw may allocate besides the logits, by sampling backend:
+#: FlashInfer needs the softmax's output and torch.multinomial's noise (plus the min-p
+#: path's two renormalised copies); the pytorch backend sorts (values and int64
+#: indices), takes a cumulative sum and, seeded, float64 log-probs and hashed noise.
+BYTES_PER_LOGIT = {"flashinfer": 16, "pytorch": 48}
+DEFAULT_BYTES_PER_LOGIT = 48
+
+
+@dataclass
+class NodeSamplingInfo:
+    """The per-row parameters ``Sampler._sample_from_probs`` reads, one row per node."""
+
+    temperatures: torch.Tensor  # [rows, 1] float32
+    top_ks: torch.Tensor  # [rows] int32
+    top_ps: torch.Tensor  # [rows] float32
+    min_ps: torch.Tensor  # [rows] float32
+    sampling_seed: Optional[torch.Tensor]  # [rows] int64
+    need_top_k_sampling: bool
+    need_top_p_sampling: bool
+    need_min_p_sampling: bool
+
+    @classmethod
+    def repeat(cls, sampling_info: Any, nodes: int) -> "NodeSamplingInfo":
+        def rep(t):
+            return None if t is None else torch.repeat_interleave(t, nodes, dim=0)
+
+        return cls(
+            temperatures=rep(sampling_info.temperatures.view(-1, 1)),
+            top_ks=rep(sampling_info.top_ks),
+            top_ps=rep(sampling_info.top_ps),
+            min_ps=rep(sampling_info.min_ps),
+            sampling_seed=rep(sampling_info.sampling_seed),
+            need_top_k_sampling=bool(sampling_info.need_top_k_sampling),
+            need_top_p_sampling=bool(sampling_info.need_top_p_sampling),
+            need_min_p_sampling=bool(sampling_info.need_min_p_sampling),
+        )
+
+    @property
+    def simple(self) -> bool:
+        """No top-k, top-p or min-p anywhere in the batch: the sampler's plain draw."""
+        return not (self.need_top_k_sampling or self.need_top_p_sampling or self.need_min_p_sampling)
+
+    def rows(self, start: int, end: int) -> "NodeSamplingInfo":
+        def cut(t):
+            return None if t is None else t[start:end]
+
+        return NodeSamplingInfo(
+            cut(self.temperatures), cut(self.top_ks), cut(self.top_ps), cut(self.min_ps),
+            cut(self.sampling_seed), self.need_top_k_sampling, self.need_top_p_sampling,
+            self.need_min_p_sampling,
+        )  # fmt: skip
+
+
+def chunk_rows(vocab_size: int, workspace_bytes: int, backend: Optional[str]) -> int:
+    """Rows one draw may cover so its temporaries fit the workspace."""
+    per_row = vocab_size * BYTES_PER_LOGIT.get(backend or "", DEFAULT_BYTES_PER_LOGIT)
+    return max(1, int(workspace_bytes) // max(1, per_row))
+
+
+def draw_node_tokens(
+    probs_from_logits: torch.Tensor,
+    info: NodeSamplingInfo,
+    sample_from_probs,
+    positions: torch.Tensor,
+    max_rows: int,
+) -> torch.Tensor:
+    """``[rows]`` int64 draws. ``probs_from_logits`` ``[rows, V]`` float32 holds the adjusted
+    logits and is overwritten with the sampling probabilities (as ``Sampler.forward`` does);
+    ``sample_from_probs(probs, info, positions, simple)`` is the sampler's draw."""
+    rows = probs_from_logits.shape[0]
+    out = torch.empty((rows,), dtype=torch.int64, device=probs_from_logits.device)
+    for start in range(0, rows, max_rows):
+        end = min(rows, start + max_rows)
+        x = probs_from_logits[start:end]
+        part = info.rows(start, end)
+        x.div_(part.temperatures)
+        x[:] = torch.softmax(x, dim=-1)
+        out[start:end] = sample_from_probs(x, part, positions[start:end], info.simple).view(-1)
+    return out

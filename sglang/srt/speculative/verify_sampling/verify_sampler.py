@@ -1,0 +1,136 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The target's token at every verified node, as the server's sampler would pick it.
+
+Used by DFLASH (a chain) and DDTREE (a tree) after the verify forward, in the
+sampler's own order: penalties along each node's root path and the logit bias
+(``node_logits``), the grammar mask, custom logit processors, then the argmax of a
+greedy batch or one draw per node by the sampling backend (``node_draws``). Acceptance
+is then the greedy walk over these tokens, whatever the sampling parameters, and the
+step advances the penalty table (``penalty_table``) by what it commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NamedTuple, Optional, Sequence
+
+import torch
+
+from sglang.srt.distributed import get_tp_group
+from sglang.srt.layers.sampler import apply_custom_logit_processor
+from sglang.srt.runtime_context import get_exec, get_spec
+from sglang.srt.speculative.verify_sampling.node_draws import (
+    NodeSamplingInfo,
+    chunk_rows,
+    draw_node_tokens,
+)
+from sglang.srt.speculative.verify_sampling.node_logits import (
+    NodePaths,
+    PenaltyRows,
+    apply_node_logit_adjustments,
+)
+from sglang.srt.speculative.verify_sampling.penalty_table import PenaltyTable
+from sglang.srt.speculative.verify_sampling.workspace import workspace_bytes
+from sglang.srt.utils.async_probe import sanitize_nan_logits
+
+logger = logging.getLogger(__name__)
+
+
+class VerifyTokens(NamedTuple):
+    tokens: torch.Tensor  # [bs, N] int64: the target's token at every node
+    penalties: Optional[PenaltyRows]  # the rows this step read, advanced by ``commit``
+
+
+class VerifySampler:
+    def __init__(self, *, vocab_size: int, device, sampler, sampling_backend: Optional[str]):
+        if getattr(sampler, "rl_on_policy_target", None) is not None:
+            raise ValueError(
+                "DFLASH/DDTREE verify draws with the sampling backend's kernels; "
+                "--rl-on-policy-target's log-softmax sampling is not reproduced. "
+                "Serve RL rollouts without speculative decoding."
+            )
+        self.table = PenaltyTable(vocab_size, device)
+        self._sample_from_probs = sampler._sample_from_probs
+        self.max_rows = chunk_rows(vocab_size, workspace_bytes(), sampling_backend)
+
+    @classmethod
+    def for_target(cls, model_runner) -> "VerifySampler":
+        """The verify sampler of a target model runner (its vocabulary and sampler)."""
+        spec = get_spec()
+        if spec.speculative_accept_threshold_single != 1.0 or spec.speculative_accept_threshold_acc != 1.0:
+            raise ValueError(
+                "DFLASH/DDTREE verify is lossless: every emitted token is the target's own "
+                "draw, so --speculative-accept-threshold-single/-acc (which accept drafts "
+                "the target would not have sampled) do not apply. Leave them at 1.0."
+            )
+        return cls(
+            vocab_size=model_runner.model_config.vocab_size,
+            device=model_runner.device,
+            sampler=model_runner.sampler,
+            sampling_backend=get_exec().kernel.sampling_backend,
+        )
+
+    def target_tokens(
+        self,
+        logits: torch.Tensor,
+        sampling_info: Any,
+        reqs: Sequence[Any],
+        paths: NodePaths,
+        positions: torch.Tensor,
+        grammar_mask: Any = None,
+    ) -> VerifyTokens:
+        """``logits`` ``[bs * N, V]`` float32 (overwritten); ``positions`` ``[bs, N]`` the
+        nodes' positions (the seeded draw's per-token key)."""
+        bs, n = paths.tokens.shape
+        penalties = None
+        bias = None
+        if sampling_info is not None:
+            if _penalised(sampling_info):
+                penalties = self.table.rows_for(reqs)
+            bias = sampling_info.logit_bias
+        apply_node_logit_adjustments(logits, paths, penalties, bias)
+        if grammar_mask is not None:
+            grammar_mask.apply(logits)
+        if sampling_info is not None and sampling_info.has_custom_logit_processor:
+            apply_custom_logit_processor(logits, sampling_info, num_tokens_in_batch=n)
+        sanitize_nan_logits(logits, "verify: next_token_logits")
+        if sampling_info is None or sampling_info.is_all_greedy:
+            tokens = torch.argmax(logits, dim=-1)
+        else:
+            tokens = draw_node_tokens(
+                logits,
+                NodeSamplingInfo.repeat(sampling_info, n),
+                self._sample_from_probs,
+                positions.reshape(-1),
+                self.max_rows,
+            )
+            tp_group = get_tp_group()
+            if tp_group.world_size > 1:
+                # Ranks draw from identical logits but their own generators: rank 0's
+                # draws decide, so every rank commits the same tokens and KV.
+                tp_group.broadcast(tokens, src=0)
+        return VerifyTokens(tokens.view(bs, n), penalties)
+
+    def commit(
+        self,
+        step: VerifyTokens,
+        root: torch.Tensor,
+        emitted: torch.Tensor,
+        num_emitted: torch.Tensor,
+    ) -> None:
+        """After acceptance: ``root`` ``[bs]`` the step's root token, ``emitted`` ``[bs, W]``
+        the tokens the step emits (accepted drafts, then the next root) and
+        ``num_emitted`` ``[bs]`` how many."""
+        if step.penalties is not None:
+            self.table.commit(step.penalties, root, emitted, num_emitted)
+
+
+def _penalised(sampling_info: Any) -> bool:
+    """Whether any request of the batch has a penalty (upstream accumulates its penalizers'
+    state into these tensors for the forward exactly when one is required)."""
+    orchestrator = getattr(sampling_info, "penalizer_orchestrator", None)
+    return (
+        getattr(sampling_info, "acc_additive_penalties", None) is not None
+        or getattr(sampling_info, "acc_scaling_penalties", None) is not None
+        or (orchestrator is not None and orchestrator.is_required)
+    )

@@ -1,0 +1,113 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The soak piece's checks, each a list of problems (empty: passed), so that the GPU tests
+assert them and the CPU tier runs them against stand-in servers and upstream's real HTTP app."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import List, Tuple
+
+from tests.gpu.soak import _verdict
+from tests.gpu.soak._client import send
+from tests.gpu.soak._load_mix import SoakRequest
+from tests.gpu.soak._malformed import Ctx, Malformed, rejection_problem
+from tests.gpu.soak._soak import ServerSoak, SoakSettings
+
+LEAK_MARKS = ("memory leak", "Mem Leak", "double free", "use-after-free")
+
+
+def listed(problems: List[str], n: int = 20) -> str:
+    more = f"\n... and {len(problems) - n} more" if len(problems) > n else ""
+    return "\n".join(problems[:n]) + more
+
+
+def served_problems(r: ServerSoak) -> List[str]:
+    """No server error: alive, every request answered in full, no 5xx, no error line."""
+    if r.warmup_problems:
+        return [f"{r.name} failed its first requests and was left out of the load:", *r.warmup_problems]
+    if not r.alive:
+        return [f"{r.name} died during the soak; its log ends:\n{r.log[-4000:]}"]
+    problems = [p for o in r.outcomes if (p := o.problem())]
+    if not any(o.completed for o in r.outcomes):
+        problems.append(f"{r.name}: no request was served")
+    problems += [f"{r.name} answered 5xx: {line}" for line in _verdict.server_error_answers(r.log)]
+    problems += [f"{r.name} logged: {line}" for line in _verdict.error_lines(r.log)]
+    return problems
+
+
+def greedy_problems(r: ServerSoak) -> List[str]:
+    if not any(o.req.greedy and o.completed for o in r.outcomes):
+        return [f"{r.name}: no greedy request completed"]
+    return _verdict.greedy_mismatches(r.outcomes, r.references)
+
+
+def pool_problems(r: ServerSoak) -> List[str]:
+    """Once idle: alive (the strict idle check kills the server on a leak), no leak line,
+    every KV slot free or in the radix cache."""
+    if not r.alive:
+        return [f"{r.name} died (the strict idle pool check kills the server on a leak):\n{r.log[-4000:]}"]
+    problems = [f"{r.name} logged: {line}" for line in r.log.splitlines() if any(m in line for m in LEAK_MARKS)]
+    if r.idle_problems:
+        shown = {k: v for k, v in r.idle_metrics.items() if "token" in k or "reqs" in k}
+        problems += [f"{r.name}: {p}" for p in r.idle_problems] + [f"{r.name} /metrics once idle: {json.dumps(shown)}"]
+    return problems
+
+
+def load_shape_problems(r: ServerSoak, settings: SoakSettings) -> List[str]:
+    """The load did what it is for: the pool was small enough to retract, clients
+    disconnected mid-stream, shared prefixes hit the radix cache."""
+    fig = r.figures(settings.duration_s)
+    problems = []
+    if r.retracted() <= 0:
+        problems.append(f"{r.name} never retracted a request: its KV pool ({r.max_total_tokens} tokens) was not small "
+                        f"enough for the load (SOAK_POOL_FRACTION={settings.pool_fraction})")  # fmt: skip
+    if fig["aborted_by_client"] <= 0:
+        problems.append(f"{r.name}: no client disconnected mid-stream")
+    if fig["requests_with_cached_prefix"] <= 0:
+        problems.append(f"{r.name}: no request reported a cached prefix (radix cache)")
+    return problems + ([f"{r.name} figures: {json.dumps(fig)}"] if problems else [])
+
+
+def post(server, path: str, payload: bytes, timeout: float = 300.0) -> Tuple[int, bytes]:
+    req = urllib.request.Request(server.base_url + path, data=payload, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def malformed_problems(server, ctx: Ctx, cases: List[Malformed]) -> Tuple[List[str], dict]:
+    """Every case on ``server``; after each, a normal request must be served. Returns the
+    problems and the status each case got."""
+    problems, answers = [], {}
+    normal = SoakRequest(client=-2, seq=0, api="generate", prompt=tuple(ctx.prompt), max_tokens=8, greedy=True,
+                         stream=False)  # fmt: skip
+    for case in cases:
+        try:
+            status, body = post(server, case.path, case.payload(ctx))
+        except OSError as e:
+            status, body = 0, f"{type(e).__name__}: {e}".encode()
+        answers[case.name] = status
+        if (p := rejection_problem(case, status, body)) is not None:
+            problems.append(f"{server.name}: {p}")
+        if not server.alive():
+            problems.append(f"{server.name}: died after {case.name}")
+            break
+        if (p := send(server.name, server.base_url, ctx.model, normal, 120.0).problem()) is not None:
+            problems.append(f"{server.name}: the normal request after {case.name}: {p}")
+    return problems, answers
+
+
+def after_problems(server, since: int) -> List[str]:
+    """The server's log after byte ``since``: no crash, leak or 5xx answer."""
+    from tests.gpu.soak._soak import log_bytes
+
+    if not server.alive():
+        return [f"{server.name} died:\n{server.log_tail(40)}"]
+    later = log_bytes(server, since)
+    marks = ("Scheduler hit an exception", "Traceback (most recent call last)", *LEAK_MARKS)
+    problems = [f"{server.name} logged: {line}" for line in later.splitlines() if any(m in line for m in marks)]
+    return problems + [f"{server.name} answered 5xx: {line}" for line in _verdict.server_error_answers(later)]

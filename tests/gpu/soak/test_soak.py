@@ -1,0 +1,189 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Soak: DDTREE and DFLASH on the tiny MLA and GQA pairs under 64 clients each for 5 minutes,
+KV pools a quarter of the load, then malformed requests (GPU host only).
+
+The load (``_load_mix``): prompts of 1 token up to the context, shared prefixes, short to
+long outputs, greedy and sampled, streamed and not, the native and the OpenAI API, and one
+request in ten a stream the client drops. Afterwards, per speculative server:
+
+* no server error: every request answered 200 with its ``max_tokens`` tokens (client side),
+  no 5xx in the access log, no error line in the log, the process alive;
+* every greedy answer equal to the no-speculation server's for the same request;
+* once idle, the scheduler's strict pool check has not fired and /metrics shows every KV
+  slot free or in the radix cache;
+* the pool was small enough: the scheduler retracted requests; the clients' disconnects
+  and the shared prefixes happened (aborts, radix hits).
+
+Then every malformed request of ``_malformed.CASES`` gets its 400 with a message naming
+the problem from every speculative server, which serves a normal request right after, and
+a request that fills the context exactly is served and equals no speculation.
+
+Figures (requests served, retractions, aborts, p50/p99 latency, ...) go to
+``DDTREE_SOAK_JSON`` (the tier runner: ``$OUT/soak.json``) and to ``soak.json`` in the
+server-log dir.
+
+On the GPU host after scripts/gpu_host/install.sh:
+    bash scripts/gpu_host/run_gpu_tier.sh --only soak
+    SOAK_DURATION_S=60 SOAK_CLIENTS=16 bash scripts/gpu_host/run_gpu_tier.sh --only soak   # a quick run
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("GPU tier: needs a CUDA device", allow_module_level=True)
+
+from tests.gpu.harness import harness  # noqa: E402
+from tests.gpu.soak import _checks  # noqa: E402
+from tests.gpu.soak._client import send  # noqa: E402
+from tests.gpu.soak._load_mix import SoakRequest  # noqa: E402
+from tests.gpu.soak._malformed import CASES, Ctx  # noqa: E402
+from tests.gpu.soak._soak import SPEC_SERVERS, results, run_soak, served_model  # noqa: E402
+
+SPEC = list(SPEC_SERVERS)
+RESULTS: dict = {}
+LOG_STARTS: dict = {}  # server name -> its log's size when the load started
+
+
+def _write_results(gpu_log_dir: Path) -> None:
+    text = json.dumps(RESULTS, indent=2, sort_keys=True) + "\n"
+    (gpu_log_dir / "soak.json").write_text(text)
+    path = os.environ.get("DDTREE_SOAK_JSON")
+    if path:
+        Path(path).write_text(text)
+
+
+@pytest.fixture(scope="module")
+def soak(soak_servers, soak_settings, soak_mixes, gpu_log_dir):
+    spec = {n: soak_servers[n] for n in soak_settings.servers}
+    refs = {t: soak_servers[f"{t}-reference"] for t in soak_settings.targets}
+    t0 = time.monotonic()
+    report = run_soak(spec, refs, soak_mixes, soak_settings, log=lambda m: print(m, flush=True),
+                      log_starts=LOG_STARTS)  # fmt: skip
+    RESULTS.update(results(report, soak_settings, {
+        "gpu": torch.cuda.get_device_name(0),
+        "date": time.strftime("%Y-%m-%d"),
+        "soak_wall_s": round(time.monotonic() - t0, 1),
+        "server_ready_s": {s.name: round(s.ready_s or 0, 1) for s in soak_servers.values()},
+    }))  # fmt: skip
+    _write_results(gpu_log_dir)
+    print(json.dumps(RESULTS["servers"], indent=1), flush=True)
+    return report
+
+
+@pytest.fixture(params=SPEC)
+def name(request, soak_settings):
+    if request.param not in soak_settings.servers:
+        pytest.skip(f"{harness(request.config).NOT_APPLICABLE}SOAK_SERVERS leaves out {request.param}")
+    return request.param
+
+
+def test_soak_served_without_server_errors(soak, name):
+    problems = _checks.served_problems(soak[name])
+    assert not problems, f"{len(problems)} problems of {len(soak[name].outcomes)} requests:\n{_checks.listed(problems)}"
+
+
+def test_soak_greedy_equals_no_speculation(soak, name):
+    problems = _checks.greedy_problems(soak[name])
+    assert not problems, f"{len(problems)} greedy answers differ:\n{_checks.listed(problems)}"
+
+
+def test_soak_pools_clean_once_idle(soak, name):
+    problems = _checks.pool_problems(soak[name])
+    assert not problems, _checks.listed(problems)
+
+
+def test_soak_retracted_aborted_and_hit_the_radix_cache(soak, name, soak_settings):
+    problems = _checks.load_shape_problems(soak[name], soak_settings)
+    assert not problems, _checks.listed(problems)
+
+
+def test_reference_servers_stayed_clean(soak, soak_servers, soak_settings):
+    refs = [soak_servers[f"{t}-reference"] for t in soak_settings.targets]
+    problems = [p for ref in refs for p in _checks.after_problems(ref, LOG_STARTS.get(ref.name, 0))]
+    assert not problems, _checks.listed(problems)
+
+
+# ------------------------------------------------------------------------------ after the soak
+
+
+def _ctx(server, soak_mixes, name):
+    mix = soak_mixes[SPEC_SERVERS[name][0]]
+    return Ctx(model=served_model(server), context_len=mix.config.context_len, vocab_size=mix.config.vocab_size,
+               prompt=mix.prefixes[0])  # fmt: skip
+
+
+def test_malformed_requests_get_a_400(soak, soak_servers, soak_mixes, soak_settings, gpu_log_dir):
+    """Every case on every speculative server, the servers in parallel; after each, a normal
+    request must be served."""
+
+    # The ~10 MB bodies cost seconds of tokenization each and test the HTTP layer, the same
+    # on every server: one server per target gets them.
+    heavy_on = {SPEC_SERVERS[n][0]: n for n in reversed(soak_settings.servers)}
+
+    def one_server(name):
+        server = soak_servers[name]
+        if not server.alive():
+            return [f"{name} is not running"], {}
+        cases = [c for c in CASES if not c.heavy or heavy_on[SPEC_SERVERS[name][0]] == name]
+        return _checks.malformed_problems(server, _ctx(server, soak_mixes, name), cases)
+
+    with ThreadPoolExecutor(len(soak_settings.servers)) as ex:
+        done = dict(zip(soak_settings.servers, ex.map(one_server, soak_settings.servers)))
+    RESULTS["malformed"] = {name: answers for name, (_, answers) in done.items()}
+    _write_results(gpu_log_dir)
+    problems = [p for ps, _ in done.values() for p in ps]
+    assert not problems, _checks.listed(problems, 40)
+
+
+def test_a_request_filling_the_context_is_served(soak, soak_servers, soak_mixes, soak_settings, gpu_log_dir):
+    """prompt + max_tokens == the context length, which upstream accepts (the scheduler
+    then stops two tokens short of the context): the last steps draft and verify at the
+    context's edge; the answer equals no speculation's."""
+
+    def one_server(name):
+        server, target = soak_servers[name], SPEC_SERVERS[name][0]
+        if not server.alive():
+            return [f"{name} is not running"], (0, 0)
+        mix = soak_mixes[target]
+        prompt = mix.prefixes[-1]
+        req = SoakRequest(client=-3, seq=0, api="generate", prompt=prompt, greedy=True, stream=False,
+                          max_tokens=mix.config.context_len - len(prompt))  # fmt: skip
+        ref_server = soak_servers[f"{target}-reference"]
+        with ThreadPoolExecutor(2) as ex:
+            got, want = ex.map(lambda s: send(s.name, s.base_url, served_model(s), req, 300.0), (server, ref_server))
+        problems = [f"{out.server}: HTTP {out.status}, {len(out.output_ids or [])} tokens: {out.error}"
+                    for out in (got, want) if out.status != 200 or out.error or not out.output_ids]  # fmt: skip
+        if got.output_ids and want.output_ids and got.output_ids != want.output_ids:
+            first = next((i for i, (a, b) in enumerate(zip(got.output_ids, want.output_ids)) if a != b),
+                         min(len(got.output_ids), len(want.output_ids)))  # fmt: skip
+            problems.append(f"{name}: differs from no speculation at output position {first} of "
+                            f"{len(want.output_ids)}")  # fmt: skip
+        return problems, (len(got.output_ids or []), len(want.output_ids or []))
+
+    with ThreadPoolExecutor(len(soak_settings.servers)) as ex:
+        done = dict(zip(soak_settings.servers, ex.map(one_server, soak_settings.servers)))
+    problems = [p for ps, _ in done.values() for p in ps]
+    RESULTS["context_edge"] = {"output_tokens": {n: lengths for n, (_, lengths) in done.items()},
+                               "problems": problems}  # fmt: skip
+    _write_results(gpu_log_dir)
+    assert not problems, _checks.listed(problems)
+
+
+def test_servers_clean_after_the_malformed_requests(soak, soak_servers, soak_settings):
+    time.sleep(3.0)  # the strict idle check runs once the scheduler is idle
+    problems = []
+    for name in soak_settings.servers:
+        server = soak_servers[name]
+        problems += _checks.after_problems(server, soak[name].log_end)
+        if server.alive():
+            server.get("/health_generate", timeout=60)
+    assert not problems, _checks.listed(problems)
