@@ -463,7 +463,8 @@ def summary_lines(result: dict) -> list[str]:
 
 def launch_args(label: str, drafter: Optional[str], batches: list[int], extra: list[str]) -> list[str]:
     """The served configuration: triton attention, decode CUDA graphs for exactly the measured
-    batch sizes and none for prefill (their capture doubles a start; a sweep measures decode),
+    batch sizes and none for prefill (a speculative server captures 58 of them before it serves;
+    a sweep measures decode),
     the overlap scheduler on (the default); KV pools capped so servers can share a GPU."""
     kind, budget = parse_config(label)
     args = ["--attention-backend", "triton", "--mem-fraction-static", "0.85", "--max-total-tokens", "65536",
