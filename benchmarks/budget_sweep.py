@@ -462,12 +462,14 @@ def summary_lines(result: dict) -> list[str]:
 
 
 def launch_args(label: str, drafter: Optional[str], batches: list[int], extra: list[str]) -> list[str]:
-    """The served configuration: triton attention, CUDA graphs for exactly the measured batch
-    sizes, the overlap scheduler on (the default); KV pools capped so servers can share a GPU."""
+    """The served configuration: triton attention, decode CUDA graphs for exactly the measured
+    batch sizes and none for prefill (a speculative server captures 58 of them before it serves;
+    a sweep measures decode),
+    the overlap scheduler on (the default); KV pools capped so servers can share a GPU."""
     kind, budget = parse_config(label)
     args = ["--attention-backend", "triton", "--mem-fraction-static", "0.85", "--max-total-tokens", "65536",
             "--max-running-requests", "128", "--cuda-graph-bs-decode", *[str(b) for b in sorted(set(batches))],
-            *extra]
+            "--cuda-graph-backend-prefill", "disabled", *extra]
     if kind != "nospec":
         if not drafter:
             raise SystemExit(f"{label} needs --draft-model-path")

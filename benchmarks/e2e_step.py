@@ -84,7 +84,7 @@ CONFIGS = {
     "dflash": ["--speculative-algorithm", "DFLASH"],
 }
 DDTREE_CONFIG = re.compile(r"ddtree([1-9][0-9]*)")
-DDTREE_BUDGETS = range(1, 257)  # --speculative-ddtree-budget's range (speculative/ddtree/flags.py)
+DDTREE_BUDGETS = range(1, 257)  # --speculative-ddtree-budget's range (speculative/ddtree/budget.py)
 
 
 def config_args(config: str) -> list[str]:

@@ -49,7 +49,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Dict, Iterator, List, Optional
+from typing import Iterator, List, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -314,10 +314,11 @@ class StepWorld:
         self.gen = gen
         self.counter: Optional[StepOpCounter] = None
         if algo == "DDTREE":
-            from sglang.srt.speculative.ddtree.flags import resolve_draft_block_size
+            from sglang.srt.speculative.ddtree.budget import TreeBudget
             from sglang.srt.speculative.ddtree.worker import DDTreeWorker as cls
 
-            block = resolve_draft_block_size(block, budget)
+            tree = TreeBudget.resolve(budget, None, block, vocab)
+            block = tree.draft_block
             self.width = budget + 1
         elif algo == "DFLASH":
             from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2 as cls
@@ -371,12 +372,10 @@ class StepWorld:
         if algo == "DDTREE":
             from sglang.srt.speculative.ddtree.dflash_internals import DFlashInternals
             from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats
-            from sglang.srt.speculative.ddtree.tree_compile import max_tree_depth
             from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
             w.__dict__.update(
-                _dflash=DFlashInternals(w), _linear_state=False, budget=budget, topk=min(budget, vocab),
-                verify_width=budget + 1, max_depth=max_tree_depth(budget, block - 1),
+                _dflash=DFlashInternals(w), _linear_state=False, tree=tree,
                 _algo=SpeculativeAlgorithm.from_string("DDTREE"), _context_len=self.CONTEXT,
                 stats=DDTreeStepStats(budget, interval=1 << 30),
             )  # fmt: skip

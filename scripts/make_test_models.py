@@ -30,6 +30,9 @@ the chain stops there while a tree with two branches goes on.
 Outputs (``OUTDIR/<name>``):
   tiny-mla, tiny-mla-dflash        DeepSeek-V2 MLA target and its DFlash drafter
   tiny-qwen3, tiny-qwen3-dflash    Qwen3 (GQA) target and its DFlash drafter
+  tiny-mla-dflash2, tiny-qwen3-dflash2  DFlash 2 drafters of the same two targets
+                                   (``dflash2_drafter``)
+  tiny-qwen3-dflash2-unsupported   a DFlash 2 drafter the server must refuse at start-up
   tiny-qwen3next, tiny-qwen3next-dflash  Qwen3-Next hybrid (Gated DeltaNet) target
                                    whose linear-attention layer carries the rule
   tiny-gptoss, tiny-gptoss-dflash  gpt-oss target (sliding windows of 8, attention
@@ -768,6 +771,44 @@ def dflash_drafter(codes: Codes, target_cfg: dict, rng: np.random.Generator, noi
     return w, config
 
 
+# The DFlash 2 drafters' extra fields: a 4-tap convolution over 64-channel groups and a
+# selector keeping 8 candidates per slot with rank-16 codebooks.
+DFLASH2_FIELDS = dict(conv_kernel_size=4, conv_group_size=64, selector_rank=16, selector_top_k=8)
+
+
+def dflash2_drafter(codes: Codes, target_cfg: dict, rng: np.random.Generator, noise: float):
+    """A DFlash 2 drafter: ``dflash_drafter``'s layers (the same weights, from the same
+    seed) with the grouped convolution and the candidate selector added.
+
+    The convolution's base kernel is the identity (tap 0 one, the later taps small
+    noise) and its per-row projection small noise; the selector's codebooks and hidden
+    projection are small noise, so its transition scores are the candidates' logits
+    plus a term far below their margins. The selector's walk then follows each slot's
+    top candidate, as DFlash's chain does (the decoy at ``DECOY_OFFSET`` included),
+    while every DFlash 2 tensor is present, loaded and used: a server that mishandles
+    the convolution's block layout or the lattice's indexing changes the drafts, and
+    greedy output must stay the target's either way.
+    """
+    w, config = dflash_drafter(codes, target_cfg, rng, noise)
+    extra = Weights(np.random.default_rng([int(rng.integers(1 << 31)), 2]), noise)
+    f = DFLASH2_FIELDS
+    taps, groups = f["conv_kernel_size"], HIDDEN // f["conv_group_size"]
+    for i in range(config["num_hidden_layers"]):
+        for conv in ("attention_conv", "mlp_conv"):
+            base = extra.rand(f"layers.{i}.{conv}.base_kernel", (2, taps, HIDDEN), std=noise * OUT_NOISE)
+            base[:, 0] += 1.0
+            extra.rand(f"layers.{i}.{conv}.kernel_projection.weight", (2 * taps * groups, HIDDEN),
+                       std=noise * OUT_NOISE / math.sqrt(HIDDEN))  # fmt: skip
+    rank = f["selector_rank"]
+    extra.rand("candidate_selector.predecessor_codebook", (VOCAB, rank), std=noise)
+    extra.rand("candidate_selector.successor_codebook", (VOCAB, rank), std=noise)
+    extra.rand("candidate_selector.hidden_projection.weight", (rank, HIDDEN), std=noise)
+    w.update(extra)
+    config = dict(config, architectures=["DFlash2DraftModel"])
+    config["dflash_config"] = {**config["dflash_config"], **f}
+    return w, config
+
+
 def _draft_layer_common(w: Weights, p: str, gain: float) -> None:
     H, hd = HIDDEN, DRAFT_HD
     w.ones(p + "input_layernorm.weight", H)
@@ -1071,6 +1112,10 @@ TINY_PAIRS = (
     ("hybrid", "tiny-qwen3next", qwen3next_target),
     ("gptoss", "tiny-gptoss", gptoss_target),
 )
+# Tiny pairs that also get a DFlash 2 drafter (``<name>-dflash2``).
+DFLASH2_PAIRS = ("tiny-mla", "tiny-qwen3")
+#: A DFlash 2 drafter with a feature the server does not implement (drafter attention sinks).
+UNSUPPORTED_DFLASH2 = "tiny-qwen3-dflash2-unsupported"
 # (--only kind, name, target config, drafter config from the target's), served with --load-format dummy.
 SHAPE_PAIRS = (
     ("shapes", "v2lite-shape", v2lite_config, v2lite_drafter_config),
@@ -1114,6 +1159,14 @@ def generate(
             tw, tcfg = build_target(codes, np.random.default_rng([seed, len(name)]), noise)
             dw, dcfg = dflash_drafter(codes, tcfg, np.random.default_rng([seed, 99, len(name)]), noise)
             save_pair(name, tw, tcfg, dw, dcfg)
+            if name in DFLASH2_PAIRS:
+                d2w, d2cfg = dflash2_drafter(codes, tcfg, np.random.default_rng([seed, 99, len(name)]), noise)
+                save_model(outdir / f"{name}-dflash2", d2w, d2cfg)
+                manifest["models"][name]["dflash2_drafter"] = f"{name}-dflash2"
+                if name == "tiny-qwen3":
+                    bad = dict(d2cfg, dflash_config={**d2cfg["dflash_config"], "attention_sink_bias": True})
+                    save_model(outdir / UNSUPPORTED_DFLASH2, d2w, bad)
+                    manifest["models"][name]["unsupported_dflash2_drafter"] = UNSUPPORTED_DFLASH2
     for kind, name, target_config, drafter_config in SHAPE_PAIRS:
         if kind in which:
             tcfg = target_config()

@@ -20,8 +20,8 @@
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
-ALL_DIRS=(tree_verify tree_verify_integration ddtree_logic arch_gating e2e ddtree hybrid swa verify_sampling serving_defaults soak)
-SERVER_DIRS=" e2e ddtree hybrid swa verify_sampling serving_defaults soak "  # start sglang servers: need the test models, leave server logs
+ALL_DIRS=(tree_verify tree_verify_integration ddtree_logic arch_gating e2e ddtree hybrid swa dflash2 verify_sampling serving_defaults soak)
+SERVER_DIRS=" e2e ddtree hybrid swa dflash2 verify_sampling serving_defaults soak "  # start sglang servers: need the test models, leave server logs
 
 # name|dir|environment (space-separated VAR=value)|all-gpus when it runs alone on every GPU and
 # needs two (tensor parallel), alone when it runs alone but one GPU is enough
@@ -37,6 +37,7 @@ PIECES=(
     "ddtree|ddtree||"
     "hybrid|hybrid||"
     "swa|swa||"
+    "dflash2|dflash2||"
     "verify_sampling|verify_sampling||"
     "tree_verify|tree_verify||"
     "tree_verify_integration|tree_verify_integration||"

@@ -2,7 +2,7 @@
 """``python3 -m scripts.learned_pair build|pack|unpack|show`` (run from the repository root).
 
   build  --out DIR [--pack-to DIR] [--deadline-s 480] [--profile h200|toy] [--seed 0]
-         [--root LABEL=PATH ...] [--exclude PATH ...] [--log FILE]
+         [--root LABEL=PATH ...] [--exclude PATH ...] [--log FILE] [--drafter dflash|dflash2|both]
          [--target-steps N --target-decay-start M --drafter-steps N --drafter-decay-start M]
   pack   PAIR --to DIR [--part-mib 15.5]
   unpack DIR [DIR ...] --to PAIR
@@ -45,6 +45,9 @@ def main(argv=None) -> int:
                                                    "and site-packages)")
     b.add_argument("--exclude", action="append", default=[], type=Path)
     b.add_argument("--device")
+    b.add_argument("--drafter", default="dflash", choices=["dflash", "dflash2", "both"],
+                   help="dflash2: a DFlash 2 drafter (grouped convolution and candidate selector); both: "
+                        "a DFlash drafter in drafter/ and a DFlash 2 one of the same target in drafter-dflash2/")
     b.add_argument("--log", type=Path, help="also append the build log here")
     for who in ("target", "drafter"):
         b.add_argument(f"--{who}-steps", type=int)
@@ -88,7 +91,8 @@ def main(argv=None) -> int:
         build(BuildArgs(out=args.out, profile=args.profile, seed=args.seed, deadline_s=args.deadline_s,
                         roots=_roots(args.root), exclude=args.exclude, device=args.device,
                         target_steps=args.target_steps, target_decay_start=args.target_decay_start,
-                        drafter_steps=args.drafter_steps, drafter_decay_start=args.drafter_decay_start), log)
+                        drafter_steps=args.drafter_steps, drafter_decay_start=args.drafter_decay_start,
+                        drafter=args.drafter), log)
         if args.pack_to:
             parts = checkpoint.pack(args.out, args.pack_to)
             log(f"packed into {len(parts)} parts in {args.pack_to}")

@@ -113,6 +113,9 @@ class BuildArgs:
     drafter_steps: Optional[int] = None
     drafter_decay_start: Optional[int] = None
     device: Optional[str] = None
+    # "dflash", "dflash2" (a DFlash 2 drafter, model.dflash2_shape) or "both": a DFlash
+    # drafter in drafter/ and a DFlash 2 drafter of the same target in drafter-dflash2/.
+    drafter: str = "dflash"
 
 
 def build(args: BuildArgs, log=print) -> dict:
@@ -121,7 +124,7 @@ def build(args: BuildArgs, log=print) -> dict:
     import torch
 
     from . import checkpoint, corpus as corpus_mod, evaluate, tokenizer as tokmod, train
-    from .model import Drafter, DrafterShape, Target, TargetShape, shapes_dict
+    from .model import Drafter, DrafterShape, Target, TargetShape, dflash2_shape, shapes_dict
 
     t0 = time.monotonic()
     prof = PROFILES[args.profile]
@@ -195,19 +198,28 @@ def build(args: BuildArgs, log=print) -> dict:
     seqs = torch.cat(seqs)
     t = mark("drafter_data", t)
 
-    # -- drafter ---------------------------------------------------------------------------
-    dshape = DrafterShape(**prof.drafter)
-    drafter = Drafter(tshape, dshape)
-    drafter.init_weights(torch.Generator().manual_seed(args.seed + 4))
-    drafter.to(dev)
+    # -- drafter(s) ------------------------------------------------------------------------
+    kinds = {"dflash": ["dflash"], "dflash2": ["dflash2"], "both": ["dflash", "dflash2"]}.get(args.drafter)
+    if kinds is None:
+        raise ValueError(f"drafter must be dflash, dflash2 or both, got {args.drafter!r}")
     dcfg = train.DrafterTrainConfig(**prof.drafter_train)
     if args.drafter_steps is not None:
         dcfg = replace(dcfg, steps=args.drafter_steps, decay_start=args.drafter_decay_start)
-    drafter_seconds = max(1.0, left() - prof.final_reserve_s)
-    drafter_record = train.train_drafter(drafter, target, seqs, prof.gen_prompt_len, tokmod.MASK_ID, dcfg,
-                                         drafter_seconds, args.seed + 5, log)
-    t = mark("drafter_train", t)
-    drafter.to(target.lm_head_weight.dtype)
+    drafters = []  # (kind, shape, drafter, training record): the first is drafter/
+    for i, kind in enumerate(kinds):
+        dshape = DrafterShape(**prof.drafter)
+        if kind == "dflash2":
+            dshape = dflash2_shape(dshape, tshape.hidden_size)
+        drafter = Drafter(tshape, dshape)
+        drafter.init_weights(torch.Generator().manual_seed(args.seed + 4))
+        drafter.to(dev)
+        drafter_seconds = max(1.0, (left() - prof.final_reserve_s) / (len(kinds) - i))
+        record = train.train_drafter(drafter, target, seqs, prof.gen_prompt_len, tokmod.MASK_ID, dcfg,
+                                     drafter_seconds, args.seed + 5, log)
+        t = mark(f"drafter_train_{kind}" if len(kinds) > 1 else "drafter_train", t)
+        drafter.to(target.lm_head_weight.dtype)
+        drafters.append((kind, dshape, drafter, record))
+    _, dshape, drafter, drafter_record = drafters[0]
 
     # -- offline evaluation ----------------------------------------------------------------
     offline = evaluate.offline_accept(drafter, target, [p["prompt_ids"] for p in prompts[: prof.eval_prompts]],
@@ -219,6 +231,8 @@ def build(args: BuildArgs, log=print) -> dict:
     # -- files -----------------------------------------------------------------------------
     tcfg_json = checkpoint.save_target(target, tok, out / "target")
     checkpoint.save_drafter(drafter, tcfg_json, out / "drafter")
+    for kind, _, other, _ in drafters[1:]:
+        checkpoint.save_drafter(other, tcfg_json, out / f"drafter-{kind}")
     with open(out / "prompts.jsonl", "w") as f:
         for p in prompts:
             f.write(json.dumps(p) + "\n")
@@ -244,6 +258,9 @@ def build(args: BuildArgs, log=print) -> dict:
         "drafter_data": {"sequences": int(seqs.shape[0]), "prompt_len": prof.gen_prompt_len,
                          "new_tokens": prof.gen_new_tokens, "temperatures": "half 0 (greedy), half 1"},
         "drafter_train": {**asdict(dcfg), **drafter_record},
+        **{f"drafter_{kind}": {"dir": f"drafter-{kind}", "shape": shapes_dict(tshape, shape)["drafter"],
+                               "train": {**asdict(dcfg), **record}}
+           for kind, shape, _, record in drafters[1:]},
         "heldout": held,
         "offline_accept_t0": offline,
         "prompts": len(prompts),

@@ -243,11 +243,13 @@ def draft_logits(drafter: Drafter, target: Target, seq: torch.Tensor, anchors: t
 def offline_accept_sampled(drafter: Drafter, target: Target, prompts: list[list[int]], new_tokens: int,
                            budgets: Sequence[int], mask_token_id: int, seed: int, sampling: Sampling,
                            scorings: Sequence[str] = SCORINGS) -> dict:
-    """Mean accept length of the DFLASH chain (the drafter's argmax per depth) and of DDTREE
-    trees per budget and scoring, replayed on the target's continuations under ``sampling``."""
+    """Mean accept length of the DFLASH chain (the drafter's argmax per depth; and how often it
+    reaches each depth) and of DDTREE trees per budget and scoring, replayed on the target's
+    continuations under ``sampling``."""
     bs = drafter.shape.block_size
     kmax = max(budgets)
     steps: dict = {}
+    depth_hits = np.zeros(bs - 1)
     for prompt, seq in zip(prompts, sampled_continuations(target, prompts, new_tokens, sampling, seed)):
         seq = seq.unsqueeze(0)
         plen, last = len(prompt), seq.shape[1] - bs
@@ -264,6 +266,7 @@ def offline_accept_sampled(drafter: Drafter, target: Target, prompts: list[list[
                 truth = x[a + 1 : a + bs]
                 if name == "dflash":
                     acc = chain_accept(argmax[i], truth)
+                    depth_hits[:acc] += 1
                 else:
                     b_str, _, sc = name[len("ddtree"):].partition("_")
                     b = int(b_str)
@@ -274,59 +277,19 @@ def offline_accept_sampled(drafter: Drafter, target: Target, prompts: list[list[
                 steps.setdefault(name, []).append(acc + 1)
                 a += acc + 1
     out = {name: float(np.mean(v)) for name, v in steps.items()}
+    chain_steps = max(1, len(steps.get("dflash", [])))
+    out["dflash_depth_hit_rate"] = [round(float(h / chain_steps), 4) for h in depth_hits]
     out.update(prompts=len(prompts), new_tokens=new_tokens, sampling=sampling.__dict__)
     return out
 
 
-@torch.no_grad()
-def draft_topk(drafter: Drafter, target: Target, seq: torch.Tensor, anchors: torch.Tensor, k: int,
-               mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per anchor, the drafter's top-k log-probs and tokens at depths 1..L. seq [1, S], anchors [1, N]
-    -> ([N, L, k], [N, L, k])."""
-    logp = torch.log_softmax(draft_logits(drafter, target, seq, anchors, mask_token_id), dim=-1)
-    v, i = logp.topk(k, dim=-1)
-    return v, i
-
-
-@torch.no_grad()
 def offline_accept(drafter: Drafter, target: Target, prompts: list[list[int]], new_tokens: int,
                    budgets: Sequence[int], mask_token_id: int, seed: int) -> dict:
     """Mean accept length (tokens per verify step, as the server reports it) at T=0 of the
     DFLASH chain and of DDTREE trees per budget, replayed on the target's greedy continuations."""
-    dev = next(target.parameters()).device
-    bs = drafter.shape.block_size
-    kmax = max(budgets)
-    steps = {"dflash": [], **{f"ddtree{b}": [] for b in budgets}}
-    depth_hits = np.zeros(bs - 1)
-    chain_steps = 0
-    for prompt, seq in zip(prompts, _greedy(target, prompts, new_tokens, seed)):
-        seq = seq.unsqueeze(0)
-        s, plen = seq.shape[1], len(prompt)
-        last = s - bs  # an anchor whose whole block lies inside the sequence
-        anchors = torch.arange(plen, last + 1, device=dev).unsqueeze(0)
-        vals, toks = draft_topk(drafter, target, seq, anchors, kmax, mask_token_id)
-        vals, toks = vals.cpu().numpy(), toks.cpu().numpy()
-        x = seq[0].tolist()
-        for name in steps:
-            a = plen
-            while a <= last:
-                i = a - plen
-                truth = x[a + 1 : a + bs]
-                if name == "dflash":
-                    acc = chain_accept(toks[i, :, 0].tolist(), truth)
-                    depth_hits[:acc] += 1
-                    chain_steps += 1
-                else:
-                    b = int(name[len("ddtree"):])
-                    depth = min(bs - 1, b)  # the block is truncated to B + 1 when B < L
-                    k = min(b, toks.shape[2])
-                    nodes = build_tree(vals[i, :depth, :k].tolist(), b)
-                    acc = tree_accept(nodes, toks[i, :depth, :k].tolist(), truth[:depth])
-                steps[name].append(acc + 1)
-                a += acc + 1
-    out = {name: float(np.mean(v)) for name, v in steps.items() if v}
-    out["dflash_depth_hit_rate"] = [round(float(h / max(1, chain_steps)), 4) for h in depth_hits]
-    out["prompts"], out["new_tokens"] = len(prompts), new_tokens
+    out = offline_accept_sampled(drafter, target, prompts, new_tokens, budgets, mask_token_id, seed, Sampling(),
+                                 scorings=("raw",))  # fmt: skip
+    out.pop("sampling")
     return out
 
 

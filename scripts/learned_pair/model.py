@@ -18,7 +18,7 @@ what SGLang captures before layer i + 1 and what HF's ``hidden_states[i + 1]`` h
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Optional, Sequence
 
 import torch
@@ -54,6 +54,24 @@ class DrafterShape:
     block_size: int = 16
     # DFlash's position weight exp(-(k - 1) / gamma) for block offset k >= 1 (block 16: 7).
     loss_decay_gamma: float = 7.0
+    # DFlash 2 (all zero: a DFlash drafter): the grouped convolution's taps and channels
+    # per group, the selector's codebook rank and candidates per slot.
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
+    selector_rank: int = 0
+    selector_top_k: int = 0
+
+    @property
+    def dflash2(self) -> bool:
+        return self.selector_rank > 0
+
+
+def dflash2_shape(shape: DrafterShape, hidden_size: int, *, taps: int = 4, rank: int = 32,
+                  top_k: int = 8) -> DrafterShape:
+    """``shape`` as a DFlash 2 drafter: channel groups of the largest divisor of the hidden
+    size up to 64."""
+    group = max(g for g in range(1, 65) if hidden_size % g == 0)
+    return replace(shape, conv_kernel_size=taps, conv_group_size=group, selector_rank=rank, selector_top_k=top_k)
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -265,8 +283,64 @@ class Target(nn.Module):
         }
 
 
+class GroupedBlockConv(nn.Module):
+    """DFlash 2's grouped dynamic convolution around one sublayer, over rows laid out block
+    by block (``[B, N * block, C]``): per row, per (side, tap, group) a coefficient from a
+    projection of the sublayer's input, added to a learned per-(side, tap, channel) base
+    kernel; tap t reads the row t earlier in the same block. Side 0 convolves the
+    sublayer's input, side 1 its output. Names as the checkpoint saves them."""
+
+    def __init__(self, hidden: int, taps: int, group: int, block_size: int):
+        super().__init__()
+        self.taps, self.group, self.groups, self.block = taps, group, hidden // group, block_size
+        self.base_kernel = nn.Parameter(torch.zeros(2, taps, hidden))
+        self.kernel_projection = nn.Linear(hidden, 2 * taps * self.groups, bias=False)
+
+    def reset(self, generator: torch.Generator, std: float) -> None:
+        with torch.no_grad():
+            self.base_kernel.zero_()
+            self.base_kernel[:, 0] = 1.0  # the identity, until trained
+            self.kernel_projection.weight.copy_(torch.randn(self.kernel_projection.weight.shape, generator=generator) * std)
+
+    def coefficients(self, x: torch.Tensor) -> torch.Tensor:
+        b, q, _ = x.shape
+        return self.kernel_projection(x).view(b, q, 2, self.taps, self.groups)
+
+    def convolve(self, x: torch.Tensor, coeff: torch.Tensor, side: int) -> torch.Tensor:
+        """``coeff [B, Q, 2, taps, groups]`` from the sublayer's input."""
+        b, q, c = x.shape
+        xg = x.view(b, q, self.groups, self.group)
+        kernel = self.base_kernel[side].view(1, 1, self.taps, self.groups, self.group) + coeff[:, :, side].unsqueeze(-1)
+        out = kernel[:, :, 0] * xg
+        offset = torch.arange(q, device=x.device) % self.block
+        for t in range(1, min(self.taps, q)):
+            earlier = F.pad(xg[:, :-t], (0, 0, 0, 0, t, 0))
+            earlier = torch.where((offset >= t).view(1, q, 1, 1), earlier, torch.zeros_like(earlier))
+            out = out + kernel[:, :, t] * earlier
+        return out.reshape(b, q, c)
+
+
+class CandidateSelector(nn.Module):
+    """DFlash 2's transition scorer: candidate c after token p at a slot with hidden h
+    scores ``<P[p] * W h, Q[c]>`` on top of c's logit. Names as the checkpoint saves them."""
+
+    def __init__(self, hidden: int, vocab: int, rank: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.predecessor_codebook = nn.Parameter(torch.zeros(vocab, rank))
+        self.successor_codebook = nn.Parameter(torch.zeros(vocab, rank))
+        self.hidden_projection = nn.Linear(hidden, rank, bias=False)
+
+    def pair(self, previous: torch.Tensor, hidden: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """``previous [...]`` token ids, ``hidden [..., H]``, ``candidates [..., K]`` -> ``[..., K]``."""
+        left = self.predecessor_codebook[previous] * self.hidden_projection(hidden)
+        return torch.einsum("...r,...kr->...k", left, self.successor_codebook[candidates])
+
+
 class Drafter(nn.Module):
-    """DFlash draft layers; the embedding and LM head are the target's (frozen, not saved)."""
+    """DFlash draft layers; the embedding and LM head are the target's (frozen, not saved).
+    With a DFlash 2 ``shape`` the layers also carry the grouped convolution
+    (``attention_conv``, ``mlp_conv``) and the drafter the candidate selector."""
 
     def __init__(self, target_shape: TargetShape, shape: DrafterShape):
         super().__init__()
@@ -282,9 +356,21 @@ class Drafter(nn.Module):
         self.fc = nn.Linear(len(shape.target_layer_ids) * h, h, bias=False)
         self.hidden_norm = RMSNorm(h, target_shape.rms_norm_eps)
         self.rope = Rope(target_shape.head_dim, target_shape.max_position_embeddings, target_shape.rope_theta)
+        if shape.conv_kernel_size:
+            for layer in self.layers:
+                layer.attention_conv = GroupedBlockConv(h, shape.conv_kernel_size, shape.conv_group_size,
+                                                        shape.block_size)  # fmt: skip
+                layer.mlp_conv = GroupedBlockConv(h, shape.conv_kernel_size, shape.conv_group_size, shape.block_size)
+        if shape.dflash2:
+            self.candidate_selector = CandidateSelector(h, target_shape.vocab_size, shape.selector_rank,
+                                                        shape.selector_top_k)  # fmt: skip
 
     def init_weights(self, generator: torch.Generator, std: float = 0.02) -> None:
         Target.init_weights(self, generator, std)  # same rule; num_hidden_layers from tshape is fine
+        for layer in self.layers:
+            for conv in (getattr(layer, "attention_conv", None), getattr(layer, "mlp_conv", None)):
+                if conv is not None:
+                    conv.reset(generator, std * 0.1)
 
     @property
     def num_hidden_layers(self):
@@ -302,20 +388,31 @@ class Drafter(nn.Module):
         h = block_embeds
         for layer in self.layers:
             attn = layer.self_attn
+            conv = getattr(layer, "attention_conv", None)
             x = layer.input_layernorm(h)
+            if conv is not None:
+                coeff = conv.coefficients(x)
+                x = conv.convolve(x, coeff, 0)
             q = attn.q(x, block_pos, self.rope)
             k_blk, v_blk = attn.kv(x, block_pos, self.rope)
             k_ctx, v_ctx = attn.kv(ctx, ctx_pos, self.rope)
             k = torch.cat([k_ctx, k_blk], dim=1)
             v = torch.cat([v_ctx, v_blk], dim=1)
-            h = h + attn.attend(q, k, v, mask=mask)
-            h = layer.mlp_block(h)
+            out = attn.attend(q, k, v, mask=mask)
+            h = h + (out if conv is None else conv.convolve(out, coeff, 1))
+            conv = getattr(layer, "mlp_conv", None)
+            if conv is None:
+                h = layer.mlp_block(h)
+            else:
+                x = layer.post_attention_layernorm(h)
+                coeff = conv.coefficients(x)
+                h = h + conv.convolve(layer.mlp(conv.convolve(x, coeff, 0)), coeff, 1)
         return self.norm(h)
 
     def hf_config(self, target_config: dict, mask_token: str, mask_token_id: int) -> dict:
         t = target_config
-        return {
-            "architectures": ["DFlashDraftModel"],
+        config = {
+            "architectures": ["DFlash2DraftModel" if self.shape.dflash2 else "DFlashDraftModel"],
             "model_type": "qwen3",
             "vocab_size": t["vocab_size"],
             "hidden_size": t["hidden_size"],
@@ -343,6 +440,12 @@ class Drafter(nn.Module):
                 "num_target_layers": t["num_hidden_layers"],
             },
         }
+        if self.shape.dflash2:
+            config["dflash_config"].update(
+                conv_kernel_size=self.shape.conv_kernel_size, conv_group_size=self.shape.conv_group_size,
+                selector_rank=self.shape.selector_rank, selector_top_k=self.shape.selector_top_k,
+            )  # fmt: skip
+        return config
 
 
 def shapes_dict(target: TargetShape, drafter: DrafterShape) -> dict:

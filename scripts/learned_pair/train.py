@@ -200,7 +200,32 @@ def drafter_step_loss(drafter: Drafter, target: Target, seqs: torch.Tensor, prom
     ctx = drafter.context({i: h.to(embeds.dtype) for i, h in captured.items()})
     hidden = drafter(embeds, blocks.pos, ctx, torch.arange(s, device=seqs.device), blocks.mask)
     logits = F.linear(hidden, target.lm_head_weight.to(hidden.dtype))
-    return dflash_batch.weighted_loss(logits, blocks)
+    loss, acc = dflash_batch.weighted_loss(logits, blocks)
+    if drafter.shape.dflash2:
+        loss = loss + selector_loss(drafter, hidden, logits, blocks)
+    return loss, acc
+
+
+def selector_loss(drafter: Drafter, hidden: torch.Tensor, logits: torch.Tensor, blocks) -> torch.Tensor:
+    """DFlash 2's selector, trained with the true previous token: at every mask slot, the
+    cross-entropy of the transition scores (the candidates' logits plus the pair term)
+    over the slot's top-K candidates against the true token; where the true token is not
+    among them it takes the K-th candidate's place, so every slot teaches the selector.
+    The anchor precedes the first slot. Weighted by the block offsets' DFlash weights."""
+    b, n, bs = blocks.labels.shape
+    k = drafter.shape.selector_top_k
+    slot_logits = logits.view(b, n, bs, -1)[:, :, 1:].detach().float()
+    slot_hidden = hidden.view(b, n, bs, -1)[:, :, 1:]
+    truth, previous = blocks.labels[:, :, 1:], blocks.labels[:, :, :-1]
+    candidates = slot_logits.topk(k, dim=-1).indices
+    present = (candidates == truth.unsqueeze(-1)).any(-1)
+    candidates[..., -1] = torch.where(present, candidates[..., -1], truth)
+    unary = slot_logits.gather(-1, candidates)
+    scores = unary + drafter.candidate_selector.pair(previous, slot_hidden, candidates).float()
+    index = (candidates == truth.unsqueeze(-1)).float().argmax(-1)
+    weights = blocks.weights[:, :, 1:]
+    ce = F.cross_entropy(scores.reshape(-1, k), index.reshape(-1), reduction="none")
+    return (ce.view_as(weights) * weights).sum() / weights.sum().clamp(min=1e-6)
 
 
 def train_drafter(drafter: Drafter, target: Target, seqs: torch.Tensor, prompt_len: int, mask_token_id: int,

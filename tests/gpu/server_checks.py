@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Checks the speculative-server suites (tests/gpu/ddtree, hybrid, swa) run alike: a
+"""Checks the speculative-server suites (tests/gpu/ddtree, hybrid, swa, dflash2) run alike: a
 speculative server against the no-speculation server of the same target, both
 ``ServerProcess`` handles of the shared harness (tests/gpu/conftest.py).
 
@@ -10,12 +10,19 @@ own test functions; these hold the requests and assertions the suites share.
 from __future__ import annotations
 
 import json
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 #: Output lengths of the 8 concurrent requests: ragged, so the batch's trees differ in size.
 RAGGED_LENGTHS = [17, 64, 5, 33, 80, 1, 48, 29]
+
+
+def random_prompts(n, seed=0, lo=3, hi=40):
+    """``n`` prompts of the tiny models' vocabulary: BOS, then ``lo``..``hi`` ordinary tokens."""
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(16, 512) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
 def models_manifest(models) -> dict:

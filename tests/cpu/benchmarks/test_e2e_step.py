@@ -53,9 +53,10 @@ def test_parse_spec_errors_say_what_to_use(text, msg):
 
 
 def test_ddtree_budgets_are_the_servers(upstream_parser):
-    from sglang.srt.speculative.ddtree import flags
+    from sglang.srt.layers.attention.tree_verify import masks
+    from sglang.srt.speculative.ddtree import budget
 
-    assert (es.DDTREE_BUDGETS.start, es.DDTREE_BUDGETS.stop - 1) == (flags.MIN_BUDGET, flags.MAX_BUDGET)
+    assert (es.DDTREE_BUDGETS.start, es.DDTREE_BUDGETS.stop - 1) == (budget.MIN_BUDGET, masks.MAX_BUDGET)
     ns = upstream_parser.parse_args(["--model-path", "/m", *es.server_args(es.parse_spec("ddtree63"), "/d", 4096, [1])])
     assert (ns.speculative_algorithm, ns.speculative_ddtree_budget) == ("DDTREE", 63)
 

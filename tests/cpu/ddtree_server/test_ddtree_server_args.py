@@ -10,7 +10,7 @@ import argparse
 import pytest
 
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.speculative.ddtree import flags
+from sglang.srt.speculative.ddtree import budget
 
 # Must match conftest.py's tiny configs.
 VOCAB = 512
@@ -31,10 +31,10 @@ def _make(model_dirs, target="mla", **kw):
 def test_defaults(model_dirs):
     sa = _make(model_dirs)
     assert sa.speculative_algorithm == "DDTREE"
-    assert sa.speculative_ddtree_budget == flags.DEFAULT_BUDGET
-    assert sa.speculative_ddtree_topk == min(flags.DEFAULT_BUDGET, VOCAB)
+    assert sa.speculative_ddtree_budget == budget.DEFAULT_BUDGET
+    assert sa.speculative_ddtree_topk == min(budget.DEFAULT_BUDGET, VOCAB)
     # Verify width is the tree (budget + root); the draft block stays DFlash's.
-    assert sa.speculative_num_draft_tokens == flags.DEFAULT_BUDGET + 1
+    assert sa.speculative_num_draft_tokens == budget.DEFAULT_BUDGET + 1
     assert sa.speculative_dflash_block_size == DRAFT_BLOCK
     assert sa.speculative_num_steps == 1
     assert sa.speculative_eagle_topk == 1
@@ -71,7 +71,7 @@ def test_max_budget_and_topk_bounded_by_vocab(model_dirs):
 
 def test_flashinfer_allowed_for_mha(model_dirs):
     sa = _make(model_dirs, target="mha", attention_backend="flashinfer")
-    assert sa.speculative_num_draft_tokens == flags.DEFAULT_BUDGET + 1
+    assert sa.speculative_num_draft_tokens == budget.DEFAULT_BUDGET + 1
 
 
 def test_flashinfer_mla_needs_the_tree_verify_hook(model_dirs, monkeypatch):
@@ -204,4 +204,4 @@ def test_dflash_unchanged(model_dirs):
 @pytest.mark.parametrize("bad", [True, 1.5, "8"])
 def test_budget_type_checked(bad):
     with pytest.raises(ValueError, match="must be an integer"):
-        flags.resolve_budget(bad)
+        budget.TreeBudget.resolve(bad, None, 16, 512)

@@ -397,7 +397,7 @@ def test_launch_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, pro
     assert steps[("ddtree16", 1)]["accept_length"] == pytest.approx(5.0, rel=0.1)
     sc = r["sampling_check"]
     assert not sc["verdict"]["reject"] and {c["server"] for c in sc["comparisons"]} == {
-        "nospec (second sample)", "dflash", "ddtree16"}
+        "nospec (second sample)", "nospec at 1.1x temperature (must differ)", "dflash", "ddtree16"}
     assert all(e["identical"] == 3 for e in r["lossless"])
     # batch 1 came first (and its lossless check), then the step times, batch 2, the sampling check
     order = [(x["batch"], x["temperature"]) for x in r["rows"]]

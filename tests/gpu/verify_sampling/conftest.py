@@ -29,6 +29,7 @@ COMMON = [
     "--max-total-tokens", "65536",
     "--max-running-requests", "16",
     "--cuda-graph-max-bs", "8",
+    "--cuda-graph-backend-prefill", "disabled",  # prefill graphs lengthen a start; nothing here needs them
     "--log-level", "info",
 ]  # fmt: skip
 

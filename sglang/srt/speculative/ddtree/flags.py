@@ -18,24 +18,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Optional
 
+from sglang.srt.speculative.ddtree.budget import TreeBudget
+
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
-
-# Default tree budget, from the H200 step times of 2026-11-29
-# (benchmarks/results/e2e_step_dummy_routing_matrix_h200_2026-11-30.json, DeepSeek-V2-Lite shape, 16K
-# context, batch 1): DFLASH 6.59 ms, DDTREE B=16 10.82 ms, B=64 19.26 ms per
-# step. A 65-token verify spends 9.3 ms in the MoE experts (1.6 ms for 16
-# tokens) and 5.7 ms in verify attention (1.5 ms), so B=64 must accept 2.9x
-# the DFLASH tokens per step to pay and B=16 1.6x. The acceptance gain of the
-# larger tree is not measured here (no real checkpoints on the test host),
-# so the default is the cheaper tree; raise it for dense targets or short
-# contexts, where a verify token costs less (docs/ddtree.md).
-DEFAULT_BUDGET = 16
-
-MIN_BUDGET = 1
-MAX_BUDGET = 256
 
 DDTREE_ALGORITHM = "DDTREE"
 
@@ -195,50 +183,6 @@ def _check_sliding_window_verify(server_args: ServerArgs, backend: Optional[str]
     )
 
 
-def _check_int(name: str, value, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"DDTREE {name} must be an integer, got {value!r}.")
-    if not lo <= value <= hi:
-        raise ValueError(f"DDTREE {name} must be in [{lo}, {hi}], got {value}.")
-    return value
-
-
-def resolve_budget(budget: Optional[int]) -> int:
-    if budget is None:
-        return DEFAULT_BUDGET
-    return _check_int("--speculative-ddtree-budget", budget, MIN_BUDGET, MAX_BUDGET)
-
-
-def resolve_topk(topk: Optional[int], budget: int, vocab_size: int) -> int:
-    """Candidates per depth. More than ``budget`` can never be used (the tree
-    has ``budget`` nodes) and more than the vocabulary does not exist."""
-    limit = min(budget, vocab_size)
-    if topk is None:
-        return limit
-    return _check_int(
-        f"--speculative-ddtree-topk (at most min(budget={budget}, vocab={vocab_size}))",
-        topk,
-        1,
-        limit,
-    )
-
-
-def resolve_draft_block_size(checkpoint_block_size: int, budget: int) -> int:
-    """Draft block used per step: ``[bonus, MASK x L]``.
-
-    A tree of ``budget`` nodes is at most ``budget`` deep, so positions beyond
-    ``budget`` are never used. Truncating the block to ``budget + 1`` keeps the
-    per-step KV headroom (sized by the verify width ``budget + 1``) sufficient
-    for the draft block too.
-    """
-    if checkpoint_block_size < 2:
-        raise ValueError(
-            "DDTREE needs a DFlash draft block of at least 2 tokens "
-            f"(bonus + one MASK position), got block_size={checkpoint_block_size}."
-        )
-    return min(checkpoint_block_size, budget + 1)
-
-
 def _check_supported_combination(server_args: ServerArgs) -> None:
     from sglang.srt.arg_groups.overrides import resolved_view
 
@@ -288,50 +232,47 @@ def check_ddtree_flags_used(server_args: ServerArgs) -> None:
 
 def handle_ddtree_server_args(server_args: ServerArgs) -> None:
     """Validate and resolve DDTREE flags in place (ServerArgs time)."""
-    from sglang.srt.arg_groups.speculative_hook import _handle_dflash
-
-    budget = resolve_budget(server_args.speculative_ddtree_budget)
-    verify_width = budget + 1
-
-    # For DDTREE --speculative-num-draft-tokens is the verify width; DFlash's
-    # handler reads it as the draft block size, so take it out of its way.
     requested_width = server_args.speculative_num_draft_tokens
-    if requested_width is not None and int(requested_width) != verify_width:
+    _check_supported_combination(server_args)
+    tree = TreeBudget.resolve(
+        server_args.speculative_ddtree_budget,
+        server_args.speculative_ddtree_topk,
+        _checkpoint_block(server_args),
+        int(server_args.get_model_config().vocab_size),
+    )
+    if requested_width is not None and int(requested_width) != tree.verify_width:
         raise ValueError(
             "For DDTREE, --speculative-num-draft-tokens is the verify width "
-            f"(--speculative-ddtree-budget + 1 = {verify_width}), got {requested_width}. "
+            f"(--speculative-ddtree-budget + 1 = {tree.verify_width}), got {requested_width}. "
             "Set --speculative-ddtree-budget instead."
         )
-    server_args.speculative_num_draft_tokens = None
-
-    _check_supported_combination(server_args)
-
-    # Device / dp-attention / pp / draft path checks, num_steps = topk = 1,
-    # block size from the draft checkpoint, draft attention backend.
-    _handle_dflash(server_args)
-    checkpoint_block = int(server_args.speculative_num_draft_tokens)
-    block_size = resolve_draft_block_size(checkpoint_block, budget)
-    if block_size != checkpoint_block:
+    if tree.draft_block != tree.max_depth + 1:
         logger.info(
-            "DDTREE: budget %d limits the tree depth to %d; drafting %d-token blocks "
-            "instead of the checkpoint's %d.",
-            budget,
-            budget,
-            block_size,
-            checkpoint_block,
+            "DDTREE: budget %d limits the tree depth to %d; drafting %d-token blocks.",
+            tree.budget,
+            tree.budget,
+            tree.draft_block,
         )
-
-    vocab_size = int(server_args.get_model_config().vocab_size)
-    topk = resolve_topk(server_args.speculative_ddtree_topk, budget, vocab_size)
-
-    server_args.speculative_ddtree_budget = budget
-    server_args.speculative_ddtree_topk = topk
-    server_args.speculative_dflash_block_size = block_size
-    server_args.speculative_num_draft_tokens = verify_width
+    server_args.speculative_ddtree_budget = tree.budget
+    server_args.speculative_ddtree_topk = tree.topk
+    server_args.speculative_dflash_block_size = tree.draft_block
+    server_args.speculative_num_draft_tokens = tree.verify_width
     logger.info(
         "DDTREE: budget=%d (verify width %d), topk=%d, draft block=%d.",
-        budget,
-        verify_width,
-        topk,
-        block_size,
+        tree.budget,
+        tree.verify_width,
+        tree.topk,
+        tree.draft_block,
     )
+
+
+def _checkpoint_block(server_args: ServerArgs) -> int:
+    """The drafter checkpoint's block, through upstream's DFlash handling (device, dp
+    attention, pp and drafter checks; the drafter's attention backend). Upstream's handler
+    reads and writes ``speculative_num_draft_tokens`` as DFlash's block, so it gets a view
+    where that field is unset and the block comes back in it."""
+    from sglang.srt.arg_groups.speculative_hook import _handle_dflash
+
+    server_args.speculative_num_draft_tokens = None
+    _handle_dflash(server_args)
+    return int(server_args.speculative_num_draft_tokens)

@@ -68,29 +68,33 @@ def build_tree_ref(
 
 def build_tree_ref_batched(logprobs: torch.Tensor, token_ids: torch.Tensor, budget: int):
     """``build_tree_ref`` over a batch, packed as a ``DraftTree``."""
-    bs = logprobs.shape[0]
+    lp_all = logprobs.detach().float().cpu().numpy()
+    ids_all = token_ids.detach().cpu().tolist()
+    trees = [build_tree_ref(lp_all[b], ids_all[b], budget) for b in range(logprobs.shape[0])]
+    return pack_ref_trees(trees, budget, logprobs.device)
+
+
+def pack_ref_trees(trees: Sequence[Sequence[RefNode]], budget: int, device) -> DraftTree:
+    """One reference tree per request, packed as a padded ``DraftTree`` on ``device``."""
+    bs = len(trees)
     token = torch.zeros((bs, budget), dtype=torch.int64)
     parent = torch.full((bs, budget), -1, dtype=torch.int32)
     depth = torch.zeros((bs, budget), dtype=torch.int32)
     rank = torch.zeros((bs, budget), dtype=torch.int32)
     score = torch.full((bs, budget), -math.inf, dtype=torch.float32)
     num = torch.zeros((bs,), dtype=torch.int32)
-    lp_all = logprobs.detach().float().cpu().numpy()
-    ids_all = token_ids.detach().cpu().tolist()
-    for b in range(bs):
-        nodes = build_tree_ref(lp_all[b], ids_all[b], budget)
+    for b, nodes in enumerate(trees):
         num[b] = len(nodes)
         for i, nd in enumerate(nodes):
             token[b, i], parent[b, i], depth[b, i] = nd.token, nd.parent, nd.depth
             rank[b, i], score[b, i] = nd.rank, float(nd.score)
-    dev = logprobs.device
     return DraftTree(
-        node_token=token.to(dev),
-        node_parent=parent.to(dev),
-        node_depth=depth.to(dev),
-        node_rank=rank.to(dev),
-        node_score=score.to(dev),
-        num_nodes=num.to(dev),
+        node_token=token.to(device),
+        node_parent=parent.to(device),
+        node_depth=depth.to(device),
+        node_rank=rank.to(device),
+        node_score=score.to(device),
+        num_nodes=num.to(device),
     )
 
 

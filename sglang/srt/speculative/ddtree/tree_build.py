@@ -35,11 +35,10 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.attention.tree_verify.masks import MAX_BUDGET
 from sglang.srt.speculative.ddtree.draft_tree import FIELDS, DraftTree, empty_tree
 from sglang.srt.speculative.ddtree.reference import build_tree_ref_batched
 
-#: Largest supported tree budget (nodes besides the root).
-MAX_BUDGET = 256
 
 
 def draft_topk(
@@ -82,22 +81,11 @@ def build_tree(
     bs, num_depths, k = logprobs.shape
     k = min(k, budget)
     device = logprobs.device
-    if out is not None:
-        _check_out(out, bs, budget, device)
-    tree = out if out is not None else empty_tree(bs, budget, device)
+    tree = output_tree(out, bs, budget, device)
     if bs == 0:
         return tree
-    runnable = device.type == "cuda" or triton_interpreted()
-    if use_triton and not runnable:
-        raise RuntimeError(
-            "the DDTree build kernel needs CUDA tensors or TRITON_INTERPRET=1 "
-            f"set before import; got tensors on {device}"
-        )
-    if not (runnable if use_triton is None else use_triton):
-        ref = build_tree_ref_batched(logprobs[..., :k], token_ids[..., :k], budget)
-        for name in FIELDS:
-            getattr(tree, name).copy_(getattr(ref, name))
-        return tree
+    if not use_kernel(device, use_triton, "the DDTree build kernel"):
+        return copy_tree(tree, build_tree_ref_batched(logprobs[..., :k], token_ids[..., :k], budget))
 
     lp = logprobs if logprobs.dtype == torch.float32 else logprobs.float()
     lp = lp.contiguous()
@@ -132,6 +120,29 @@ def build_tree_from_logits(
     """``draft_topk`` followed by ``build_tree``."""
     logprobs, token_ids = draft_topk(draft_logits, budget)
     return build_tree(logprobs, token_ids, budget, out=out)
+
+
+def output_tree(out: Optional[DraftTree], bs: int, budget: int, device) -> DraftTree:
+    """``out`` checked against the batch, or new buffers."""
+    if out is not None:
+        _check_out(out, bs, budget, device)
+        return out
+    return empty_tree(bs, budget, device)
+
+
+def use_kernel(device, use_triton: Optional[bool], what: str) -> bool:
+    """Whether a tree kernel runs (CUDA tensors, or anywhere under the interpreter) or
+    the plain-Python reference does; ``use_triton`` forces the choice."""
+    runnable = device.type == "cuda" or triton_interpreted()
+    if use_triton and not runnable:
+        raise RuntimeError(f"{what} needs CUDA tensors or TRITON_INTERPRET=1 set before import; got tensors on {device}")
+    return runnable if use_triton is None else bool(use_triton)
+
+
+def copy_tree(dst: DraftTree, src: DraftTree) -> DraftTree:
+    for name in FIELDS:
+        getattr(dst, name).copy_(getattr(src, name))
+    return dst
 
 
 def _check_out(out: DraftTree, bs: int, budget: int, device) -> None:
@@ -195,6 +206,41 @@ def _load_lp(row_ptr, offset, mask):
 
 
 @triton.jit
+def pop_best(valid, score, key):
+    """The frontier's best entry: the highest score, equal scores by the smallest
+    ``key``. One 64-bit max: the high word is the score mapped to an
+    order-preserving int32, the low word ``INT32_MAX - key``. Returns
+    ``(found, key, score)``."""
+    no_key = 2147483647
+    empty = -9223372036854775808
+    bits = score.to(tl.int32, bitcast=True)
+    bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 == +0.0
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    packed = (ordered.to(tl.int64) << 32) | (no_key - key).to(tl.int64)
+    packed = tl.where(valid, packed, empty)
+    top = tl.max(packed, axis=0)
+    hi = (top >> 32).to(tl.int32)
+    best = tl.where(hi >= 0, hi, hi ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+    return top != empty, no_key - (top & 0xFFFFFFFF).to(tl.int32), best
+
+
+@triton.jit
+def store_tree(
+    out_token_ptr, out_parent_ptr, out_depth_ptr, out_rank_ptr, out_score_ptr, out_num_ptr,
+    pid, stride_out_b, slot, budget, token, parent, depth, rank, score, count,
+):  # fmt: skip
+    """One request's selected nodes (column n - 1 holds node n) and their count."""
+    in_budget = slot < budget
+    out = pid.to(tl.int64) * stride_out_b + slot
+    tl.store(out_token_ptr + out, token, mask=in_budget)
+    tl.store(out_parent_ptr + out, parent, mask=in_budget)
+    tl.store(out_depth_ptr + out, depth, mask=in_budget)
+    tl.store(out_rank_ptr + out, rank, mask=in_budget)
+    tl.store(out_score_ptr + out, score, mask=in_budget)
+    tl.store(out_num_ptr + pid, count)
+
+
+@triton.jit
 def _ddtree_build_kernel(
     lp_ptr,  # [bs, L, K] float32, descending along K
     ids_ptr,  # [bs, L, K] int32/int64
@@ -214,17 +260,14 @@ def _ddtree_build_kernel(
     budget,
     FRONTIER: tl.constexpr,
 ):
-    # One pop = one 64-bit max over the frontier: the high word is the score
-    # mapped to an order-preserving int32, the low word is (INT32_MAX - key)
-    # with key = (depth, parent, rank) flattened, so equal scores pick the
-    # smallest key. Each slot also carries the log-probs its next sibling and
-    # first child will need, loaded when the slot is filled, so the loads are
-    # off the pop-to-pop critical path.
+    # One pop = one 64-bit max over the frontier (``pop_best``) with key =
+    # (depth, parent, rank) flattened, so equal scores pick the smallest key.
+    # Each slot also carries the log-probs its next sibling and first child will
+    # need, loaded when the slot is filled, so the loads are off the pop-to-pop
+    # critical path.
     pid = tl.program_id(0)
     lp_row = lp_ptr + pid.to(tl.int64) * stride_lp_b
     neg_inf = float("-inf")
-    no_key = 2147483647
-    empty = -9223372036854775808
 
     slot = tl.arange(0, FRONTIER)
     first = _load_lp(lp_row, 0, True)
@@ -246,18 +289,8 @@ def _ddtree_build_kernel(
 
     key_depth = (budget + 1) * k
     for n in range(1, budget + 1):
-        bits = s_score.to(tl.int32, bitcast=True)
-        bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 == +0.0
-        ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
         key = (s_depth * (budget + 1) + s_parent) * k + s_rank
-        packed = (ordered.to(tl.int64) << 32) | (no_key - key).to(tl.int64)
-        packed = tl.where(s_valid, packed, empty)
-        top = tl.max(packed, axis=0)
-        found = top != empty
-
-        kmin = no_key - (top & 0xFFFFFFFF).to(tl.int32)
-        hi = (top >> 32).to(tl.int32)
-        best = tl.where(hi >= 0, hi, hi ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+        found, kmin, best = pop_best(s_valid, s_score, key)
         d = kmin // key_depth
         p = (kmin % key_depth) // k
         r = kmin % k
@@ -295,11 +328,5 @@ def _ddtree_build_kernel(
     in_budget = slot < budget
     ids_off = pid.to(tl.int64) * stride_ids_b + (n_depth - 1) * stride_ids_d + n_rank
     tok = tl.load(ids_ptr + ids_off, mask=real & in_budget, other=0).to(tl.int64)
-
-    out = pid.to(tl.int64) * stride_out_b + slot
-    tl.store(out_token_ptr + out, tok, mask=in_budget)
-    tl.store(out_parent_ptr + out, n_parent, mask=in_budget)
-    tl.store(out_depth_ptr + out, n_depth, mask=in_budget)
-    tl.store(out_rank_ptr + out, n_rank, mask=in_budget)
-    tl.store(out_score_ptr + out, n_score, mask=in_budget)
-    tl.store(out_num_ptr + pid, count)
+    store_tree(out_token_ptr, out_parent_ptr, out_depth_ptr, out_rank_ptr, out_score_ptr, out_num_ptr,
+               pid, stride_out_b, slot, budget, tok, n_parent, n_depth, n_rank, n_score, count)  # fmt: skip

@@ -37,6 +37,7 @@ from sglang.srt.model_executor.forward_batch_info import (
 from sglang.srt.runtime_context import get_exec
 from sglang.srt.speculative.ddtree import linear_state, step_io
 from sglang.srt.speculative.ddtree.accept import greedy_accept
+from sglang.srt.speculative.ddtree.budget import TreeBudget
 from sglang.srt.speculative.ddtree.dflash_internals import DFlashInternals
 from sglang.srt.speculative.ddtree.draft_topk import lm_head_topk
 from sglang.srt.speculative.ddtree.info import (
@@ -47,7 +48,7 @@ from sglang.srt.speculative.ddtree.info import (
 )
 from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats
 from sglang.srt.speculative.ddtree.tree_build import build_tree
-from sglang.srt.speculative.ddtree.tree_compile import compile_tree, max_tree_depth
+from sglang.srt.speculative.ddtree.tree_compile import compile_tree
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
@@ -67,26 +68,18 @@ class DDTreeWorker(DFlashWorkerV2):
         super().__init__(server_args, gpu_id, ps, nccl_port, target_worker)
         self._dflash = DFlashInternals(self)
         self._linear_state = False  # set by init_attention_backends
-        self.budget = int(server_args.speculative_ddtree_budget)
-        self.topk = int(server_args.speculative_ddtree_topk)
-        self.verify_width = self.budget + 1
-        if int(server_args.speculative_num_draft_tokens) != self.verify_width:
-            raise ValueError(
-                "DDTREE expects speculative_num_draft_tokens == budget + 1 "
-                f"({self.verify_width}), got {server_args.speculative_num_draft_tokens}."
-            )
-        self.max_depth = max_tree_depth(self.budget, int(self.block_size) - 1)
+        self.tree = TreeBudget.of(server_args)
         self._algo = SpeculativeAlgorithm.from_string("DDTREE")
         self._context_len = int(self.model_runner.model_config.context_len)
-        self.stats = DDTreeStepStats.for_worker(server_args, self.ps, self.budget)
+        self.stats = DDTreeStepStats.for_worker(server_args, self.ps, self.tree.budget)
         if self.ps.tp_rank == 0:
             logger.info(
                 "DDTREE worker: budget=%d (verify width %d), topk=%d, draft block=%d, max depth=%d.",
-                self.budget,
-                self.verify_width,
-                self.topk,
-                self.block_size,
-                self.max_depth,
+                self.tree.budget,
+                self.tree.verify_width,
+                self.tree.topk,
+                self.tree.draft_block,
+                self.tree.max_depth,
             )
 
     def init_attention_backends(self):
@@ -96,7 +89,7 @@ class DDTreeWorker(DFlashWorkerV2):
         # state per node; the accepted one is committed after each step.
         self._linear_state = mambaish_config(runner.model_config) is not None
         if self._linear_state:
-            linear_state.check_tree_verify_support(runner, self.verify_width)
+            linear_state.check_tree_verify_support(runner, self.tree.verify_width)
             linear_state.check_radix_strategy(self.server_args)
 
     def _maybe_build_draft_sampler(self):
@@ -134,19 +127,19 @@ class DDTreeWorker(DFlashWorkerV2):
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
 
         bs = len(batch.seq_lens)
-        n = self.verify_width
+        n = self.tree.verify_width
         prefix_lens = batch.seq_lens
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
 
         # 1-3) draft, per-depth top-K, tree.
         draft_hidden = self._draft_block_hidden(batch, draft_input, bs)
         logprobs, token_ids = self._draft_topk(draft_hidden[:, 1:, :])
-        tree = build_tree(logprobs, token_ids, self.budget)
+        tree = build_tree(logprobs, token_ids, self.tree.budget)
         compiled = compile_tree(
             tree,
             bonus=draft_input.bonus_tokens.view(bs).to(torch.int64),
             committed_len=prefix_lens.view(bs),
-            max_depth=self.max_depth,
+            max_depth=self.tree.max_depth,
             req_to_token=req_to_token,
             req_pool_indices=batch.req_pool_indices,
         )
@@ -186,7 +179,7 @@ class DDTreeWorker(DFlashWorkerV2):
             logits_output.next_token_logits,
             sampling_info,
             batch.reqs,
-            NodePaths(compiled.tokens, compiled.parent, compiled.depth, self.max_depth),
+            NodePaths(compiled.tokens, compiled.parent, compiled.depth, self.tree.max_depth),
             compiled.positions,
             grammar_mask,
         )
@@ -314,7 +307,7 @@ class DDTreeWorker(DFlashWorkerV2):
         else:
             start, held = int(shard.org_vocab_start_index), int(shard.num_org_elements)
         valid = max(0, min(held, model_vocab - start))
-        k = min(self.topk, model_vocab)
+        k = min(self.tree.topk, model_vocab)
         tp_group = get_tp_group()
         gather = None
         if tp_group.world_size > 1:
@@ -325,7 +318,7 @@ class DDTreeWorker(DFlashWorkerV2):
     # ---------------------------------------------------------------- verify
 
     def _verify(self, batch, draft_input, compiled, bs):
-        n = self.verify_width
+        n = self.tree.verify_width
         seq_lens_cpu_backup = batch.seq_lens_cpu
         seq_lens_sum_backup = batch.seq_lens_sum
         # Host upper bound of the device prefix lengths' sum (the host copy may

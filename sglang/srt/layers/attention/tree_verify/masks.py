@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import torch
 
-MAX_TREE_SIZE = 257
+#: The largest DDTREE budget (draft nodes besides the root) anything in the project accepts.
+MAX_BUDGET = 256
+#: Nodes of the largest tree: the budget and the root.
+MAX_TREE_SIZE = MAX_BUDGET + 1
 
 
 def mask_words(num_nodes: int) -> int:
