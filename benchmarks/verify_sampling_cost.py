@@ -70,6 +70,10 @@ def _context(vocab: int):
     sa = ServerArgs(model_path=str(d), device="cuda", skip_tokenizer_init=True)
     publish(sa, role="test")
     sampler_mod.get_tp_group = lambda: SimpleNamespace(device_group=None)
+    # One process, no model-parallel group: the verify's TP broadcast sees a group of one.
+    from sglang.srt.speculative.verify_sampling import verify_sampler
+
+    verify_sampler.get_tp_group = lambda: SimpleNamespace(world_size=1)
     return sa, sampler_mod.Sampler()
 
 
