@@ -41,7 +41,8 @@ In ``--launch`` mode, ``--step-ctx C`` also measures each server's decode step t
 chunks), the input of ``benchmarks/cost_model.py``; ``--sampling-check`` runs
 ``benchmarks/sampling_check.py`` on the same servers. Output: ``budget_sweep_<tag>.json``
 and ``.png`` (accept length and tokens/s against the budget). The JSON is rewritten after
-every point; ``--deadline-s`` skips what would not fit and lists it under ``skipped``.
+every point; ``--deadline-s`` skips what would not fit and lists it under ``skipped``. A run
+that measures no point (every server down, or nothing fits the deadline) exits 1.
 """
 
 from __future__ import annotations
@@ -691,6 +692,10 @@ def main(argv=None) -> int:
                         + (f" (margin {d['margin_nats']:.3f} nats{', near tie' if d.get('near_tie') else ''})"
                            if "margin_nats" in d else "") for d in e["differ"]))
     print(f"wrote {out} and {out.with_suffix('.png')}")
+    if not result["rows"]:
+        print("budget_sweep: no point was measured (see the servers' reasons under 'skipped' and "
+              f"their logs in {args.log_dir if args.launch else 'the servers'})", file=sys.stderr)
+        return 1
     return 0
 
 
