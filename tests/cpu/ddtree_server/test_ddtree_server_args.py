@@ -55,6 +55,13 @@ def test_lowercase_name_and_explicit_flags(model_dirs):
     assert sa.speculative_num_draft_tokens == 33
 
 
+def test_tree_source_flag(model_dirs):
+    assert _make(model_dirs).speculative_ddtree_tree == "marginals"
+    assert _make(model_dirs, speculative_ddtree_tree="transitions").speculative_ddtree_tree == "transitions"
+    with pytest.raises(ValueError, match=r"--speculative-ddtree-tree must be one of marginals, transitions, got 'selector'"):
+        _make(model_dirs, speculative_ddtree_tree="selector")
+
+
 def test_small_budget_truncates_draft_block(model_dirs):
     # A tree of 4 nodes is at most 4 deep: the drafter runs [bonus, MASK x 4].
     sa = _make(model_dirs, speculative_ddtree_budget=4)
@@ -144,6 +151,7 @@ def test_tensor_parallel_resolves_as_one_gpu(model_dirs, target):
     [
         (dict(speculative_ddtree_budget=999), "--speculative-ddtree-budget only apply"),
         (dict(speculative_ddtree_topk=-5), "--speculative-ddtree-topk only apply"),
+        (dict(speculative_ddtree_tree="transitions"), "--speculative-ddtree-tree only apply"),
         (dict(speculative_ddtree_budget=999, speculative_ddtree_topk=-5),
          "--speculative-ddtree-budget and --speculative-ddtree-topk only apply"),
     ],
@@ -184,13 +192,15 @@ def test_cli_flags_parse(model_dirs):
             "16",
             "--speculative-ddtree-topk",
             "3",
+            "--speculative-ddtree-tree",
+            "transitions",
             "--device",
             "cuda",
             "--skip-tokenizer-init",
         ]
     )
     sa = ServerArgs.from_cli_args(args)
-    assert (sa.speculative_ddtree_budget, sa.speculative_ddtree_topk) == (16, 3)
+    assert (sa.speculative_ddtree_budget, sa.speculative_ddtree_topk, sa.speculative_ddtree_tree) == (16, 3, "transitions")
     assert sa.speculative_num_draft_tokens == 17
 
 

@@ -3,7 +3,8 @@
 
 Per tiny target (``DFLASH2_E2E_TARGETS``, default ``tiny-qwen3,tiny-mla``): the target
 without speculation (the reference), DFLASH with its constructed DFlash 2 drafter
-(``<target>-dflash2``, scripts/make_test_models.py) and DDTREE with the same drafter,
+(``<target>-dflash2``, scripts/make_test_models.py) and DDTREE with the same drafter (its
+tree from the drafter's marginals, and from the selector's transitions),
 with CUDA graphs and the overlap scheduler, the scheduler's idle KV check strict.
 ``DFLASH2_E2E_EXTRA_ARGS`` is appended to the speculative servers.
 """
@@ -52,6 +53,8 @@ def servers(request, dflash2_models, gpu_log_dir):
         "baseline": (COMMON, {}),
         "dflash": (COMMON + ["--speculative-algorithm", "DFLASH", *drafter], {}),
         "ddtree": (COMMON + ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "16", *drafter], {}),
+        "ddtree_transitions": (COMMON + ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", "16",
+                                         "--speculative-ddtree-tree", "transitions", *drafter], {}),  # fmt: skip
     }
     configs = {name: (args, {**STRICT_KV_CHECK, **env}) for name, (args, env) in configs.items()}
     with harness(request.config).launch_servers_together(f"dflash2-{target}-", str(dflash2_models / target),
@@ -59,6 +62,6 @@ def servers(request, dflash2_models, gpu_log_dir):
         yield started
 
 
-@pytest.fixture(params=["dflash", "ddtree"])
+@pytest.fixture(params=["dflash", "ddtree", "ddtree_transitions"])
 def spec(request, servers):
     return servers[request.param]

@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """DFlash 2 drafters through the real server on the GPU host: DFLASH (the selector's path
-as the chain) and DDTREE (marginal tree over the drafter's hidden states) with the
-constructed DFlash 2 drafters of the tiny Qwen3 and MLA pairs give the target's own greedy
+as the chain) and DDTREE (the tree from the drafter's marginals, and from the selector's
+transitions, ``--speculative-ddtree-tree transitions``) with the constructed DFlash 2 drafters of the tiny Qwen3 and MLA pairs give the target's own greedy
 output (native API, 8 concurrent clients, the OpenAI API), sampling on the peaked target
 reproduces it, no KV leaks; a DFlash 2 drafter with an unsupported feature stops the
-server at start-up with a message naming it.
+server at start-up with a message naming it, and so does a tree from transitions asked of
+a DFlash drafter, which has no selector.
 
 On the GPU host after scripts/gpu_host/install.sh:
     source scripts/gpu_host/env.sh && python3 -m pytest tests/gpu/dflash2 -q
@@ -77,5 +78,24 @@ def test_unsupported_drafter_refused_at_startup(request, dflash2_models, gpu_log
         assert not server.alive(), "the server started with an unsupported DFlash 2 drafter"
         log = server.log_text()
         assert "cannot be served" in log and "attention_sink_bias" in log, server.log_tail()
+    finally:
+        server.stop()
+
+
+def test_transitions_without_a_selector_refused_at_startup(request, dflash2_models, gpu_log_dir):
+    h = harness(request.config)
+    server = h.ServerProcess(
+        "ddtree-transitions-dflash1", str(dflash2_models / "tiny-qwen3"),
+        ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path",
+         str(dflash2_models / "tiny-qwen3-dflash"), "--speculative-ddtree-tree", "transitions",
+         "--attention-backend", "triton", "--mem-fraction-static", "0.5"],
+        gpu_log_dir,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 420
+        while server.alive() and time.time() < deadline:
+            time.sleep(2)
+        assert not server.alive(), "DDTREE grew a tree from transitions with a drafter that has no selector"
+        assert "--speculative-ddtree-tree marginals (the default)" in server.log_text(), server.log_tail()
     finally:
         server.stop()

@@ -210,7 +210,11 @@ def _check_supported_combination(server_args: ServerArgs) -> None:
 DDTREE_ONLY_FLAGS = (
     ("speculative_ddtree_budget", "--speculative-ddtree-budget"),
     ("speculative_ddtree_topk", "--speculative-ddtree-topk"),
+    ("speculative_ddtree_tree", "--speculative-ddtree-tree"),
 )
+
+#: What ``--speculative-ddtree-tree`` grows the tree from (the first is the default).
+TREE_SOURCES = ("marginals", "transitions")
 
 
 def check_ddtree_flags_used(server_args: ServerArgs) -> None:
@@ -228,6 +232,16 @@ def check_ddtree_flags_used(server_args: ServerArgs) -> None:
         f"but this server runs {running}. Remove {'them' if len(given) > 1 else 'it'}, "
         f"or pass --speculative-algorithm {DDTREE_ALGORITHM}."
     )
+
+
+def _tree_source(value) -> str:
+    if value is None:
+        return TREE_SOURCES[0]
+    if value not in TREE_SOURCES:
+        raise ValueError(
+            f"--speculative-ddtree-tree must be one of {', '.join(TREE_SOURCES)}, got {value!r}."
+        )
+    return value
 
 
 def handle_ddtree_server_args(server_args: ServerArgs) -> None:
@@ -255,6 +269,7 @@ def handle_ddtree_server_args(server_args: ServerArgs) -> None:
         )
     server_args.speculative_ddtree_budget = tree.budget
     server_args.speculative_ddtree_topk = tree.topk
+    server_args.speculative_ddtree_tree = _tree_source(server_args.speculative_ddtree_tree)
     server_args.speculative_dflash_block_size = tree.draft_block
     server_args.speculative_num_draft_tokens = tree.verify_width
     logger.info(

@@ -47,8 +47,10 @@ from sglang.srt.speculative.ddtree.info import (
     dense_verify_mask,
 )
 from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats
+from sglang.srt.speculative.ddtree.selector_tree import build_selector_tree
 from sglang.srt.speculative.ddtree.tree_build import build_tree
 from sglang.srt.speculative.ddtree.tree_compile import compile_tree
+from sglang.srt.speculative.dflash2.dflash_step import is_selector_drafter
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
@@ -72,14 +74,22 @@ class DDTreeWorker(DFlashWorkerV2):
         self._algo = SpeculativeAlgorithm.from_string("DDTREE")
         self._context_len = int(self.model_runner.model_config.context_len)
         self.stats = DDTreeStepStats.for_worker(server_args, self.ps, self.tree.budget)
+        self.tree_from_transitions = server_args.speculative_ddtree_tree == "transitions"
+        if self.tree_from_transitions and not is_selector_drafter(getattr(self, "draft_model", None)):
+            raise ValueError(
+                "--speculative-ddtree-tree transitions grows the tree from a DFlash 2 drafter's "
+                f"candidate selector, and {server_args.speculative_draft_model_path} has none. "
+                "Use --speculative-ddtree-tree marginals (the default) with this drafter."
+            )
         if self.ps.tp_rank == 0:
             logger.info(
-                "DDTREE worker: budget=%d (verify width %d), topk=%d, draft block=%d, max depth=%d.",
+                "DDTREE worker: budget=%d (verify width %d), topk=%d, draft block=%d, max depth=%d, tree from %s.",
                 self.tree.budget,
                 self.tree.verify_width,
                 self.tree.topk,
                 self.tree.draft_block,
                 self.tree.max_depth,
+                server_args.speculative_ddtree_tree,
             )
 
     def init_attention_backends(self):
@@ -131,10 +141,19 @@ class DDTreeWorker(DFlashWorkerV2):
         prefix_lens = batch.seq_lens
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
 
-        # 1-3) draft, per-depth top-K, tree.
+        # 1-3) draft, then the tree: from each depth's top-K, or from a DFlash 2
+        # drafter's selector lattice (candidates per slot and their transitions).
         draft_hidden = self._draft_block_hidden(batch, draft_input, bs)
-        logprobs, token_ids = self._draft_topk(draft_hidden[:, 1:, :])
-        tree = build_tree(logprobs, token_ids, self.tree.budget)
+        if self.tree_from_transitions:
+            candidate_ids, scores = self.draft_model.selector_lattice(
+                draft_hidden[:, 1:, :],
+                draft_input.bonus_tokens.view(bs),
+                self.target_worker.model_runner.model.lm_head,
+            )
+            tree = build_selector_tree(candidate_ids, scores, self.tree.budget)
+        else:
+            logprobs, token_ids = self._draft_topk(draft_hidden[:, 1:, :])
+            tree = build_tree(logprobs, token_ids, self.tree.budget)
         compiled = compile_tree(
             tree,
             bonus=draft_input.bonus_tokens.view(bs).to(torch.int64),
