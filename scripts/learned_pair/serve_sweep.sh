@@ -12,7 +12,7 @@
 # holding its pair.tar.NN parts). Everything lands in --out DIR (default: the OUT environment
 # variable if set, else /tmp/learned-out): the sweep JSON and PNG, sweep.log, the server logs as
 # sweep-logs.tgz. --seconds is the time this script may use (default 520); the sweep's deadline
-# is what is left after setup, less the packing.
+# is what is left after setup, less the packing, and a timeout stops it 10 s after that.
 # Arguments after -- override the sweep's, so the work can be split over two runs of about ten
 # minutes each: batch 1 (`-- --batch 1 --sampling-max-s 0 --tag learned_h200_b1`) and batch 8
 # with the sampling check (`-- --batch 8 --tag learned_h200_b8`); budget_sweep.py --report
@@ -53,7 +53,10 @@ PY
 left=$(( SECONDS_TOTAL - ($(date +%s) - t0) - 20 ))
 LOGS=/tmp/learned-sweep-logs
 rm -rf "$LOGS"
-"$PY" benchmarks/budget_sweep.py --launch \
+# The deadline is the sweep's plan; the timeout holds the script to --seconds if a server or
+# the sampling check overruns it (SIGINT: the sweep stops its servers, its JSON holds every
+# point measured so far).
+timeout -s INT -k 15 "$(( left + 10 ))" "$PY" benchmarks/budget_sweep.py --launch \
     --model-path "$PAIR/target" --draft-model-path "$PAIR/drafter" \
     --configs nospec,dflash,ddtree4,ddtree8,ddtree16,ddtree32,ddtree64,ddtree128 \
     --prompts "$PAIR/prompts.jsonl" --num-prompts 16 --max-new-tokens 256 \
