@@ -52,6 +52,18 @@ def main(argv=None) -> int:
     for who in ("target", "drafter"):
         b.add_argument(f"--{who}-steps", type=int)
         b.add_argument(f"--{who}-decay-start", type=int)
+    a = sub.add_parser("add-drafter", help="train one more drafter (e.g. DFlash 2) for a pair's target, into "
+                                           "drafter-<kind>/ beside the pair's own")
+    a.add_argument("pair", type=Path)
+    a.add_argument("--kind", default="dflash2", choices=["dflash", "dflash2"])
+    a.add_argument("--deadline-s", type=float, default=300.0)
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--root", action="append", help="LABEL=DIR corpus root (default: this Python's stdlib "
+                                                   "and site-packages, as build)")
+    a.add_argument("--exclude", action="append", default=[], type=Path)
+    a.add_argument("--device")
+    a.add_argument("--drafter-steps", type=int)
+    a.add_argument("--drafter-decay-start", type=int)
     p = sub.add_parser("pack", help="split a pair directory into transportable parts")
     p.add_argument("pair", type=Path)
     p.add_argument("--to", type=Path, required=True)
@@ -96,6 +108,14 @@ def main(argv=None) -> int:
         if args.pack_to:
             parts = checkpoint.pack(args.out, args.pack_to)
             log(f"packed into {len(parts)} parts in {args.pack_to}")
+    elif args.cmd == "add-drafter":
+        from .build import AddDrafterArgs, add_drafter
+
+        if args.drafter_decay_start is not None and args.drafter_steps is None:
+            ap.error("--drafter-decay-start needs --drafter-steps")
+        add_drafter(AddDrafterArgs(pair=args.pair, kind=args.kind, seed=args.seed, deadline_s=args.deadline_s,
+                                   roots=_roots(args.root), exclude=args.exclude, device=args.device,
+                                   drafter_steps=args.drafter_steps, drafter_decay_start=args.drafter_decay_start))
     elif args.cmd == "pack":
         parts = checkpoint.pack(args.pair, args.to, args.part_mib)
         print(f"{len(parts)} parts in {args.to}")

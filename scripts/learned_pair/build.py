@@ -118,13 +118,67 @@ class BuildArgs:
     drafter: str = "dflash"
 
 
+def _corpus(roots, prof: Profile, exclude: list, log):
+    from . import corpus as corpus_mod
+
+    corp = corpus_mod.build_corpus(roots, prof.corpus_max_bytes, prof.heldout_fraction, exclude=exclude)
+    if len(corp.train) < 2 or len(corp.heldout) < 1:
+        raise SystemExit(f"corpus too small: {corp.manifest()}")
+    log(f"corpus: {json.dumps(corp.manifest())}")
+    return corp
+
+
+def _drafter_data(target, train_tokens, prof: Profile, seed: int, dev):
+    """The target's own continuations of random training windows, half greedy, half at T=1:
+    a drafter learns what the target says, not what the corpus says."""
+    import torch
+
+    from . import train
+
+    gen = torch.Generator(device=dev).manual_seed(seed + 3)
+    seqs = []
+    for i in range(0, prof.gen_sequences, prof.gen_chunk):
+        n = min(prof.gen_chunk, prof.gen_sequences - i)
+        p = train.random_windows(train_tokens, n, prof.gen_prompt_len, gen)
+        temps = (torch.arange(n, device=dev) % 2).float()  # 0 = greedy, 1 = T=1
+        seqs.append(train.generate(target, p, prof.gen_new_tokens, temps, gen))
+    return torch.cat(seqs)
+
+
+def _drafter_config(prof: Profile, steps: Optional[int], decay_start: Optional[int]):
+    from . import train
+
+    dcfg = train.DrafterTrainConfig(**prof.drafter_train)
+    return dcfg if steps is None else replace(dcfg, steps=steps, decay_start=decay_start)
+
+
+def _train_drafter(kind: str, target, seqs, prof: Profile, dcfg, seconds: float, seed: int, dev, log):
+    """One drafter of ``kind`` ("dflash" or "dflash2") for ``target``: (kind, shape, drafter,
+    training record), the drafter in the target's dtype."""
+    import torch
+
+    from . import tokenizer as tokmod, train
+    from .model import Drafter, DrafterShape, dflash2_shape
+
+    dshape = DrafterShape(**prof.drafter)
+    if kind == "dflash2":
+        dshape = dflash2_shape(dshape, target.shape.hidden_size)
+    drafter = Drafter(target.shape, dshape)
+    drafter.init_weights(torch.Generator().manual_seed(seed + 4))
+    drafter.to(dev)
+    record = train.train_drafter(drafter, target, seqs, prof.gen_prompt_len, tokmod.MASK_ID, dcfg,
+                                 seconds, seed + 5, log)
+    drafter.to(target.lm_head_weight.dtype)
+    return kind, dshape, drafter, record
+
+
 def build(args: BuildArgs, log=print) -> dict:
     # The GPU host's env.sh turns tokenizer threads off for the servers; training wants them.
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
     import torch
 
     from . import checkpoint, corpus as corpus_mod, evaluate, tokenizer as tokmod, train
-    from .model import Drafter, DrafterShape, Target, TargetShape, dflash2_shape, shapes_dict
+    from .model import Target, TargetShape, shapes_dict
 
     t0 = time.monotonic()
     prof = PROFILES[args.profile]
@@ -143,11 +197,7 @@ def build(args: BuildArgs, log=print) -> dict:
 
     # -- data ------------------------------------------------------------------------------
     t = time.monotonic()
-    corp = corpus_mod.build_corpus(args.roots, prof.corpus_max_bytes, prof.heldout_fraction,
-                                   exclude=[out, *args.exclude])
-    if len(corp.train) < 2 or len(corp.heldout) < 1:
-        raise SystemExit(f"corpus too small: {corp.manifest()}")
-    log(f"corpus: {json.dumps(corp.manifest())}")
+    corp = _corpus(args.roots, prof, [out, *args.exclude], log)
     t = mark("corpus", t)
     keep = min(1.0, prof.tokenizer_sample_bytes / max(1, corp.bytes("train")))
     sample = [d.text for d in corp.train if corpus_mod.unit_hash("tokenizer", d.name) < keep] or [corp.train[0].text]
@@ -188,37 +238,19 @@ def build(args: BuildArgs, log=print) -> dict:
     t = mark("target_eval", t)
 
     # -- drafter data: the target's own continuations, half greedy and half sampled at T=1 --
-    gen = torch.Generator(device=dev).manual_seed(args.seed + 3)
-    seqs = []
-    for i in range(0, prof.gen_sequences, prof.gen_chunk):
-        n = min(prof.gen_chunk, prof.gen_sequences - i)
-        p = train.random_windows(train_tokens, n, prof.gen_prompt_len, gen)
-        temps = (torch.arange(n, device=dev) % 2).float()  # 0 = greedy, 1 = T=1
-        seqs.append(train.generate(target, p, prof.gen_new_tokens, temps, gen))
-    seqs = torch.cat(seqs)
+    seqs = _drafter_data(target, train_tokens, prof, args.seed, dev)
     t = mark("drafter_data", t)
 
     # -- drafter(s) ------------------------------------------------------------------------
     kinds = {"dflash": ["dflash"], "dflash2": ["dflash2"], "both": ["dflash", "dflash2"]}.get(args.drafter)
     if kinds is None:
         raise ValueError(f"drafter must be dflash, dflash2 or both, got {args.drafter!r}")
-    dcfg = train.DrafterTrainConfig(**prof.drafter_train)
-    if args.drafter_steps is not None:
-        dcfg = replace(dcfg, steps=args.drafter_steps, decay_start=args.drafter_decay_start)
+    dcfg = _drafter_config(prof, args.drafter_steps, args.drafter_decay_start)
     drafters = []  # (kind, shape, drafter, training record): the first is drafter/
     for i, kind in enumerate(kinds):
-        dshape = DrafterShape(**prof.drafter)
-        if kind == "dflash2":
-            dshape = dflash2_shape(dshape, tshape.hidden_size)
-        drafter = Drafter(tshape, dshape)
-        drafter.init_weights(torch.Generator().manual_seed(args.seed + 4))
-        drafter.to(dev)
-        drafter_seconds = max(1.0, (left() - prof.final_reserve_s) / (len(kinds) - i))
-        record = train.train_drafter(drafter, target, seqs, prof.gen_prompt_len, tokmod.MASK_ID, dcfg,
-                                     drafter_seconds, args.seed + 5, log)
+        seconds = max(1.0, (left() - prof.final_reserve_s) / (len(kinds) - i))
+        drafters.append(_train_drafter(kind, target, seqs, prof, dcfg, seconds, args.seed, dev, log))
         t = mark(f"drafter_train_{kind}" if len(kinds) > 1 else "drafter_train", t)
-        drafter.to(target.lm_head_weight.dtype)
-        drafters.append((kind, dshape, drafter, record))
     _, dshape, drafter, drafter_record = drafters[0]
 
     # -- offline evaluation ----------------------------------------------------------------
@@ -270,3 +302,75 @@ def build(args: BuildArgs, log=print) -> dict:
     mark("write", t)
     log(f"pair written to {out} in {time.monotonic() - t0:.0f} s")
     return manifest
+
+
+@dataclass
+class AddDrafterArgs:
+    pair: Path
+    kind: str = "dflash2"
+    seed: int = 0
+    deadline_s: float = 300.0
+    roots: Optional[dict] = None
+    exclude: list = field(default_factory=list)
+    drafter_steps: Optional[int] = None
+    drafter_decay_start: Optional[int] = None
+    device: Optional[str] = None
+
+
+def add_drafter(args: AddDrafterArgs, log=print) -> dict:
+    """Train one more drafter for a pair's existing target into ``drafter-<kind>/``, its record
+    in the manifest under ``drafter_<kind>``. The pair stays the reference it was: its target,
+    tokenizer, drafter and prompts are not touched, so a new drafter is measured beside the old
+    one on the same target (training data as ``build`` makes it, from the same corpus roots)."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    import torch
+
+    from . import checkpoint, evaluate, tokenizer as tokmod
+    from .model import shapes_dict
+
+    t0 = time.monotonic()
+    pair = Path(args.pair)
+    if args.kind not in ("dflash", "dflash2"):
+        raise SystemExit(f"--kind must be dflash or dflash2, got {args.kind!r}")
+    manifest_path = pair / "manifest.json"
+    if not manifest_path.is_file():
+        raise SystemExit(f"{pair} is not a learned pair (no manifest.json)")
+    manifest = json.loads(manifest_path.read_text())
+    out = pair / f"drafter-{args.kind}"
+    if out.exists():
+        raise SystemExit(f"{out} exists: remove it to train that drafter again")
+    prof = PROFILES[manifest["profile"]]
+    dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.manual_seed(args.seed)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    target, _ = checkpoint.load_pair(pair, dev, dtype)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    tok = tokmod.load(pair / "target")
+
+    corp = _corpus(args.roots, prof, [pair, *args.exclude], log)
+    train_ids = tokmod.encode_docs(tok, [d.text for d in corp.train])
+    train_tokens = torch.from_numpy(train_ids.astype(np.int32)).to(dev)
+    seqs = _drafter_data(target, train_tokens, prof, args.seed, dev)
+    log(f"[{time.monotonic() - t0:6.1f} s] drafter data: {tuple(seqs.shape)}")
+    left = args.deadline_s - (time.monotonic() - t0) - prof.final_reserve_s
+    dcfg = _drafter_config(prof, args.drafter_steps, args.drafter_decay_start)
+    kind, dshape, drafter, record = _train_drafter(args.kind, target, seqs, prof, dcfg, max(1.0, left),
+                                                   args.seed, dev, log)
+    prompts = [json.loads(line) for line in (pair / "prompts.jsonl").read_text().splitlines() if line.strip()]
+    offline = evaluate.offline_accept(drafter, target, [p["prompt_ids"] for p in prompts[: prof.eval_prompts]],
+                                      prof.eval_new_tokens, prof.budgets, tokmod.MASK_ID, args.seed + 6)
+    log(f"offline accept length at T=0 (tree from marginals): {json.dumps(offline)}")
+    checkpoint.save_drafter(drafter, json.loads((pair / "target" / "config.json").read_text()), out)
+    manifest[f"drafter_{kind}"] = {
+        "dir": out.name, "shape": shapes_dict(target.shape, dshape)["drafter"],
+        "train": {**asdict(dcfg), **record}, "offline_accept_t0": offline,
+        "added": {"date": time.strftime("%Y-%m-%d"),
+                  "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else platform.processor() or "cpu",
+                  "argv": sys.argv[1:], "corpus": corp.manifest(), "wall_s": round(time.monotonic() - t0, 1)},
+    }
+    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
+    log(f"{out} written in {time.monotonic() - t0:.0f} s")
+    return manifest[f"drafter_{kind}"]

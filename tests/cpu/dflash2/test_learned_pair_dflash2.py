@@ -127,3 +127,44 @@ def test_toy_build_trains_both_drafters_on_one_target(published, tmp_path):
     assert manifest["drafter_dflash2"]["train"]["steps"] == manifest["drafter_train"]["steps"]
     assert manifest["drafter_dflash2"]["shape"]["selector_top_k"] == 8
     assert isinstance(build_drafter(tmp_path / "drafter-dflash2"), DFlash2DraftModel)
+
+
+def test_add_drafter_trains_a_dflash2_drafter_beside_a_built_pair(published, tmp_path):
+    """``add-drafter --kind dflash2`` on a pair built with a DFlash drafter: drafter-dflash2/
+    appears (loading into the server's DFlash 2 drafter), the manifest records it, and the
+    pair's target, tokenizer, drafter and prompts stay byte for byte; a second run refuses."""
+    import hashlib
+    import sysconfig
+    from pathlib import Path
+
+    from scripts.learned_pair.__main__ import main as cli
+    from scripts.learned_pair.build import build
+    from sglang.srt.models.dflash2 import DFlash2DraftModel
+
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    roots = {"email": lib / "email", "json": lib / "json"}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        build(BuildArgs(out=tmp_path, profile="toy", roots=roots, deadline_s=600), log=lambda m: None)
+
+        def digests():
+            return {str(p.relative_to(tmp_path)): hashlib.sha256(p.read_bytes()).hexdigest()
+                    for p in sorted(tmp_path.rglob("*")) if p.is_file() and p.name != "manifest.json"}
+
+        before = digests()
+        argv = ["add-drafter", str(tmp_path), "--kind", "dflash2", "--deadline-s", "600",
+                "--root", f"email={roots['email']}", "--root", f"json={roots['json']}"]
+        assert cli(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    after = digests()
+    assert {k: v for k, v in after.items() if not k.startswith("drafter-dflash2/")} == before
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    added = manifest["drafter_dflash2"]
+    assert added["dir"] == "drafter-dflash2" and added["shape"]["selector_top_k"] == 8
+    assert added["train"]["steps"] == manifest["drafter_train"]["steps"]
+    assert added["offline_accept_t0"]["ddtree16"] >= 1.0 and added["added"]["corpus"]["train_files"] > 0
+    assert isinstance(build_drafter(tmp_path / "drafter-dflash2"), DFlash2DraftModel)
+    with pytest.raises(SystemExit, match="drafter-dflash2 exists: remove it"):
+        cli(argv)
