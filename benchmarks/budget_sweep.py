@@ -64,7 +64,10 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = re.compile(r"^(nospec|dflash|ddtree([1-9][0-9]*))$")
+CONFIG = re.compile(r"^(nospec|dflash|ddtree([1-9][0-9]*))(-transitions)?$")
+#: A DDTREE label's suffix for a tree grown from a DFlash 2 drafter's selector transitions
+#: (``--speculative-ddtree-tree transitions``), e.g. ``ddtree16-transitions``.
+TRANSITIONS = "-transitions"
 WARMUP_TOKENS = 64  # dflash's warm-up length
 
 
@@ -112,14 +115,15 @@ def load_prompts(path: Path) -> list[dict]:
 
 def parse_config(label: str) -> tuple[str, Optional[int]]:
     m = CONFIG.match(label)
-    if not m:
-        raise SystemExit(f"server label {label!r}: expected nospec, dflash or ddtree<budget> (e.g. ddtree32)")
+    if not m or (m.group(3) and not m.group(2)):
+        raise SystemExit(f"server label {label!r}: expected nospec, dflash or ddtree<budget>[{TRANSITIONS}] "
+                         f"(e.g. ddtree32, ddtree16{TRANSITIONS})")
     return ("ddtree", int(m.group(2))) if m.group(2) else (m.group(1), None)
 
 
 def config_order(label: str) -> tuple:
     kind, budget = parse_config(label)
-    return ({"nospec": 0, "dflash": 1, "ddtree": 2}[kind], budget or 0)
+    return ({"nospec": 0, "dflash": 1, "ddtree": 2}[kind], budget or 0, label.endswith(TRANSITIONS))
 
 
 def label_from_server_info(info: dict) -> str:
@@ -129,7 +133,8 @@ def label_from_server_info(info: dict) -> str:
     if algo == "DFLASH":
         return "dflash"
     if algo == "DDTREE":
-        return f"ddtree{int(info['speculative_ddtree_budget'])}"
+        suffix = TRANSITIONS if info.get("speculative_ddtree_tree") == "transitions" else ""
+        return f"ddtree{int(info['speculative_ddtree_budget'])}{suffix}"
     raise SystemExit(f"server runs speculative algorithm {algo}: not one this sweep compares")
 
 
@@ -392,15 +397,21 @@ def plot(result: dict, path: Path) -> None:
     keys = sorted({_key(r) for r in rows})
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     for key in keys:
-        pts = sorted((r["budget"], r) for r in rows if _key(r) == key and r["kind"] == "ddtree")
         name = f"bs {key[0]}, T={key[1]:g}" + (f", top-p {key[2]:g}" if key[2] < 1 else "") + \
                (f", top-k {key[3]}" if key[3] > 0 else "")
         line = None
-        if pts:
-            line, = axes[0].plot([b for b, _ in pts], [r["accept_length"] or 1.0 for _, r in pts], "o-",
-                                 label=f"DDTREE {name}")
-            axes[1].plot([b for b, _ in pts], [r["throughput_tok_s"] for _, r in pts], "o-", color=line.get_color(),
-                         label=f"DDTREE {name}")
+        for source, style in (("", "o-"), (TRANSITIONS, "s--")):
+            pts = sorted(((r["budget"], r) for r in rows if _key(r) == key and r["kind"] == "ddtree"
+                          and r["config"].endswith(TRANSITIONS) == bool(source)), key=lambda br: br[0])
+            if not pts:
+                continue
+            label = f"DDTREE{' from transitions' if source else ''} {name}"
+            color = line.get_color() if line is not None else None
+            drawn, = axes[0].plot([b for b, _ in pts], [r["accept_length"] or 1.0 for _, r in pts], style,
+                                  color=color, label=label)
+            axes[1].plot([b for b, _ in pts], [r["throughput_tok_s"] for _, r in pts], style,
+                         color=drawn.get_color(), label=label)
+            line = line or drawn
         color = line.get_color() if line is not None else None
         for r in rows:
             if _key(r) != key:
@@ -478,6 +489,8 @@ def launch_args(label: str, drafter: Optional[str], batches: list[int], extra: l
                  "--speculative-draft-model-path", drafter]
         if budget is not None:
             args += ["--speculative-ddtree-budget", str(budget)]
+        if label.endswith(TRANSITIONS):
+            args += ["--speculative-ddtree-tree", "transitions"]
     return args
 
 
@@ -585,7 +598,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=Path, help="JSONL prompt file")
     ap.add_argument("--server", action="append", default=[], help="[LABEL=]URL of a running server; LABEL is "
-                    "nospec, dflash or ddtree<B> (asked from /server_info when omitted)")
+                    "nospec, dflash, ddtree<B> or ddtree<B>-transitions (asked from /server_info when omitted)")
     ap.add_argument("--model", help="model name for the OpenAI requests (default: the server's first)")
     ap.add_argument("--batch", default="1,8", help="concurrencies, e.g. 1,8")
     ap.add_argument("--temperature", default="0,1", help="temperatures, e.g. 0,1")

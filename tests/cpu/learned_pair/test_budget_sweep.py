@@ -47,7 +47,8 @@ class FakeOpenAI(BaseHTTPRequestHandler):
         if self.path == "/v1/models":
             self._send({"data": [{"id": "learned-target"}]})
         elif self.path == "/server_info":
-            self._send({"speculative_algorithm": c["algo"], "speculative_ddtree_budget": c.get("budget")})
+            self._send({"speculative_algorithm": c["algo"], "speculative_ddtree_budget": c.get("budget"),
+                        "speculative_ddtree_tree": c.get("tree", "marginals")})
         else:
             self._send({"error": "no"}, 404)
 
@@ -278,6 +279,31 @@ def test_launch_args():
     assert bs.launch_args("dflash", "/d", [1], [])[-3:] == ["DFLASH", "--speculative-draft-model-path", "/d"]
     with pytest.raises(SystemExit, match="draft-model-path"):
         bs.launch_args("dflash", None, [1], [])
+    t = bs.launch_args("ddtree16-transitions", "/d2", [1], [])
+    assert t[-4:] == ["--speculative-ddtree-budget", "16", "--speculative-ddtree-tree", "transitions"]
+    assert "--speculative-ddtree-tree" not in a
+    assert bs.parse_config("ddtree16-transitions") == ("ddtree", 16)
+    for bad in ("dflash-transitions", "nospec-transitions", "ddtree16-marginals"):
+        with pytest.raises(SystemExit, match="expected nospec, dflash or ddtree<budget>"):
+            bs.parse_config(bad)
+
+
+def test_trees_from_transitions_sweep_beside_marginal_trees(fakes, prompts, tmp_path):
+    """A DDTREE server growing its tree from a DFlash 2 selector's transitions is labelled
+    ddtree<B>-transitions from /server_info, compared with the marginal tree of its budget,
+    and drawn as its own line."""
+    start, _ = fakes
+    argv = ["--prompts", str(prompts), "--server", start("n", algo="NONE"), "--server", start("d", algo="DFLASH", tau=3.0),
+            "--server", start("m", algo="DDTREE", budget=16, tau=4.0),
+            "--server", start("t", algo="DDTREE", budget=16, tau=5.0, tree="transitions"),
+            "--batch", "1", "--temperature", "0", "--num-prompts", "2", "--max-new-tokens", "24",
+            "--tag", "tr", "--out-dir", str(tmp_path)]  # fmt: skip
+    assert bs.main(argv) == 0
+    r = json.loads((tmp_path / "budget_sweep_tr.json").read_text())
+    assert [x["config"] for x in r["rows"]] == ["nospec", "dflash", "ddtree16", "ddtree16-transitions"]
+    configs = r["ratios"][0]["configs"]
+    assert configs["ddtree16-transitions"]["accept_length"] > configs["ddtree16"]["accept_length"]
+    assert (tmp_path / "budget_sweep_tr.png").stat().st_size > 1000
 
 
 # ---------------------------------------------------------------------------------------------
