@@ -41,12 +41,12 @@ def gumbel_draw(
 ) -> torch.Tensor:
     """``[rows]`` int64 draws from ``softmax(logits / temperatures)``.
 
-    ``logits`` ``[rows, V]`` float32 (unit stride along V), ``temperatures`` ``[rows, 1]``
-    float32, all > 0. The seed comes from torch's default CPU generator, so
-    ``torch.manual_seed`` makes the draws repeatable.
+    ``logits`` ``[rows, V]`` float32, ``temperatures`` ``[rows, 1]`` float32, all > 0. The
+    seed comes from torch's default CPU generator, so ``torch.manual_seed`` makes the draws
+    repeatable.
     """
-    if logits.dim() != 2 or logits.stride(1) != 1:
-        raise ValueError(f"logits must be [rows, V] with unit stride along V, got {tuple(logits.shape)}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [rows, V], got {tuple(logits.shape)}")
     if temperatures.shape != (logits.shape[0], 1):
         raise ValueError(f"temperatures must be [rows={logits.shape[0]}, 1], got {tuple(temperatures.shape)}")
     if use_triton is None:
@@ -75,6 +75,8 @@ _BLOCK_V = 2048
 
 def _draw_triton(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
     rows, v = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
     out = torch.empty((rows,), dtype=torch.int64, device=logits.device)
     if rows == 0:
         return out
