@@ -131,8 +131,8 @@ def compile_sglang_jit(entries: list, arch: tuple[int, int], results: list) -> N
 # ----------------------------------------------------------------------------- Triton
 def ddtree_sources():
     """The DDTree build, compile and step-commit kernels at the budgets their launch helpers
-    serve, and the verify sampler's node-logits and Gumbel-draw kernels, as ``(label, ASTSource, compile
-    options)``: the same for every arch."""
+    serve, and the verify sampler's node-logits and Gumbel-draw kernels, as ``(label,
+    ASTSource, compile options)``: the same for every arch."""
     import triton
     from triton.compiler import ASTSource
 

@@ -141,7 +141,8 @@ def test_the_plain_unseeded_case_is_the_fused_draw():
     tokens = draw_node_tokens(buf, _info(rows), sampler, torch.zeros(rows, dtype=torch.int64), max_rows=5)
     assert sampler.calls == []
     assert torch.equal(buf, logits)  # no temperature, no softmax: the logits were only read
-    assert tokens.dtype == torch.int64 and tokens.shape == (rows,) and bool(((tokens >= 0) & (tokens < VOCAB)).all())
+    assert tokens.dtype == torch.int64 and tokens.shape == (rows,)
+    assert bool(((tokens >= 0) & (tokens < VOCAB)).all())
 
 
 @pytest.mark.parametrize("flag", ["top_k", "top_p", "min_p", "seeded"])
@@ -149,7 +150,8 @@ def test_any_filter_or_seed_keeps_the_samplers_path(flag):
     rows = 12
     buf = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(2))
     sampler = _Recorder()
-    draw_node_tokens(buf, _info(rows, **{flag: True}), sampler, torch.zeros(rows, dtype=torch.int64), max_rows=5)
+    positions = torch.zeros(rows, dtype=torch.int64)
+    draw_node_tokens(buf, _info(rows, **{flag: True}), sampler, positions, max_rows=5)
     assert sampler.calls == [flag == "seeded"] * 3  # chunks of 5, 5, 2 rows
     torch.testing.assert_close(buf.sum(-1), torch.ones(rows))  # overwritten with the probabilities
 
