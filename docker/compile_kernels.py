@@ -131,8 +131,8 @@ def compile_sglang_jit(entries: list, arch: tuple[int, int], results: list) -> N
 # ----------------------------------------------------------------------------- Triton
 def ddtree_sources():
     """The DDTree build, compile and step-commit kernels at the budgets their launch helpers
-    serve, and the verify sampler's node-logits kernel, as ``(label, ASTSource, compile
-    options)``: the same for every arch."""
+    serve, and the verify sampler's node-logits and Gumbel-draw kernels, as ``(label,
+    ASTSource, compile options)``: the same for every arch."""
     import triton
     from triton.compiler import ASTSource
 
@@ -197,6 +197,16 @@ def ddtree_sources():
         sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
         yield (f"verify_node_logits penalties={penalty} bias={bias}", ASTSource(fn, sig, constexprs=consts),
                {"num_warps": 4})
+    from sglang.srt.speculative.verify_sampling import gumbel_draw
+
+    # DFLASH/DDTREE verify: the plain unseeded draw, one row per program for a vocabulary of at
+    # least one block (smaller ones, several rows per program, compile on first use).
+    fn = gumbel_draw._gumbel_draw_kernel
+    types = {n: "i32" for n in fn.arg_names if not n.endswith("_ptr")}
+    types.update(logits_ptr="*fp32", temp_ptr="*fp32", out_ptr="*i64")
+    consts = dict(ROWS=1, BLOCK=gumbel_draw._BLOCK_V)
+    sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
+    yield ("verify_gumbel_draw", ASTSource(fn, sig, constexprs=consts), {"num_warps": 4})
 
 
 def compile_triton(names: list, cap: tuple[int, int], results: list) -> None:

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The build, compile and step-commit kernels and the verify sampler's node-logits kernel compile for real GPUs (sm_90, sm_120), not just under the
+"""The build, compile and step-commit kernels and the verify sampler's node-logits and Gumbel-draw kernels compile for real GPUs (sm_90, sm_120), not just under the
 interpreter, which accepts code the compiler rejects. Runs in a subprocess
 because TRITON_INTERPRET=1 (set for the CPU test run) changes how
 ``triton.jit`` decorates the kernel."""
@@ -37,7 +37,8 @@ def test_kernels_compile_for_sm90_and_sm120():
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     kernels = {r["kernel"].split()[0] for r in results}
-    assert kernels == {"ddtree_build", "ddtree_compile", "ddtree_commit", "verify_node_logits"}, results
+    assert kernels == {"ddtree_build", "ddtree_compile", "ddtree_commit", "verify_node_logits",
+                       "verify_gumbel_draw"}, results
     assert len(results) >= 2 * 16, results
     for r in results:
         assert r["shared"] <= 99 * 1024, r  # fits sm_120's per-block limit

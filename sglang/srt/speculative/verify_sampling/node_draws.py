@@ -14,7 +14,10 @@ The draw reuses ``Sampler._sample_from_probs`` (the sampling backend's own kerne
 FlashInfer's joint top-k/top-p, its min-p path, or the seeded pytorch path), after
 the same temperature and softmax as ``Sampler.forward``; with per-request seeds
 (``--enable-deterministic-inference``) each node is drawn at its own position, so a
-seeded request emits the same tokens with and without speculation.
+seeded request emits the same tokens with and without speculation. The sampler's plain
+unseeded case (no top-k, top-p or min-p in the batch, ``torch.multinomial`` upstream) is
+drawn instead by a fused Gumbel-max kernel (``gumbel_draw``): the same distribution,
+without the multinomial's host synchronisation and extra passes over the logits.
 
 Rows are drawn in chunks so the sampler's temporaries stay within a fixed workspace
 (reserved when the KV pool is sized: ``workspace.py``).
@@ -26,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+
+from sglang.srt.speculative.verify_sampling.gumbel_draw import gumbel_draw
 
 #: Bytes per logit a chunk's draw may allocate besides the logits, by sampling backend:
 #: FlashInfer needs the softmax's output and torch.multinomial's noise (plus the min-p
@@ -94,8 +99,12 @@ def draw_node_tokens(
     max_rows: int,
 ) -> torch.Tensor:
     """``[rows]`` int64 draws. ``probs_from_logits`` ``[rows, V]`` float32 holds the adjusted
-    logits and is overwritten with the sampling probabilities (as ``Sampler.forward`` does);
+    logits and is overwritten with the sampling probabilities (as ``Sampler.forward`` does),
+    except in the plain unseeded case, which reads the logits and leaves them as they are;
     ``sample_from_probs(probs, info, positions, simple)`` is the sampler's draw."""
+    if info.simple and info.sampling_seed is None:
+        # Exactly the sampler's torch.multinomial case; the fused draw needs no workspace.
+        return gumbel_draw(probs_from_logits, info.temperatures)
     rows = probs_from_logits.shape[0]
     out = torch.empty((rows,), dtype=torch.int64, device=probs_from_logits.device)
     for start in range(0, rows, max_rows):

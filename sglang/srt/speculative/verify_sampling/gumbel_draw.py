@@ -1,0 +1,133 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One draw per row from ``softmax(logits / T_row)`` by the Gumbel-max trick, fused.
+
+The sampler's plain case (no top-k, top-p or min-p in the batch, no seed) is
+``torch.multinomial`` over the softmax: it synchronises the GPU with the host on every
+call (ATen checks the probabilities before drawing) and passes over ``[rows, V]``
+several times. ``argmax_v (logits[v] / T + g_v)`` with ``g_v = -log(-log(u_v))``, ``u_v``
+uniform, is an exact sample from the same distribution; the kernel reads each row once
+(vocabulary chunks, a running max and argmax), draws its uniforms with Philox keyed by a
+seed taken from torch's CPU generator (no device RNG state, no sync) and never
+materialises probabilities. The logits are read, not modified.
+
+``-inf`` logits (penalties, bias, grammar) stay ``-inf`` after the noise, so they are
+never drawn unless the whole row is ``-inf`` (then token 0). Seeded requests do not come
+here: they keep the sampler's seeded path, so a seeded request emits the same tokens with
+and without speculation.
+
+One Triton launch over ``[rows, V]`` (a program per ``ROWS`` rows: one row for a real
+vocabulary, several for small ones); the torch reference beside it is the same math on
+``torch.rand``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+#: Uniforms are clamped to the smallest positive normal float32 so ``log(u)`` stays finite.
+_TINY = 1.1754943508222875e-38
+_TINY_C: tl.constexpr = tl.constexpr(_TINY)
+
+
+def gumbel_draw(
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    *,
+    use_triton: Optional[bool] = None,
+) -> torch.Tensor:
+    """``[rows]`` int64 draws from ``softmax(logits / temperatures)``.
+
+    ``logits`` ``[rows, V]`` float32, ``temperatures`` ``[rows, 1]`` float32, all > 0. The
+    seed comes from torch's default CPU generator, so ``torch.manual_seed`` makes the draws
+    repeatable.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [rows, V], got {tuple(logits.shape)}")
+    if temperatures.shape != (logits.shape[0], 1):
+        raise ValueError(f"temperatures must be [rows={logits.shape[0]}, 1], got {tuple(temperatures.shape)}")
+    if use_triton is None:
+        use_triton = logits.is_cuda or _interpreted()
+    if use_triton:
+        return _draw_triton(logits, temperatures)
+    return gumbel_draw_reference(logits, temperatures)
+
+
+def gumbel_draw_reference(
+    logits: torch.Tensor, temperatures: torch.Tensor, generator: Optional[torch.Generator] = None
+) -> torch.Tensor:
+    """The same draw in plain torch: Gumbel noise from ``torch.rand``, then the argmax."""
+    u = torch.rand(logits.shape, dtype=torch.float32, device=logits.device, generator=generator)
+    g = -torch.log(-torch.log(u.clamp_(min=_TINY)))
+    return torch.argmax(logits / temperatures + g, dim=-1)
+
+
+def _interpreted() -> bool:
+    return type(_gumbel_draw_kernel).__name__ == "InterpretedFunction"
+
+
+#: Elements one program holds per loop step: a chunk of one row, or several short rows.
+_BLOCK_V = 2048
+
+
+def _draw_triton(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    rows, v = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    out = torch.empty((rows,), dtype=torch.int64, device=logits.device)
+    if rows == 0:
+        return out
+    block = min(_BLOCK_V, triton.next_power_of_2(v))
+    per_program = min(_BLOCK_V // block, triton.next_power_of_2(rows))
+    seed = int(torch.randint(0, 2**31 - 1, (1,)))
+    _gumbel_draw_kernel[(triton.cdiv(rows, per_program),)](
+        logits,
+        logits.stride(0),
+        temperatures,
+        temperatures.stride(0),
+        out,
+        seed,
+        rows,
+        v,
+        ROWS=per_program,
+        BLOCK=block,
+    )
+    return out
+
+
+@triton.jit(do_not_specialize=["seed"])
+def _gumbel_draw_kernel(
+    logits_ptr,
+    stride_logits,
+    temp_ptr,
+    stride_temp,
+    out_ptr,
+    seed,
+    rows,
+    v,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    live = r < rows
+    inv_t = 1.0 / tl.load(temp_ptr + r * stride_temp, mask=live, other=1.0)
+    row_ptr = logits_ptr + r * stride_logits
+    key = r * v  # Philox counter of (row, column): row * V + column
+    best = tl.full((ROWS, BLOCK), float("-inf"), tl.float32)
+    arg = tl.zeros((ROWS, BLOCK), tl.int32)
+    for start in range(0, v, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        m = live[:, None] & (cols < v)[None, :]
+        x = tl.load(row_ptr[:, None] + cols[None, :], mask=m, other=float("-inf"))
+        u = tl.maximum(tl.rand(seed, key[:, None] + cols[None, :]), _TINY_C)
+        z = x * inv_t[:, None] - tl.log(-tl.log(u))
+        better = z > best
+        best = tl.where(better, z, best)
+        arg = tl.where(better, cols[None, :], arg)
+    top = tl.max(best, 1)
+    # The lowest column among the maxima; a row of -inf keeps every lane at column 0.
+    token = tl.min(tl.where(best == top[:, None], arg, v), 1)
+    tl.store(out_ptr + r, token.to(tl.int64), mask=live)
