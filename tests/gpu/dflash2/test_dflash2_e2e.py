@@ -62,12 +62,11 @@ def test_no_kv_leak(servers, spec):
     assert spec.alive() and not spec.leak_lines(), spec.log_tail()
 
 
-def test_unsupported_drafter_refused_at_startup(request, dflash2_models, gpu_log_dir):
-    h = harness(request.config)
-    server = h.ServerProcess(
-        "dflash2-unsupported", str(dflash2_models / "tiny-qwen3"),
-        ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
-         str(dflash2_models / "tiny-qwen3-dflash2-unsupported"), "--attention-backend", "triton",
+def _refused_at_startup(request, models, gpu_log_dir, name: str, drafter: str, extra: list) -> str:
+    """Start tiny-qwen3 with ``drafter`` and ``extra``; the server must stop by itself. Its log."""
+    server = harness(request.config).ServerProcess(
+        name, str(models / "tiny-qwen3"),
+        ["--speculative-draft-model-path", str(models / drafter), *extra, "--attention-backend", "triton",
          "--mem-fraction-static", "0.5"],
         gpu_log_dir,
     )  # fmt: skip
@@ -75,27 +74,19 @@ def test_unsupported_drafter_refused_at_startup(request, dflash2_models, gpu_log
         deadline = time.time() + 420
         while server.alive() and time.time() < deadline:
             time.sleep(2)
-        assert not server.alive(), "the server started with an unsupported DFlash 2 drafter"
-        log = server.log_text()
-        assert "cannot be served" in log and "attention_sink_bias" in log, server.log_tail()
+        assert not server.alive(), f"{name}: the server started"
+        return server.log_text()
     finally:
         server.stop()
+
+
+def test_unsupported_drafter_refused_at_startup(request, dflash2_models, gpu_log_dir):
+    log = _refused_at_startup(request, dflash2_models, gpu_log_dir, "dflash2-unsupported",
+                              "tiny-qwen3-dflash2-unsupported", ["--speculative-algorithm", "DFLASH"])
+    assert "cannot be served" in log and "attention_sink_bias" in log, log[-3000:]
 
 
 def test_transitions_without_a_selector_refused_at_startup(request, dflash2_models, gpu_log_dir):
-    h = harness(request.config)
-    server = h.ServerProcess(
-        "ddtree-transitions-dflash1", str(dflash2_models / "tiny-qwen3"),
-        ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path",
-         str(dflash2_models / "tiny-qwen3-dflash"), "--speculative-ddtree-tree", "transitions",
-         "--attention-backend", "triton", "--mem-fraction-static", "0.5"],
-        gpu_log_dir,
-    )  # fmt: skip
-    try:
-        deadline = time.time() + 420
-        while server.alive() and time.time() < deadline:
-            time.sleep(2)
-        assert not server.alive(), "DDTREE grew a tree from transitions with a drafter that has no selector"
-        assert "--speculative-ddtree-tree marginals (the default)" in server.log_text(), server.log_tail()
-    finally:
-        server.stop()
+    log = _refused_at_startup(request, dflash2_models, gpu_log_dir, "ddtree-transitions-dflash1", "tiny-qwen3-dflash",
+                              ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-tree", "transitions"])
+    assert "--speculative-ddtree-tree marginals (the default)" in log, log[-3000:]
