@@ -195,3 +195,19 @@ def test_seeded_requests_keep_the_samplers_seeded_path(deterministic, single_ran
     sampler = _Recorder()
     assert not _target_tokens(sampler, reqs)
     assert sampler.calls == [True]
+
+
+@pytest.mark.parametrize("batch", sorted(BATCHES))
+def test_per_node_parameters_repeat_each_request_per_node(published, batch):
+    """Every request's temperature on each of its nodes; the filters and seeds too, except in
+    the plain unseeded case, whose fused draw reads the temperatures only."""
+    kws, fused = BATCHES[batch]
+    reqs = [Req(params(**kw), [0], [5], pool_idx=i, prefilled_outputs=0) for i, kw in enumerate(kws)]
+    info = forward_info(reqs, VOCAB)
+    node = NodeSamplingInfo.repeat(info, 3)
+    assert torch.equal(node.temperatures.view(-1), info.temperatures.view(-1).repeat_interleave(3))
+    if fused:
+        assert node.top_ks is None and node.top_ps is None and node.min_ps is None and node.simple
+    else:
+        assert torch.equal(node.top_ks, info.top_ks.repeat_interleave(3))
+        assert torch.equal(node.top_ps, info.top_ps.repeat_interleave(3))

@@ -45,9 +45,9 @@ class NodeSamplingInfo:
     """The per-row parameters ``Sampler._sample_from_probs`` reads, one row per node."""
 
     temperatures: torch.Tensor  # [rows, 1] float32
-    top_ks: torch.Tensor  # [rows] int32
-    top_ps: torch.Tensor  # [rows] float32
-    min_ps: torch.Tensor  # [rows] float32
+    top_ks: Optional[torch.Tensor]  # [rows] int32 (None in the plain unseeded case)
+    top_ps: Optional[torch.Tensor]  # [rows] float32 (likewise)
+    min_ps: Optional[torch.Tensor]  # [rows] float32 (likewise)
     sampling_seed: Optional[torch.Tensor]  # [rows] int64
     need_top_k_sampling: bool
     need_top_p_sampling: bool
@@ -55,18 +55,25 @@ class NodeSamplingInfo:
 
     @classmethod
     def repeat(cls, sampling_info: Any, nodes: int) -> "NodeSamplingInfo":
+        """Each request's parameters for each of its ``nodes`` rows. The fused draw of the
+        plain unseeded case reads only the temperatures, so only they are repeated there."""
+        flags = dict(
+            need_top_k_sampling=bool(sampling_info.need_top_k_sampling),
+            need_top_p_sampling=bool(sampling_info.need_top_p_sampling),
+            need_min_p_sampling=bool(sampling_info.need_min_p_sampling),
+        )
+        plain = not any(flags.values()) and sampling_info.sampling_seed is None
+
         def rep(t):
-            return None if t is None else torch.repeat_interleave(t, nodes, dim=0)
+            return None if t is None or plain else torch.repeat_interleave(t, nodes, dim=0)
 
         return cls(
-            temperatures=rep(sampling_info.temperatures.view(-1, 1)),
+            temperatures=torch.repeat_interleave(sampling_info.temperatures.view(-1, 1), nodes, dim=0),
             top_ks=rep(sampling_info.top_ks),
             top_ps=rep(sampling_info.top_ps),
             min_ps=rep(sampling_info.min_ps),
             sampling_seed=rep(sampling_info.sampling_seed),
-            need_top_k_sampling=bool(sampling_info.need_top_k_sampling),
-            need_top_p_sampling=bool(sampling_info.need_top_p_sampling),
-            need_min_p_sampling=bool(sampling_info.need_min_p_sampling),
+            **flags,
         )
 
     @property
