@@ -9,6 +9,8 @@
   show   PAIR
   offline PAIR --sampling T[/top_k[/top_p[/min_p]]],... [--budgets 16,64] [--prompts 8]
          [--new-tokens 128] [--out FILE]   accept lengths replayed with the torch models
+         [--oracle [--stride 8]]   instead: expected accept of the best tree from the target's own
+                                   conditionals, of the drafter's tree and of its chain
 """
 
 from __future__ import annotations
@@ -82,6 +84,11 @@ def main(argv=None) -> int:
     o.add_argument("--new-tokens", type=int, default=128)
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--out", type=Path)
+    o.add_argument("--oracle", action="store_true",
+                   help="the oracle bound: expected accept (exact, per setting and budget) of the best tree "
+                        "built from the target's own conditionals, of the drafter's tree and of its chain, at "
+                        "every --stride-th position of the target's continuations")
+    o.add_argument("--stride", type=int, default=8, help="with --oracle: anchor spacing")
     args = ap.parse_args(argv)
 
     from . import checkpoint
@@ -133,9 +140,15 @@ def main(argv=None) -> int:
         prompts = [r["prompt_ids"] for r in rows[: args.prompts]]
         budgets = [int(b) for b in args.budgets.split(",")]
         result = {"pair": str(args.pair), "torch_threads": torch.get_num_threads(), "settings": []}
+        if args.oracle:
+            result.update(oracle=True, argv=sys.argv[1:] if argv is None else list(argv))
         for spec in args.sampling.split(","):
-            r = evaluate.offline_accept_sampled(drafter, target, prompts, args.new_tokens, budgets, MASK_ID,
-                                                args.seed, evaluate.Sampling.parse(spec))
+            if args.oracle:
+                r = evaluate.oracle_accept(drafter, target, prompts, args.new_tokens, budgets, MASK_ID, args.seed,
+                                           evaluate.Sampling.parse(spec), args.stride)
+            else:
+                r = evaluate.offline_accept_sampled(drafter, target, prompts, args.new_tokens, budgets, MASK_ID,
+                                                    args.seed, evaluate.Sampling.parse(spec))
             result["settings"].append(r)
             print(json.dumps(r), flush=True)
         if args.out:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -305,3 +305,183 @@ def sampling_prompts(target: Target, prompts: list[dict], n: int, positions: int
         scored.append((float(np.mean(ent)), ent, pr))
     scored.sort(key=lambda t: -t[0])
     return [{**pr, "greedy_entropy": [round(e, 3) for e in ent]} for _, ent, pr in scored[:n]]
+
+
+# ---------------------------------------------------------------------------------------------
+# The oracle bound: the best tree a drafter that knew the target's conditionals could build,
+# and the drafter's own tree and chain, each as an exact expectation under the target's
+# sampling distribution (no sampling noise, so the three compare directly).
+
+#: ``cond(paths) -> distributions``: the target's sampling distribution of the next token after
+#: the context followed by each path (a tuple of token ids; ``()`` is the anchor itself).
+Cond = Callable[[list[tuple]], list[np.ndarray]]
+
+
+def best_first_tree(cond: Cond, budget: int, max_depth: int) -> list[tuple[tuple, float]]:
+    """(path, probability) of each node, most probable first, of the best tree of at most ``budget`` nodes and depth at
+    most ``max_depth``: the one maximising the expected accepted tokens, the sum over its nodes
+    of P(path). A child's path probability is at most its parent's, so the ``budget`` most
+    probable paths are prefix-closed (ties go to the shallower path) and taking them best-first
+    is optimal for this additive objective; the best tree of any smaller budget b is the first
+    b of them. Paths of probability 0 are never nodes (they add nothing).
+
+    Expansions are batched in rounds: every not yet expanded path among the current top
+    ``budget`` candidates is expanded at once (one ``cond`` call), until the top ``budget`` are
+    all expanded (or at the depth cap); then no unexpanded descendant can outrank them."""
+    cands: dict[tuple, float] = {}
+    expanded: set = set()
+
+    def push(path: tuple, prob: float, dist: np.ndarray) -> None:
+        if len(path) >= max_depth:
+            return
+        k = min(budget, dist.size)
+        idx = np.argpartition(-dist, k - 1)[:k] if k < dist.size else np.arange(dist.size)
+        for t in idx:
+            q = prob * float(dist[t])
+            if q > 0:
+                cands[path + (int(t),)] = q
+
+    def top() -> list[tuple]:
+        return sorted(cands, key=lambda p: (-cands[p], len(p), p))[:budget]
+
+    push((), 1.0, np.asarray(cond([()])[0], dtype=np.float64))
+    while True:
+        best = top()
+        for p in set(cands) - set(best):  # never again in the top: the top only improves
+            del cands[p]
+        # the last of a full top cannot have a child in it (a child sorts after its parent)
+        todo = [p for p in best[: budget - 1 if len(best) == budget else budget]
+                if p not in expanded and len(p) < max_depth]
+        if not todo:
+            return [(p, cands[p]) for p in best]
+        for p, dist in zip(todo, cond(todo)):
+            expanded.add(p)
+            push(p, cands[p], np.asarray(dist, dtype=np.float64))
+
+
+def path_probs(cond: Cond, paths: Sequence[tuple]) -> list[float]:
+    """P(path) under the target's sampling for each path of a prefix-closed set: the product of
+    the target's conditional probabilities along it. One ``cond`` call per depth."""
+    probs: dict[tuple, float] = {(): 1.0}
+    for d in range(1, max((len(p) for p in paths), default=0) + 1):
+        level = sorted({p[:d] for p in paths if len(p) >= d})
+        parents = sorted({p[:-1] for p in level})
+        dists = dict(zip(parents, cond(parents)))
+        for p in level:
+            probs[p] = probs[p[:-1]] * float(dists[p[:-1]][p[-1]])
+    return [probs[p] for p in paths]
+
+
+def tree_paths(nodes: list[Node], tokens: Sequence[Sequence[int]]) -> list[tuple]:
+    """Each node's token path from the root (``tokens[d][r]`` as in ``tree_accept``)."""
+    out: list[tuple] = []
+    for n in nodes:
+        out.append((out[n.parent] if n.parent >= 0 else ()) + (tokens[n.depth - 1][n.rank],))
+    return out
+
+
+def target_dist(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The target's sampling distribution; at temperature 0 one-hot at the argmax (greedy)."""
+    if sampling.temperature <= 0:
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    return sampling.probs(logits)
+
+
+class TargetCond:
+    """``Cond`` from the target at one anchor: the context's K/V once, then each path's last
+    token run once on top of it with a tree mask (it sees the context, its ancestors and
+    itself), its ancestors added to the same forward where they have not run yet. The
+    distributions are kept, so the oracle and the drafter's tree share expansions."""
+
+    def __init__(self, target: Target, k: list, v: list, ctx_len: int, root_logits: torch.Tensor,
+                 sampling: Sampling):
+        self.target, self.sampling, self.ctx_len = target, sampling, ctx_len
+        self.cache = self._cache(ctx_len + 64)
+        for i in range(len(k)):
+            self.cache.k[i][:, :ctx_len] = k[i][:, :ctx_len]
+            self.cache.v[i][:, :ctx_len] = v[i][:, :ctx_len]
+        self.cache.length = ctx_len
+        self.slot: dict[tuple, int] = {}  # path -> cache index of its last token
+        self.dist: dict[tuple, np.ndarray] = {(): target_dist(root_logits, sampling).double().numpy()}
+        self.forwards = 0
+
+    def _cache(self, n: int) -> KVCache:
+        p = next(self.target.parameters())
+        return KVCache(self.target.shape, 1, n, p.device, p.dtype)
+
+    def __call__(self, paths: list[tuple]) -> list[np.ndarray]:
+        new = sorted({p[:d] for p in paths for d in range(1, len(p) + 1)} - set(self.dist), key=len)
+        if new:
+            self._run(new)
+        return [self.dist[p] for p in paths]
+
+    def _run(self, new: list[tuple]) -> None:
+        start, m = self.cache.length, len(new)
+        if start + m > self.cache.k[0].shape[1]:  # grow
+            old, self.cache = self.cache, self._cache(2 * (start + m))
+            for i in range(len(old.k)):
+                self.cache.k[i][:, :start], self.cache.v[i][:, :start] = old.k[i][:, :start], old.v[i][:, :start]
+            self.cache.length = start
+        for j, p in enumerate(new):
+            self.slot[p] = start + j
+        mask = torch.zeros(m, start + m, dtype=torch.bool)
+        mask[:, : self.ctx_len] = True
+        for j, p in enumerate(new):
+            mask[j, [self.slot[p[:d]] for d in range(1, len(p) + 1)]] = True
+        dev = self.cache.k[0].device
+        ids = torch.tensor([[p[-1] for p in new]], device=dev)
+        pos = torch.tensor([self.ctx_len - 1 + len(p) for p in new], device=dev)
+        logits, _ = self.target(ids, cache=self.cache, pos=pos, mask=mask.to(dev))
+        self.forwards += 1
+        dists = target_dist(logits[0].float(), self.sampling).double().cpu().numpy()
+        for j, p in enumerate(new):
+            self.dist[p] = dists[j]
+
+
+@torch.no_grad()
+def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], new_tokens: int,
+                  budgets: Sequence[int], mask_token_id: int, seed: int, sampling: Sampling,
+                  stride: int = 8) -> dict:
+    """Expected tokens per verify step (accepted + 1) under ``sampling`` at every ``stride``-th
+    position of the target's own continuations (those of ``offline_accept_sampled``): of the
+    best tree of B nodes built from the target's true conditionals (the bound no drafter can
+    pass), of the drafter's DDTree tree of B nodes, and of its chain (argmax per depth).
+    Depth is capped at ``block_size - 1`` as the server caps it. Also the target's mean
+    next-token entropy (nats) and top-1 probability under ``sampling`` over the continuations."""
+    bs = drafter.shape.block_size
+    cap, kmax = bs - 1, max(budgets)
+    sums = {("chain", 0): 0.0, **{(w, b): 0.0 for w in ("oracle", "ddtree") for b in budgets}}
+    anchors_n, forwards, ent, top1 = 0, 0, [], []
+    for prompt, seq in zip(prompts, sampled_continuations(target, prompts, new_tokens, sampling, seed)):
+        plen, s = len(prompt), seq.numel()
+        p = next(target.parameters())
+        full = KVCache(target.shape, 1, s, p.device, p.dtype)
+        logits, _ = target(seq.unsqueeze(0), cache=full)
+        dist = target_dist(logits[0, plen - 1 : s - 1].float(), sampling)
+        ent.append(-(dist * dist.clamp(min=1e-30).log()).sum(-1))
+        top1.append(dist.max(-1).values)
+        anchors = torch.arange(plen, s - bs + 1, stride, device=seq.device)
+        d_logits = draft_logits(drafter, target, seq.unsqueeze(0), anchors.unsqueeze(0), mask_token_id)
+        vals, ids = torch.log_softmax(d_logits.float(), dim=-1).topk(kmax, dim=-1)
+        for i, a in enumerate(anchors.tolist()):
+            cond = TargetCond(target, full.k, full.v, a + 1, logits[0, a].float(), sampling)
+            chain = [tuple(d_logits[i, :d].argmax(-1).tolist()) for d in range(1, cap + 1)]
+            sums[("chain", 0)] += 1 + sum(path_probs(cond, chain))
+            best = best_first_tree(cond, kmax, cap)
+            for b in budgets:
+                sums[("oracle", b)] += 1 + sum(q for _, q in best[:b])
+                depth, k = min(cap, b), min(b, kmax)
+                nodes = build_tree(vals[i, :depth, :k].tolist(), b)
+                sums[("ddtree", b)] += 1 + sum(path_probs(cond, tree_paths(nodes, ids[i, :depth, :k].tolist())))
+            anchors_n += 1
+            forwards += cond.forwards
+    n = max(anchors_n, 1)
+    chain = sums[("chain", 0)] / n
+    rows = [{"budget": b, "oracle_expected_accept": round(sums[("oracle", b)] / n, 4),
+             "drafter_tree_expected_accept": round(sums[("ddtree", b)] / n, 4),
+             "drafter_chain_expected_accept": round(chain, 4), "anchors": anchors_n} for b in budgets]
+    return {"sampling": sampling.__dict__, "prompts": len(prompts), "new_tokens": new_tokens, "stride": stride,
+            "anchors": anchors_n, "depth_cap": cap, "budgets": rows,
+            "target_entropy_mean": round(float(torch.cat(ent).mean()), 4),
+            "target_top1_mean": round(float(torch.cat(top1).mean()), 4),
+            "target_forwards": forwards}

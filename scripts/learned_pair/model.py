@@ -221,14 +221,18 @@ class Target(nn.Module):
                     p.copy_(torch.randn(p.shape, generator=generator) * s)
 
     def forward(self, ids: torch.Tensor, capture: Sequence[int] = (), cache: Optional[KVCache] = None,
-                logits: bool = True):
+                logits: bool = True, pos: Optional[torch.Tensor] = None, mask: Optional[torch.Tensor] = None):
         """ids [B, T] -> (logits [B, T, V] or final hidden, {layer: hidden after it}).
 
         With ``cache``, the new tokens attend to the cached ones and append their K/V.
+        ``pos`` [T] and ``mask`` [T, cached + T] (True = visible) replace the positions after the
+        cache and the causal mask: the cache then holds the nodes of a token tree, each new
+        token seeing only its context and ancestors (the oracle tree in ``evaluate.py``).
         """
         b, t = ids.shape
         start = cache.length if cache is not None else 0
-        pos = torch.arange(start, start + t, device=ids.device)
+        if pos is None:
+            pos = torch.arange(start, start + t, device=ids.device)
         h = self.model.embed_tokens(ids)
         captured = {}
         for i, layer in enumerate(self.model.layers):
@@ -242,7 +246,9 @@ class Target(nn.Module):
                 k, v = cache.k[i][:, : start + t], cache.v[i][:, : start + t]
             # A query sees every cached key and the new keys up to itself.
             causal = t > 1
-            if causal and start > 0:
+            if mask is not None:
+                h = h + attn.attend(q, k, v, mask=mask)
+            elif causal and start > 0:
                 mask = torch.ones(t, start + t, dtype=torch.bool, device=ids.device).tril(start)
                 h = h + attn.attend(q, k, v, mask=mask)
             else:

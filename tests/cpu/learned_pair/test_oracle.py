@@ -1,0 +1,164 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The oracle bound of ``evaluate.py``: the best-first tree is the best prefix-closed tree
+(brute force on a tiny vocabulary), the tree-masked target forward gives the target's own
+conditionals, the exact expectation of a tree matches sampling the target and replaying,
+and on a toy pair the oracle bounds the drafter's tree and chain (T=0: the whole depth)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from scripts.learned_pair import evaluate
+
+
+def _synthetic_cond(vocab: int, zeros: bool):
+    """A fixed conditional distribution per path, hashed from the path (some entries 0)."""
+
+    def dist(path: tuple) -> np.ndarray:
+        rng = np.random.default_rng(zlib.crc32(repr(path).encode()))
+        w = rng.random(vocab) ** 3
+        if zeros:
+            w[rng.random(vocab) < 0.3] = 0.0
+            if not w.any():
+                w[0] = 1.0
+        return w / w.sum()
+
+    calls = []
+
+    def cond(paths):
+        calls.append(list(paths))
+        return [dist(p) for p in paths]
+
+    return cond, dist, calls
+
+
+def _prob(dist, path):
+    q = 1.0
+    for d in range(len(path)):
+        q *= dist(path[:d])[path[d]]
+    return q
+
+
+@pytest.mark.parametrize("zeros", [False, True])
+@pytest.mark.parametrize("max_depth", [1, 2, 3])
+def test_best_first_equals_brute_force_over_prefix_closed_trees(zeros, max_depth):
+    vocab = 3
+    cond, dist, _ = _synthetic_cond(vocab, zeros)
+    paths = [p for d in range(1, max_depth + 1) for p in itertools.product(range(vocab), repeat=d)]
+    prob = {p: _prob(dist, p) for p in paths}
+    best = evaluate.best_first_tree(cond, 3, max_depth)
+    for budget in (1, 2, 3):
+        brute = 0.0
+        for size in range(budget + 1):
+            for tree in itertools.combinations(paths, size):
+                if all(p[:-1] in tree for p in tree if len(p) > 1):
+                    brute = max(brute, sum(prob[p] for p in tree))
+        got = best[:budget]
+        assert sum(q for _, q in got) == pytest.approx(brute, abs=1e-12)
+        assert all(p[:-1] in [x for x, _ in got] for p, _ in got if len(p) > 1)  # prefix-closed
+        assert all(q == pytest.approx(prob[p]) and q > 0 for p, q in got)
+
+
+def test_best_first_is_the_top_paths_and_batches_its_expansions():
+    vocab, depth, budget = 5, 4, 24
+    cond, dist, calls = _synthetic_cond(vocab, zeros=True)
+    paths = [p for d in range(1, depth + 1) for p in itertools.product(range(vocab), repeat=d)]
+    probs = sorted((_prob(dist, p) for p in paths), reverse=True)
+    best = evaluate.best_first_tree(cond, budget, depth)
+    np.testing.assert_allclose([q for _, q in best], [q for q in probs[:budget] if q > 0], rtol=1e-12)
+    assert len(calls) <= depth + 1 < budget  # rounds, not one call per node
+
+
+def test_path_probs_multiply_the_conditionals():
+    cond, dist, _ = _synthetic_cond(4, zeros=False)
+    paths = [(1,), (1, 2), (1, 2, 0), (3,)]
+    assert evaluate.path_probs(cond, paths) == pytest.approx([_prob(dist, p) for p in paths])
+    nodes = evaluate.build_tree([[-0.1, -2.0], [-0.2, -3.0]], 3)
+    assert evaluate.tree_paths(nodes, [[7, 8], [9, 5]]) == [(7,), (7, 9), (8,)]
+
+
+def _toy(toy_pair):
+    from scripts.learned_pair import checkpoint
+
+    pair, _ = toy_pair
+    target, drafter = checkpoint.load_pair(pair)
+    prompts = [json.loads(line)["prompt_ids"][:24] for line in (pair / "prompts.jsonl").read_text().splitlines()[:2]]
+    return target, drafter, prompts
+
+
+def _cond_at(target, seq, a, sampling):
+    cache = evaluate.KVCache(target.shape, 1, len(seq), "cpu", torch.float32)
+    logits, _ = target(torch.tensor([seq]), cache=cache)
+    return evaluate.TargetCond(target, cache.k, cache.v, a + 1, logits[0, a], sampling)
+
+
+@torch.no_grad()
+def test_tree_masked_forward_is_the_targets_conditional(toy_pair):
+    target, _, prompts = _toy(toy_pair)
+    seq, a = prompts[0], 20
+    s = evaluate.Sampling(1.0)
+    cond = _cond_at(target, seq, a, s)
+    paths = [(5,), (5, 9), (7,), (5, 9, 11), (7, 3), (12, 4, 4, 1)]  # ancestors of the last run with it
+    for p, got in zip(paths, cond(paths)):
+        logits, _ = target(torch.tensor([seq[: a + 1] + list(p)]))
+        np.testing.assert_allclose(got, evaluate.target_dist(logits[0, -1], s).double().numpy(), atol=2e-6)
+
+
+@torch.no_grad()
+def test_exact_expectation_matches_sampling_the_target(toy_pair):
+    """Sample the target's continuation from the anchor, replay the tree the server's way
+    (``tree_accept``): the mean accept length agrees with the sum of path probabilities."""
+    target, _, prompts = _toy(toy_pair)
+    seq, a, depth = prompts[0], 20, 6
+    s = evaluate.Sampling(0.7, 20, 0.8)
+    cond = _cond_at(target, seq, a, s)
+    best = evaluate.best_first_tree(cond, 12, depth)
+    paths = [p for p, _ in best]
+    exact = sum(evaluate.path_probs(cond, paths))
+    assert exact == pytest.approx(sum(q for _, q in best), rel=1e-9)
+    assert exact > 0.3  # a tree worth testing
+
+    n = 4000
+    gen = torch.Generator().manual_seed(0)
+    cache = evaluate.KVCache(target.shape, n, a + 1 + depth, "cpu", torch.float32)
+    logits, _ = target(torch.tensor([seq[: a + 1]]).expand(n, -1), cache=cache)
+    draws = []
+    for d in range(depth):
+        tok = torch.multinomial(evaluate.target_dist(logits[:, -1], s), 1, generator=gen)
+        draws.append(tok)
+        logits, _ = target(tok, cache=cache)
+    draws = torch.cat(draws, 1).tolist()
+    # the tree in tree_accept's terms: node j is rank j of its depth's row
+    nodes = [evaluate.Node(paths.index(p[:-1]) if len(p) > 1 else -1, len(p), j, 0.0) for j, p in enumerate(paths)]
+    tokens = [[p[-1] if len(p) == d + 1 else -1 for p in paths] for d in range(depth)]
+    accepted = [evaluate.tree_accept(nodes, tokens, truth) for truth in draws]
+    mc = float(np.mean(accepted))
+    se = float(np.std(accepted)) / np.sqrt(n)
+    assert abs(mc - exact) < 4 * se + 0.01, (mc, exact, se)
+
+
+def test_oracle_bounds_the_drafter_and_takes_the_whole_depth_at_t0(toy_pair):
+    from scripts.learned_pair.tokenizer import MASK_ID
+
+    target, drafter, prompts = _toy(toy_pair)
+    cap = drafter.shape.block_size - 1
+    budgets = [2, 4, 16]
+    for s in (evaluate.Sampling(1.0), evaluate.Sampling(0.7, 20, 0.8)):
+        r = evaluate.oracle_accept(drafter, target, prompts, 24, budgets, MASK_ID, 0, s, stride=4)
+        assert r["anchors"] > 0 and 0 <= r["target_entropy_mean"] and 0 < r["target_top1_mean"] <= 1
+        for row in r["budgets"]:
+            assert 1.0 <= row["drafter_tree_expected_accept"] <= row["oracle_expected_accept"] + 1e-9
+            assert row["oracle_expected_accept"] <= min(row["budget"], cap) + 1
+            if row["budget"] >= cap:  # the chain is a tree of cap nodes
+                assert row["drafter_chain_expected_accept"] <= row["oracle_expected_accept"] + 1e-9
+        oracle = [row["oracle_expected_accept"] for row in r["budgets"]]
+        assert oracle == sorted(oracle)
+    g = evaluate.oracle_accept(drafter, target, prompts, 24, budgets, MASK_ID, 0, evaluate.Sampling(), stride=4)
+    assert [row["oracle_expected_accept"] for row in g["budgets"]] == [min(b, cap) + 1.0 for b in budgets]
+    assert g["target_entropy_mean"] == 0.0 and g["target_top1_mean"] == 1.0
