@@ -375,7 +375,7 @@ class StepWorld:
             from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
             w.__dict__.update(
-                _dflash=DFlashInternals(w), _linear_state=False, tree=tree,
+                _dflash=DFlashInternals(w), _linear_state=False, tree=tree, tree_from_transitions=False,
                 _algo=SpeculativeAlgorithm.from_string("DDTREE"), _context_len=self.CONTEXT,
                 stats=DDTreeStepStats(budget, interval=1 << 30),
             )  # fmt: skip
