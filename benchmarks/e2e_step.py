@@ -46,14 +46,14 @@ recomputes the ratios against the reference run, the PNG and the README table.
 GPU host, after scripts/gpu_host/install.sh and ``source scripts/gpu_host/env.sh`` (the test
 models are generated into $DDTREE_TEST_MODELS when missing):
   python3 benchmarks/e2e_step.py --configs dflash,dflash@upstream_extend,ddtree64 \\
-      --ctx 1024,4096,16384,32768 --batch 1,8 --deadline-s 520 --tag h200_a --out-dir $OUT
+      --ctx 1024,4096,16384,32768 --batch 1,8 --deadline-s 520 --tag h200_a --out-dir DIR
   python3 benchmarks/e2e_step.py --configs dflash@auto+sm120,ddtree16@auto+sm120,dflash@auto,ddtree16@auto \\
-      --strategy-table $OUT/strategy_table.json --ctx 16384 --batch 1 --deadline-s 560 \\
-      --tag h200_sm120_proxy --out-dir $OUT
+      --strategy-table DIR/strategy_table.json --ctx 16384 --batch 1 --deadline-s 560 \\
+      --tag h200_sm120_proxy --out-dir DIR
   python3 benchmarks/e2e_step.py --target qwen3-8b --backend flashinfer \\
-      --configs dflash@upstream_extend,dflash@auto,ddtree16@auto --ctx 16384 --tag h200_qwen3 --out-dir $OUT
+      --configs dflash@upstream_extend,dflash@auto,ddtree16@auto --ctx 16384 --tag h200_qwen3 --out-dir DIR
   python3 benchmarks/e2e_step.py --target qwen36-a3b --configs dflash,ddtree16,nospec,ddtree64 \\
-      --ctx 1024,16384 --batch 1,8 --deadline-s 560 --tag qwen36_a3b_h200_<date> --out-dir $OUT
+      --ctx 1024,16384 --batch 1,8 --deadline-s 560 --tag qwen36_a3b_h200_<date> --out-dir DIR
 Here:  python3 benchmarks/e2e_step.py --report results/e2e_step_h200_*.json --tag h200 --markdown
 """
 

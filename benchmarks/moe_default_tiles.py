@@ -13,7 +13,7 @@ fraction of the weight-streaming roofline (bytes of the experts the batch touche
 copy bandwidth measured in the same run). JSON + PNG.
 
 GPU host, after scripts/gpu_host/install.sh and ``source scripts/gpu_host/env.sh``:
-  python3 benchmarks/moe_default_tiles.py --tag h200 --out-dir $OUT
+  python3 benchmarks/moe_default_tiles.py --tag h200 --out-dir DIR
 """
 
 from __future__ import annotations

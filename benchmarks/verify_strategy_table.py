@@ -21,9 +21,9 @@ section into a strategy table (replacing that family's section); the shipped one
 ``sglang/srt/layers/attention/tree_verify/strategy_table.json``.
 
 GPU host (``source scripts/gpu_host/env.sh``):
-  python3 benchmarks/verify_strategy_table.py --sm120-proxy --tag h200_sm120_proxy --out-dir $OUT \\
-      --table $OUT/strategy_table.json
-  python3 benchmarks/verify_strategy_table.py --tag h200 --out-dir $OUT --table $OUT/strategy_table.json
+  python3 benchmarks/verify_strategy_table.py --sm120-proxy --tag h200_sm120_proxy --out-dir DIR \\
+      --table DIR/strategy_table.json
+  python3 benchmarks/verify_strategy_table.py --tag h200 --out-dir DIR --table DIR/strategy_table.json
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ the host's hardware or to the caller's selection says so with a reason that star
 Environment:
   DDTREE_GPU_HOST      1 on the GPU host: skips fail, except "not applicable: ..." ones
   DDTREE_TEST_MODELS   an existing ``scripts/make_test_models.py`` output dir (else generated)
-  DDTREE_GPU_LOG_DIR   where server logs go (default: a temp dir); the e2e run copies it to $OUT
+  DDTREE_GPU_LOG_DIR   where server logs go (default: a temp dir); the GPU tier runner packs it into its --out folder
   DDTREE_SERVER_TIMEOUT  seconds to wait for /health (default 420)
 """
 

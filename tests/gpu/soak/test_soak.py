@@ -19,7 +19,7 @@ the problem from every speculative server, which serves a normal request right a
 a request that fills the context exactly is served and equals no speculation.
 
 Figures (requests served, retractions, aborts, p50/p99 latency, ...) go to
-``DDTREE_SOAK_JSON`` (the tier runner: ``$OUT/soak.json``) and to ``soak.json`` in the
+``DDTREE_SOAK_JSON`` (the tier runner: ``soak.json`` in its --out folder) and to ``soak.json`` in the
 server-log dir.
 
 On the GPU host after scripts/gpu_host/install.sh:
