@@ -95,8 +95,9 @@ _SCHEDULER = textwrap.dedent(
         return generate_latest(registry).decode()
 
     scrapes = [scrape()]
-    for accepted, depth in cfg["steps"]:
-        stats.record(torch.tensor(accepted, dtype=torch.int32), torch.tensor(depth, dtype=torch.int32))
+    for accepted, depth, path in cfg["steps"]:
+        stats.record(torch.tensor(accepted, dtype=torch.int32), torch.tensor(depth, dtype=torch.int32),
+                     torch.tensor(path, dtype=torch.int32))
         scrapes.append(scrape())
     json.dump({
         "upstream_labels": ctx.collector.labels if ctx.collector else None,
@@ -111,21 +112,39 @@ _SCHEDULER = textwrap.dedent(
 )
 
 
+PATH_WIDTH = 7  # D + 1: the root and up to 6 accepted nodes
+
+
 def _steps(seed=0):
     """Verify steps with different batch sizes: accepted draft nodes per
-    request and a ``[bs, N]`` node-depth matrix (root first, depth 0)."""
+    request, a ``[bs, N]`` node-depth matrix (root first, depth 0) and the
+    accepted path's nodes ``[bs, D + 1]`` (root first, -1 after the path)."""
     rng = random.Random(seed)
     steps = []
     for _ in range(NUM_STEPS):
         bs = rng.randint(1, 4)
-        accepted, depth = [], []
+        accepted, depth, paths = [], [], []
         for _ in range(bs):
-            d = rng.randint(1, min(BUDGET, 6))
+            d = rng.randint(1, min(BUDGET, PATH_WIDTH - 1))
             row = [0] + sorted(rng.randint(1, d) for _ in range(BUDGET - 1)) + [d]
             depth.append(row)
-            accepted.append(rng.randint(0, d))
-        steps.append((accepted, depth))
+            a = rng.randint(0, d)
+            accepted.append(a)
+            nodes = sorted(rng.sample(range(1, BUDGET + 1), a))  # a parent's index is below its child's
+            paths.append([0] + nodes + [-1] * (PATH_WIDTH - 1 - a))
+        steps.append((accepted, depth, paths))
     return steps
+
+
+def _commit_at_budget(done, budget):
+    """Mean commit (accepted + 1) per request step had the budget been ``budget``: a
+    depth counts while every node down to it is among the first ``budget``."""
+    total = requests = 0
+    for accepted, _, paths in done:
+        for a, path in zip(accepted, paths):
+            requests += 1
+            total += 1 + sum(max(path[1 : j + 1]) <= budget for j in range(1, a + 1))
+    return total / requests
 
 
 def _run_scheduler(tmp_path, enable_metrics):
@@ -156,15 +175,15 @@ def _run_scheduler(tmp_path, enable_metrics):
 
 
 def _samples(text):
-    """{(sample name, le): value} of the DDTree series, and their label sets."""
+    """{(sample name, le or budget label): value} of the DDTree series, and their label sets."""
     values, label_sets = {}, set()
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if "ddtree" not in s.name:
                 continue
             labels = dict(s.labels)
-            le = labels.pop("le", None)
-            values[(s.name, le)] = s.value
+            key = labels.pop("le", None) or labels.pop("budget", None)
+            values[(s.name, key)] = s.value
             label_sets.add(tuple(sorted(labels.items())))
     return values, label_sets
 
@@ -180,13 +199,21 @@ def _expected_histogram(name, observations):
 def _expected(steps, upto):
     """What /metrics shows after ``upto`` steps: everything up to the last
     snapshot (on CPU a snapshot lands at once and is published the same step)."""
-    done = steps[: (upto // INTERVAL) * INTERVAL]
-    accepted = [a for acc, _ in done for a in acc]
-    tree = [max(row) for _, depth in done for row in depth]
+    published = (upto // INTERVAL) * INTERVAL
+    done = steps[:published]
+    accepted = [a for acc, _, _ in done for a in acc]
+    tree = [max(row) for _, depth, _ in done for row in depth]
+    last_window = steps[max(0, published - INTERVAL) : published]
+    # In multiprocess mode a gauge shows once it has been set: from the first snapshot on.
+    at_budget = {
+        (metrics.ACCEPT_LENGTH_AT_BUDGET, str(b)): _commit_at_budget(last_window, b)
+        for b in (metrics.budget_tiers(BUDGET) if last_window else ())
+    }
     return {
         **_expected_histogram(metrics.ACCEPTED_DEPTH, accepted),
         **_expected_histogram(metrics.TREE_DEPTH, tree),
         (metrics.BUDGET, None): float(BUDGET),
+        **at_budget,
     }
 
 
@@ -200,14 +227,17 @@ def test_tree_stats_exported_with_scheduler_labels(tmp_path):
     assert out["registered"] == sorted(
         [f"{metrics.ACCEPTED_DEPTH}{s}" for s in ("", "_bucket", "_count", "_sum", "_created")]
         + [f"{metrics.TREE_DEPTH}{s}" for s in ("", "_bucket", "_count", "_sum", "_created")]
-        + [metrics.BUDGET]
+        + [metrics.BUDGET, metrics.ACCEPT_LENGTH_AT_BUDGET]
     )
     assert out["label_clash"] and "already registered" in out["label_clash"]
 
     # Every scrape, from startup on, shows exactly the published snapshots.
     for upto, text in enumerate(out["scrapes"]):
         values, label_sets = _samples(text)
-        assert values == _expected(steps, upto), f"after {upto} steps"
+        want = _expected(steps, upto)
+        assert values.keys() == want.keys(), f"after {upto} steps"
+        for key, value in want.items():
+            assert values[key] == pytest.approx(value, rel=1e-12), (key, upto)
         upstream = {k: str(v) for k, v in out["upstream_labels"].items()}
         assert label_sets == {tuple(sorted(upstream.items()))}
     assert _expected(steps, NUM_STEPS)[(f"{metrics.ACCEPTED_DEPTH}_count", None)] > 0
@@ -216,7 +246,7 @@ def test_tree_stats_exported_with_scheduler_labels(tmp_path):
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=str(prom_dir))
     text = generate_latest(registry).decode()
-    assert _samples(text)[0] == _expected(steps, NUM_STEPS)
+    assert _samples(text)[0] == pytest.approx(_expected(steps, NUM_STEPS), rel=1e-12)
     assert "sglang:spec_accept_length{" in text
 
 
@@ -237,15 +267,18 @@ def test_log_line_keeps_cumulative_summary(caplog):
     stats = metrics.DDTreeStepStats(BUDGET, metric_labels=None, interval=INTERVAL)
     assert not stats.exports_metrics
     with caplog.at_level(logging.INFO, logger=metrics.__name__):
-        for accepted, depth in steps:
-            stats.record(torch.tensor(accepted), torch.tensor(depth))
+        for accepted, depth, path in steps:
+            stats.record(torch.tensor(accepted), torch.tensor(depth), torch.tensor(path))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("DDTREE stats:")]
     assert len(lines) == NUM_STEPS // INTERVAL
     done = steps[: (NUM_STEPS // INTERVAL) * INTERVAL]
-    accepted = [a for acc, _ in done for a in acc]
+    accepted = [a for acc, _, _ in done for a in acc]
     hist = [accepted.count(v) for v in range(max(accepted) + 1)]
-    mean_depth = sum(max(r) for _, d in done for r in d) / len(accepted)
-    assert lines[-1].endswith(f"accepted-depth histogram={hist}")
+    mean_depth = sum(max(r) for _, d, _ in done for r in d) / len(accepted)
+    assert f"accepted-depth histogram={hist}," in lines[-1]
+    at_budget = ", ".join(f"{b}: {_commit_at_budget(done, b):.2f}" for b in metrics.budget_tiers(BUDGET))
+    assert lines[-1].endswith(f"mean commit at budget {at_budget}")
+    assert f"{BUDGET}: {1 + sum(accepted) / len(accepted):.2f}" in lines[-1]
     assert f"steps(req)={len(accepted)}," in lines[-1]
     assert f"mean tree depth={mean_depth:.2f}," in lines[-1]
 
@@ -255,7 +288,7 @@ def test_other_ranks_and_interval_zero_record_nothing():
         metrics.DDTreeStepStats(BUDGET, stats_rank=False, metric_labels=None, interval=1),
         metrics.DDTreeStepStats(BUDGET, metric_labels=None, interval=0),
     ):
-        stats.record(torch.tensor([1, 2]), torch.tensor([[0, 1, 2], [0, 1, 2]]))
+        stats.record(torch.tensor([1, 2]), torch.tensor([[0, 1, 2], [0, 1, 2]]), torch.tensor([[0, 1, -1], [0, 1, 2]]))
         assert stats.steps == 0 and stats._counts is None
 
 

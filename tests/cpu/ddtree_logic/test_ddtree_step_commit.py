@@ -131,7 +131,7 @@ def test_commit_rejects_mismatched_shapes():
         step_io.commit_accepted(KernelAccept(raw.predicts[:3], raw.accept_index, raw.accept_num), loc, prefix,
                                 r2t, rows)  # fmt: skip
     with pytest.raises(ValueError, match="tree_depth"):
-        step_io.commit_accepted(res, loc, prefix, r2t, rows, stats_counts=torch.zeros((2, 7), dtype=torch.int64))
+        step_io.commit_accepted(res, loc, prefix, r2t, rows, stats_counts=torch.zeros((3, 7), dtype=torch.int64))
 
 
 @pytest.mark.skipif(not triton_interpreted(), reason="needs TRITON_INTERPRET=1 before triton loads")
@@ -143,6 +143,7 @@ def test_commit_kernel_counts_steps_as_stats_record(raw_input, bs):
     rng = np.random.default_rng(31 * bs + raw_input)
     budget = 24
     kernel_stats, torch_stats = (DDTreeStepStats(budget, interval=1 << 30) for _ in range(2))
+    accepted_drafts = 0
     for _ in range(12):
         num_depths = int(rng.integers(1, 12))
         ct, res, loc, prefix, r2t, rows, raw = _step(rng, bs, budget, num_depths, vocab=4, pad_prob=0.3,
@@ -150,8 +151,11 @@ def test_commit_kernel_counts_steps_as_stats_record(raw_input, bs):
         step_io.commit_accepted(raw if raw_input else res, loc, prefix, r2t, rows, use_triton=True,
                                 stats_counts=kernel_stats.counters(loc.device), tree_depth=ct.depth)  # fmt: skip
         kernel_stats.step_counted()
-        torch_stats.record(res.num_accepted, ct.depth)
+        torch_stats.record(res.num_accepted, ct.depth, res.accept_index)
+        accepted_drafts += int(res.num_accepted.sum())
     assert kernel_stats.steps == torch_stats.steps == 12
     assert torch.equal(kernel_stats.counters("cpu"), torch_stats.counters("cpu"))
-    assert int(kernel_stats.counters("cpu").sum()) == 2 * 12 * bs
-    assert int(kernel_stats.counters("cpu")[0, 1:].sum()) > 0  # some steps accepted drafts
+    counts = kernel_stats.counters("cpu")
+    assert int(counts[:2].sum()) == 2 * 12 * bs
+    assert int(counts[0, 1:].sum()) > 0  # some steps accepted drafts
+    assert int(counts[2].sum()) == accepted_drafts and int(counts[2, 0]) == 0

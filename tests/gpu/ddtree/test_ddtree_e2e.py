@@ -116,7 +116,11 @@ def test_no_kv_leak_and_metrics(servers, tree):
     _, metrics = assert_pools_clean_and_metrics(tree)
     assert "DDTREE worker: budget=" in tree.log_text()
     # Tree statistics (docs/ddtree.md, Metrics), published every 8 steps (conftest).
-    tree_series = ("sglang:ddtree_accepted_depth_count", "sglang:ddtree_tree_depth_count", "sglang:ddtree_budget")
+    tree_series = ("sglang:ddtree_accepted_depth_count", "sglang:ddtree_tree_depth_count", "sglang:ddtree_budget",
+                   "sglang:ddtree_accept_length_at_budget")  # fmt: skip
     assert all(k in metrics for k in tree_series) and metrics["sglang:ddtree_accepted_depth_count"] > 0, {
         k: v for k, v in metrics.items() if "ddtree" in k
     }
+    # The accept length of every smaller budget (the log's cumulative line; each >= 1 token).
+    assert "mean commit at budget 1: " in tree.log_text()
+    assert metrics["sglang:ddtree_accept_length_at_budget"] >= 2.0

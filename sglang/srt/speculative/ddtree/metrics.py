@@ -5,7 +5,15 @@ Accepted length per step already reaches the logs and ``/metrics`` through the
 scheduler's spec-v2 plumbing (``accept_lens`` -> ``spec_accept_length``,
 ``spec_accept_rate`` = accepted draft nodes / budget). This adds what is
 specific to a tree: the histogram of accepted depths and of the depths of the
-trees drafted, per request and verify step.
+trees drafted, per request and verify step, and the accept length every smaller
+budget would have had on the same steps.
+
+That last one is exact, not a model: the tree builders number nodes in
+best-first pop order, so the tree of budget b is nodes 1..b of the tree of
+budget B >= b, and the walk over the same target tokens accepts, under b, the
+path's depths whose nodes (and their ancestors') indices are all <= b. The
+counters keep, per accepted depth, the largest node index on the path down to
+it; their prefix sums give the accepted drafts at every b.
 
 Counters live on the device; the step's commit kernel adds each step to them
 (``step_io.commit_accepted``, reference ``add_step_counts``). Every ``interval`` steps a snapshot is copied to
@@ -36,8 +44,20 @@ DEPTH_BUCKETS = tuple(range(17)) + (20, 24, 32, 48, 64, 96, 128, 192, 256)
 ACCEPTED_DEPTH = "sglang:ddtree_accepted_depth"
 TREE_DEPTH = "sglang:ddtree_tree_depth"
 BUDGET = "sglang:ddtree_budget"
+ACCEPT_LENGTH_AT_BUDGET = "sglang:ddtree_accept_length_at_budget"
 
-_ACCEPTED, _TREE = 0, 1  # rows of the device counters
+# Rows of the device counters: accepted depth, tree depth, path maximum.
+_ACCEPTED, _TREE, _PATH_MAX = 0, 1, 2
+_ROWS = 3
+
+
+def budget_tiers(budget: int) -> List[int]:
+    """The budgets reported beside the configured one: powers of two below it."""
+    tiers, b = [], 1
+    while b < budget:
+        tiers.append(b)
+        b *= 2
+    return tiers + [int(budget)]
 
 
 def scheduler_metric_labels(server_args, ps) -> Dict[str, str]:
@@ -89,6 +109,16 @@ class _DDTreePrometheus:
             labelnames=labelnames,
             multiprocess_mode="mostrecent",
         )
+        self.accept_length_at_budget = Gauge(
+            name=ACCEPT_LENGTH_AT_BUDGET,
+            documentation=(
+                "Mean tokens committed per request per verify step (accepted drafts + 1) over the "
+                "last stats interval, had the tree's budget been `budget` (exact for budgets up to "
+                "the configured one: a smaller tree is the first nodes of the drafted one)."
+            ),
+            labelnames=list(labelnames) + ["budget"],
+            multiprocess_mode="mostrecent",
+        )
 
 
 _prometheus: Optional[_DDTreePrometheus] = None
@@ -133,12 +163,13 @@ class DDTreeStepStats:
         self.enabled = bool(stats_rank) and interval > 0
         self.interval = interval
         self.steps = 0
-        self._counts: Optional[torch.Tensor] = None  # [2, budget + 1] int64
+        self._counts: Optional[torch.Tensor] = None  # [3, budget + 1] int64
         self._host: Optional[torch.Tensor] = None
         self._event = None
         self._pending = False
-        self._published = [0] * (self.budget + 1), [0] * (self.budget + 1)
+        self._published = [[0] * (self.budget + 1) for _ in range(_ROWS)]
         self._series = None
+        self._at_budget = None
         if self.enabled and metric_labels is not None:
             prom = _get_prometheus(metric_labels)
             # Create the children now so the series are in /metrics from startup.
@@ -147,6 +178,10 @@ class DDTreeStepStats:
                 prom.tree_depth.labels(**metric_labels),
             )
             prom.budget.labels(**metric_labels).set(self.budget)
+            self._at_budget = {
+                b: prom.accept_length_at_budget.labels(**metric_labels, budget=str(b))
+                for b in budget_tiers(self.budget)
+            }
 
     @classmethod
     def for_worker(cls, server_args, ps, budget: int) -> "DDTreeStepStats":
@@ -161,20 +196,22 @@ class DDTreeStepStats:
         return self._series is not None
 
     def counters(self, device) -> Optional[torch.Tensor]:
-        """The device counters ``[2, budget + 1]`` int64 (row 0: accepted depth,
-        row 1: tree depth), for a kernel that adds a step's counts into them
-        (``step_io.commit_accepted``); None when this rank records nothing."""
+        """The device counters ``[3, budget + 1]`` int64 (row 0: accepted depth,
+        row 1: tree depth, row 2: path maxima), for a kernel that adds a step's
+        counts into them (``step_io.commit_accepted``); None when this rank
+        records nothing."""
         if not self.enabled:
             return None
         if self._counts is None:
-            self._counts = torch.zeros((2, self.budget + 1), dtype=torch.int64, device=device)
+            self._counts = torch.zeros((_ROWS, self.budget + 1), dtype=torch.int64, device=device)
         return self._counts
 
-    def record(self, num_accepted: torch.Tensor, depth: torch.Tensor) -> None:
-        """``num_accepted`` ``[bs]`` accepted draft nodes, ``depth`` ``[bs, N]``."""
+    def record(self, num_accepted: torch.Tensor, depth: torch.Tensor, accept_index: torch.Tensor) -> None:
+        """``num_accepted`` ``[bs]`` accepted draft nodes, ``depth`` ``[bs, N]``,
+        ``accept_index`` ``[bs, D + 1]`` the path's nodes (-1 after it)."""
         if not self.enabled or num_accepted.numel() == 0:
             return
-        add_step_counts(self.counters(num_accepted.device), num_accepted, depth)
+        add_step_counts(self.counters(num_accepted.device), num_accepted, depth, accept_index)
         self.step_counted()
 
     def step_counted(self) -> None:
@@ -201,36 +238,47 @@ class DDTreeStepStats:
         self._pending = True
 
     def _publish(self, counts: List[List[int]]) -> None:
-        accepted, tree = counts[_ACCEPTED], counts[_TREE]
+        new = [counts[r] for r in range(_ROWS)]
+        delta = [[a - b for a, b in zip(n, o)] for n, o in zip(new, self._published)]
         if self._series is not None:
-            for series, new, old in zip(self._series, (accepted, tree), self._published):
-                _observe_counts(series, [a - b for a, b in zip(new, old)])
-        self._published = accepted, tree
-        self._log(accepted, tree)
+            for series, row in zip(self._series, (_ACCEPTED, _TREE)):
+                _observe_counts(series, delta[row])
+        if self._at_budget is not None:
+            window = accept_length_at_budgets(delta[_ACCEPTED], delta[_PATH_MAX], list(self._at_budget))
+            for b, gauge in (self._at_budget.items() if window is not None else ()):
+                gauge.set(window[b])
+        self._published = new
+        self._log(new[_ACCEPTED], new[_TREE], new[_PATH_MAX])
 
-    def _log(self, accepted: List[int], tree: List[int]) -> None:
+    def _log(self, accepted: List[int], tree: List[int], path_max: List[int]) -> None:
         depth_sum = torch.tensor([sum(d * c for d, c in enumerate(tree)), sum(tree)])
         summary = summarize(torch.tensor(accepted), depth_sum)
         if summary is None:
             return
+        at_budget = accept_length_at_budgets(accepted, path_max, budget_tiers(self.budget))
         logger.info(
             "DDTREE stats: steps(req)=%d, mean accepted drafts=%.2f, mean commit=%.2f, "
-            "mean tree depth=%.2f, accepted-depth histogram=%s",
+            "mean tree depth=%.2f, accepted-depth histogram=%s, mean commit at budget %s",
             summary["requests"],
             summary["mean_accepted"],
             summary["mean_accepted"] + 1,
             summary["mean_tree_depth"],
             summary["histogram"],
+            ", ".join(f"{b}: {x:.2f}" for b, x in at_budget.items()) if at_budget else "-",
         )
 
 
 _ONES: Dict[Tuple[int, str], torch.Tensor] = {}
 
 
-def add_step_counts(counts: torch.Tensor, num_accepted: torch.Tensor, depth: torch.Tensor) -> None:
-    """Add one step to ``counts`` ``[2, budget + 1]``: each request's accepted
-    depth (``num_accepted`` ``[bs]``) and tree depth (the max of ``depth``
-    ``[bs, N]``). The reference of the commit kernel's counter update."""
+def add_step_counts(
+    counts: torch.Tensor, num_accepted: torch.Tensor, depth: torch.Tensor, accept_index: torch.Tensor
+) -> None:
+    """Add one step to ``counts`` ``[3, budget + 1]``: each request's accepted
+    depth (``num_accepted`` ``[bs]``), tree depth (the max of ``depth``
+    ``[bs, N]``) and, per accepted depth, the largest node index on the path
+    down to it (``accept_index`` ``[bs, D + 1]``: the root, then the path's
+    nodes, -1 after it). The reference of the commit kernel's counter update."""
     bs = num_accepted.shape[0]
     key = (bs, str(counts.device))
     ones = _ONES.get(key)
@@ -239,6 +287,29 @@ def add_step_counts(counts: torch.Tensor, num_accepted: torch.Tensor, depth: tor
     # index_add_ takes int32 and int64 indices alike: no casts.
     counts[_ACCEPTED].index_add_(0, num_accepted, ones)
     counts[_TREE].index_add_(0, depth.max(dim=1).values, ones)
+    path = accept_index[:, 1:].to(torch.int64)
+    if path.shape[1] == 0:
+        return
+    on_path = torch.arange(path.shape[1], device=path.device) < num_accepted.to(torch.int64).unsqueeze(1)
+    path_max = torch.cummax(path.clamp(min=0), dim=1).values
+    counts[_PATH_MAX].index_add_(0, path_max[on_path], on_path[on_path].to(torch.int64))
+
+
+def accept_length_at_budgets(
+    accepted: List[int], path_max: List[int], budgets: List[int]
+) -> Optional[Dict[int, float]]:
+    """Mean tokens committed per request step (accepted drafts + 1) under each
+    budget in ``budgets``, from the counters' accepted-depth histogram (for the
+    number of request steps) and path-maximum row; None without steps."""
+    requests = sum(accepted)
+    if requests <= 0:
+        return None
+    prefix, total = [], 0
+    for c in path_max:
+        total += c
+        prefix.append(total)
+    last = len(prefix) - 1
+    return {b: 1.0 + prefix[min(int(b), last)] / requests for b in budgets}
 
 
 def summarize(hist: torch.Tensor, depth: torch.Tensor) -> Optional[dict]:

@@ -143,9 +143,9 @@ def commit_accepted(
 
     ``res`` may be sglang-kernel's raw greedy outputs (``KernelAccept``): they
     are read back here, into ``StepCommit.accept``. With ``stats_counts`` (the
-    step statistics' ``[2, budget + 1]`` counters) the step's accepted depths
-    and tree depths (the max of ``tree_depth`` ``[bs, N]``) are added to them
-    (``metrics.add_step_counts``).
+    step statistics' ``[3, budget + 1]`` counters) the step's accepted depths,
+    tree depths (the max of ``tree_depth`` ``[bs, N]``) and path maxima are
+    added to them (``metrics.add_step_counts``).
 
     One Triton launch on CUDA tensors (or under ``TRITON_INTERPRET=1``), the
     torch reference otherwise; ``use_triton`` forces a choice. No host sync.
@@ -263,7 +263,7 @@ def commit_accepted_torch(
     write_tree_window(req_to_token, req_pool_indices, prefix_lens, kv.new_cache_loc)
     rows, positions, ctx_cache_loc, commit_lens = draft_context_rows(res, kv.new_cache_loc, prefix_lens)
     if stats_counts is not None and bs > 0:
-        add_step_counts(stats_counts, res.num_accepted, tree_depth)
+        add_step_counts(stats_counts, res.num_accepted, tree_depth, res.accept_index)
     return StepCommit(
         new_cache_loc=kv.new_cache_loc,
         output_tokens=output_tokens(res, n),
@@ -287,7 +287,7 @@ def _ddtree_commit_kernel(
     req_pool_indices_ptr,  # [bs]
     req_to_token_ptr,  # [pool, context]
     depth_ptr,  # record_stats: [bs, N] node depths
-    counts_ptr,  # record_stats: [2, budget + 1] int64 counters, added to
+    counts_ptr,  # record_stats: [3, budget + 1] int64 counters, added to (``metrics``)
     new_cache_loc_ptr,  # out [bs, N] int64
     output_tokens_ptr,  # out [bs, N] int64
     commit_lens_ptr,  # out [bs] int32
@@ -373,3 +373,11 @@ def _ddtree_commit_kernel(
         tree_depth = tl.max(node_depth, axis=0).to(tl.int64)
         tl.atomic_add(counts_ptr + num_acc.to(tl.int64), 1)
         tl.atomic_add(counts_ptr + stride_counts + tree_depth, 1)
+        # Row 2: one count per accepted depth at the largest node index on the
+        # path down to it (nodes are numbered best-first, so a budget of b keeps
+        # exactly nodes 1..b: that depth is accepted under every b >= it).
+        w64 = w.to(tl.int64)
+        accepted_w = (w64 >= 1) & (w64 <= num_acc.to(tl.int64)) & in_path_width
+        upto = (w64[None, :] <= w64[:, None]) & (w64[None, :] >= 1) & in_path_width[None, :]
+        path_max = tl.max(tl.where(upto, path[None, :], 0), axis=1)
+        tl.atomic_add(counts_ptr + 2 * stride_counts + path_max, tl.full([BLOCK_W], 1, tl.int64), mask=accepted_w)
