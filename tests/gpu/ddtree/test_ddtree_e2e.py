@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("GPU tier: needs a CUDA device", allow_module_level=True)
 
+from sglang.srt.speculative.ddtree.metrics import budget_tiers  # noqa: E402
 from tests.gpu.server_checks import (  # noqa: E402
     assert_abort_mid_stream,
     assert_concurrent_identical,
@@ -117,10 +118,12 @@ def test_no_kv_leak_and_metrics(servers, tree):
     assert "DDTREE worker: budget=" in tree.log_text()
     # Tree statistics (docs/ddtree.md, Metrics), published every 8 steps (conftest).
     tree_series = ("sglang:ddtree_accepted_depth_count", "sglang:ddtree_tree_depth_count", "sglang:ddtree_budget",
-                   "sglang:ddtree_accept_length_at_budget")  # fmt: skip
+                   "sglang:ddtree_accepted_drafts_at_budget_total")  # fmt: skip
     assert all(k in metrics for k in tree_series) and metrics["sglang:ddtree_accepted_depth_count"] > 0, {
         k: v for k, v in metrics.items() if "ddtree" in k
     }
-    # The accept length of every smaller budget (the log's cumulative line; each >= 1 token).
+    # What every smaller budget would have accepted: at most what the budget did (summed
+    # over the budget labels 1, 2, 4, ... and B), and the log's cumulative line.
+    tiers = metrics["sglang:ddtree_accepted_drafts_at_budget_total"]
+    assert 0 < tiers <= metrics["sglang:ddtree_accepted_depth_sum"] * len(budget_tiers(int(metrics["sglang:ddtree_budget"])))
     assert "mean commit at budget 1: " in tree.log_text()
-    assert metrics["sglang:ddtree_accept_length_at_budget"] >= 2.0

@@ -44,7 +44,7 @@ DEPTH_BUCKETS = tuple(range(17)) + (20, 24, 32, 48, 64, 96, 128, 192, 256)
 ACCEPTED_DEPTH = "sglang:ddtree_accepted_depth"
 TREE_DEPTH = "sglang:ddtree_tree_depth"
 BUDGET = "sglang:ddtree_budget"
-ACCEPT_LENGTH_AT_BUDGET = "sglang:ddtree_accept_length_at_budget"
+ACCEPTED_AT_BUDGET = "sglang:ddtree_accepted_drafts_at_budget"
 
 # Rows of the device counters: accepted depth, tree depth, path maximum.
 _ACCEPTED, _TREE, _PATH_MAX = 0, 1, 2
@@ -88,7 +88,7 @@ class _DDTreePrometheus:
 
     def __init__(self, labelnames: List[str]):
         # Imported here, as upstream does, after PROMETHEUS_MULTIPROC_DIR is set.
-        from prometheus_client import Gauge, Histogram
+        from prometheus_client import Counter, Gauge, Histogram
 
         self.labelnames = tuple(labelnames)
         self.accepted_depth = Histogram(
@@ -109,15 +109,14 @@ class _DDTreePrometheus:
             labelnames=labelnames,
             multiprocess_mode="mostrecent",
         )
-        self.accept_length_at_budget = Gauge(
-            name=ACCEPT_LENGTH_AT_BUDGET,
+        self.accepted_at_budget = Counter(
+            name=ACCEPTED_AT_BUDGET,
             documentation=(
-                "Mean tokens committed per request per verify step (accepted drafts + 1) over the "
-                "last stats interval, had the tree's budget been `budget` (exact for budgets up to "
-                "the configured one: a smaller tree is the first nodes of the drafted one)."
+                "Draft tokens the verify steps would have accepted had the tree's budget been "
+                "`budget` (exact up to the configured budget: a smaller tree is the first nodes "
+                "of the drafted one). Per request step: divide by ddtree_accepted_depth_count."
             ),
             labelnames=list(labelnames) + ["budget"],
-            multiprocess_mode="mostrecent",
         )
 
 
@@ -179,7 +178,7 @@ class DDTreeStepStats:
             )
             prom.budget.labels(**metric_labels).set(self.budget)
             self._at_budget = {
-                b: prom.accept_length_at_budget.labels(**metric_labels, budget=str(b))
+                b: prom.accepted_at_budget.labels(**metric_labels, budget=str(b))
                 for b in budget_tiers(self.budget)
             }
 
@@ -244,9 +243,8 @@ class DDTreeStepStats:
             for series, row in zip(self._series, (_ACCEPTED, _TREE)):
                 _observe_counts(series, delta[row])
         if self._at_budget is not None:
-            window = accept_length_at_budgets(delta[_ACCEPTED], delta[_PATH_MAX], list(self._at_budget))
-            for b, gauge in (self._at_budget.items() if window is not None else ()):
-                gauge.set(window[b])
+            for b, counter in self._at_budget.items():
+                counter.inc(sum(delta[_PATH_MAX][: b + 1]))
         self._published = new
         self._log(new[_ACCEPTED], new[_TREE], new[_PATH_MAX])
 
