@@ -43,6 +43,12 @@ chunks), the input of ``benchmarks/cost_model.py``; ``--sampling-check`` runs
 and ``.png`` (accept length and tokens/s against the budget). The JSON is rewritten after
 every point; ``--deadline-s`` skips what would not fit and lists it under ``skipped``. A run
 that measures no point (every server down, or nothing fits the deadline) exits 1.
+
+A DDTREE server with ``--enable-metrics`` (``--launch`` turns it on, with a stats interval of
+8 steps) also gives, per run, the accept length every smaller budget would have had on the
+same requests (``accept_length_at_budget``: budgets 1, 2, 4, ... and its own; exact per step,
+docs/ddtree.md#metrics), from its ``/metrics`` counters before and after the run; the counters
+trail the decode loop by at most one stats interval.
 """
 
 from __future__ import annotations
@@ -69,6 +75,45 @@ CONFIG = re.compile(r"^(nospec|dflash|ddtree([1-9][0-9]*))(-transitions)?$")
 #: (``--speculative-ddtree-tree transitions``), e.g. ``ddtree16-transitions``.
 TRANSITIONS = "-transitions"
 WARMUP_TOKENS = 64  # dflash's warm-up length
+#: DDTREE's Prometheus counters (``speculative/ddtree/metrics.py``): drafts accepted had the
+#: budget been ``budget``, and the request steps they are counted over.
+AT_BUDGET_COUNTER = "sglang:ddtree_accepted_drafts_at_budget_total"
+STEPS_COUNTER = "sglang:ddtree_accepted_depth_count"
+#: The stats interval of servers started here: the counters trail the run by at most this many steps.
+LAUNCH_STATS_INTERVAL = 8
+_SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_BUDGET_LABEL = re.compile(r'(?:^|,)budget="([0-9]+)"')
+
+
+def budget_counters(text: str) -> Optional[dict]:
+    """``{"steps": request steps, "at_budget": {budget: accepted drafts}}`` from a ``/metrics``
+    text (summed over the other labels), or None when the server exports no such counters."""
+    steps, at = None, {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        name, labels, value = m.groups()
+        if name == STEPS_COUNTER:
+            steps = (steps or 0.0) + float(value)
+        elif name == AT_BUDGET_COUNTER:
+            b = _BUDGET_LABEL.search(labels or "")
+            if b:
+                at[int(b.group(1))] = at.get(int(b.group(1)), 0.0) + float(value)
+    if steps is None or not at:
+        return None
+    return {"steps": steps, "at_budget": at}
+
+
+def accept_at_budget(before: Optional[dict], after: Optional[dict]) -> Optional[dict]:
+    """Mean tokens per request step (accepted + 1) under each budget, between two snapshots."""
+    if before is None or after is None:
+        return None
+    steps = after["steps"] - before["steps"]
+    if steps <= 0:
+        return None
+    return {str(b): 1.0 + (n - before["at_budget"].get(b, 0.0)) / steps
+            for b, n in sorted(after["at_budget"].items())}
 
 
 def _sibling(name: str, path: Path):
@@ -163,6 +208,14 @@ class Server:
         with urllib.request.urlopen(self.base_url + path, timeout=timeout) as r:
             return json.loads(r.read())
 
+    def budget_counters(self) -> Optional[dict]:
+        """DDTREE's per-budget counters from ``/metrics`` (None without them)."""
+        try:
+            with urllib.request.urlopen(self.base_url + "/metrics", timeout=30.0) as r:
+                return budget_counters(r.read().decode(errors="replace"))
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
     def resolve_model(self) -> str:
         if self.model is None:
             try:
@@ -227,9 +280,11 @@ def run_once(server: Server, prompts: list[dict], warmup: list[dict], batch: int
 
     with ThreadPoolExecutor(max_workers=batch) as pool:
         list(pool.map(lambda p: one(p, min(WARMUP_TOKENS, max_new_tokens)), warmup[:batch]))
+        before = server.budget_counters()
         start = time.perf_counter()
         records = list(pool.map(lambda p: one(p, max_new_tokens), prompts))
     wall = time.perf_counter() - start
+    at_budget = accept_at_budget(before, server.budget_counters() if before else None)
     tokens = sum(r["completion_tokens"] for r in records)
     accepts = [r["spec_accept_length"] for r in records if "spec_accept_length" in r]
     verify = sum(r["spec_verify_ct"] for r in records)
@@ -241,6 +296,7 @@ def run_once(server: Server, prompts: list[dict], warmup: list[dict], batch: int
         "accept_length_pooled": tokens / verify if verify else None,
         "spec_verify_ct": verify,
         "records": records,
+        **({"accept_length_at_budget": at_budget} if at_budget else {}),
     }
 
 
@@ -265,6 +321,8 @@ def measure_point(server: Server, prompts, warmup, batch, max_new_tokens, temper
         "output_tokens": first["output_tokens"],
         "wall_s": statistics.median(r["wall_s"] for r in runs),
         "records": first["records"],
+        **({"accept_length_at_budget": first["accept_length_at_budget"]}
+           if "accept_length_at_budget" in first else {}),
     }
 
 
@@ -289,6 +347,8 @@ def ratios(rows: list[dict]) -> list[dict]:
         point = {"batch": key[0], "temperature": key[1], "top_p": key[2], "top_k": key[3], "configs": {}}
         for c, r in sorted(by.items(), key=lambda kv: config_order(kv[0])):
             e = {"throughput_tok_s": r["throughput_tok_s"], "accept_length": r["accept_length"]}
+            if r.get("accept_length_at_budget"):
+                e["accept_length_at_budget"] = r["accept_length_at_budget"]
             if base:
                 e["speedup_vs_nospec"] = r["throughput_tok_s"] / base["throughput_tok_s"]
             if chain and c != "dflash":
@@ -461,6 +521,9 @@ def summary_lines(result: dict) -> list[str]:
             parts = [f"{e['throughput_tok_s']:8.1f} tok/s"]
             if e.get("accept_length"):
                 parts.append(f"accept {e['accept_length']:5.2f}")
+            if e.get("accept_length_at_budget"):
+                parts.append("at smaller budgets " + " ".join(
+                    f"{b}:{x:.2f}" for b, x in e["accept_length_at_budget"].items()))
             for k, name in (("speedup_vs_nospec", "x nospec"), ("speedup_vs_dflash", "x dflash"),
                             ("accept_vs_dflash", "x dflash accept")):
                 if k in e:
@@ -488,7 +551,7 @@ def launch_args(label: str, drafter: Optional[str], batches: list[int], extra: l
         args += ["--speculative-algorithm", "DFLASH" if kind == "dflash" else "DDTREE",
                  "--speculative-draft-model-path", drafter]
         if budget is not None:
-            args += ["--speculative-ddtree-budget", str(budget)]
+            args += ["--speculative-ddtree-budget", str(budget), "--enable-metrics"]
         if label.endswith(TRANSITIONS):
             args += ["--speculative-ddtree-tree", "transitions"]
     return args
@@ -779,7 +842,8 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
     try:
         for c in labels:  # all at once: starts overlap (the harness relaunches one whose port was taken)
             procs[c] = harness.ServerProcess(f"sweep-{c}", args.model_path,
-                                             launch_args(c, args.draft_model_path, args.batch, extra), args.log_dir)
+                                             launch_args(c, args.draft_model_path, args.batch, extra), args.log_dir,
+                                             env={"SGLANG_DDTREE_STATS_INTERVAL": str(LAUNCH_STATS_INTERVAL)})
         for c in list(labels):
             try:
                 procs[c].wait_healthy(min(args.start_timeout_s, max(30.0, deadline.left() - 60)))

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
 from benchmarks import budget_sweep as bs
 
 STEP_S = 0.005  # per verify step: large against a loaded machine's HTTP overhead, so the ratios hold
@@ -44,7 +46,14 @@ class FakeOpenAI(BaseHTTPRequestHandler):
 
     def do_GET(self):
         c = self.cfg
-        if self.path == "/v1/models":
+        if self.path == "/metrics" and c.get("registry") is not None:
+            data = generate_latest(c["registry"])
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        elif self.path == "/v1/models":
             self._send({"data": [{"id": "learned-target"}]})
         elif self.path == "/server_info":
             self._send({"speculative_algorithm": c["algo"], "speculative_ddtree_budget": c.get("budget"),
@@ -74,6 +83,11 @@ class FakeOpenAI(BaseHTTPRequestHandler):
         if body.get("return_token_ids"):
             choice["token_ids"], choice["prompt_token_ids"] = toks, [1, 2, 3]
         resp = {"choices": [choice], "usage": {"completion_tokens": n, "prompt_tokens": 3}}
+        if c.get("registry") is not None:  # DDTREE's counters for these steps
+            for _ in range(steps):
+                c["steps_counter"].labels(model_name="m").observe(1)
+            for b, tau_b in c["at_budget"].items():
+                c["at_counter"].labels(model_name="m", budget=str(b)).inc(steps * (tau_b - 1))
         if c["algo"] != "NONE":
             meta = {"spec_verify_ct": steps, "spec_accept_length": n / steps, "completion_tokens": n}
             if c.get("meta_in_choice"):
@@ -187,6 +201,35 @@ def test_sweep_metrics_are_the_dflash_clients(fakes, prompts, tmp_path):
     assert all("text" not in x and "token_ids" not in x for row in r["rows"] for x in row["records"])
 
 
+def test_accept_length_at_smaller_budgets_from_the_servers_counters(fakes, prompts, tmp_path):
+    """A DDTREE server's /metrics (prometheus_client's exposition of the counters
+    speculative/ddtree/metrics.py exports) gives each run the accept length of every smaller
+    budget on the same requests: warm-ups before the first snapshot do not count."""
+    start, servers = fakes
+    registry = CollectorRegistry()
+    at_budget = {1: 1.6, 2: 2.1, 4: 2.9, 8: 3.7, 16: 4.4, 32: 5.2}
+    cfg = dict(registry=registry, at_budget=at_budget,
+               steps_counter=Histogram("sglang:ddtree_accepted_depth", "d", ["model_name"], registry=registry,
+                                       buckets=(1, 2)),
+               at_counter=Counter("sglang:ddtree_accepted_drafts_at_budget", "d", ["model_name", "budget"],
+                                  registry=registry))  # fmt: skip
+    url = start("ddtree32", algo="DDTREE", budget=32, tau=5.2, **cfg)
+    plain = start("ddtree16", algo="DDTREE", budget=16, tau=4.4)  # no metrics: no curve, no error
+    argv = ["--prompts", str(prompts), "--server", url, "--server", plain, "--batch", "1,2", "--temperature", "0",
+            "--num-prompts", "4", "--max-new-tokens", "40", "--tag", "ab", "--out-dir", str(tmp_path)]
+    assert bs.main(argv) == 0
+    r = json.loads((tmp_path / "budget_sweep_ab.json").read_text())
+    rows = {(x["config"], x["batch"]): x for x in r["rows"]}
+    for batch in (1, 2):
+        got = rows[("ddtree32", batch)]["accept_length_at_budget"]
+        assert got == pytest.approx({str(b): t for b, t in at_budget.items()})
+        assert "accept_length_at_budget" not in rows[("ddtree16", batch)]
+    point = next(p for p in r["ratios"] if p["batch"] == 1)
+    assert point["configs"]["ddtree32"]["accept_length_at_budget"]["8"] == pytest.approx(3.7)
+    assert bs.budget_counters("no counters here\n") is None
+    assert bs.accept_at_budget(None, {"steps": 1, "at_budget": {1: 1.0}}) is None
+
+
 def test_repeats_keep_the_median_and_deadline_skips(fakes, prompts, tmp_path, capsys):
     start, _ = fakes
     u = start("a", algo="NONE")
@@ -280,7 +323,9 @@ def test_launch_args():
     with pytest.raises(SystemExit, match="draft-model-path"):
         bs.launch_args("dflash", None, [1], [])
     t = bs.launch_args("ddtree16-transitions", "/d2", [1], [])
-    assert t[-4:] == ["--speculative-ddtree-budget", "16", "--speculative-ddtree-tree", "transitions"]
+    assert t[-5:] == ["--speculative-ddtree-budget", "16", "--enable-metrics", "--speculative-ddtree-tree",
+                      "transitions"]
+    assert "--enable-metrics" in a and "--enable-metrics" not in bs.launch_args("dflash", "/d", [1], [])
     assert "--speculative-ddtree-tree" not in a
     assert bs.parse_config("ddtree16-transitions") == ("ddtree", 16)
     for bad in ("dflash-transitions", "nospec-transitions", "ddtree16-marginals"):
@@ -320,8 +365,16 @@ ap.add_argument("--port", type=int)
 ap.add_argument("--model-path")
 ap.add_argument("--speculative-algorithm", default="NONE")
 ap.add_argument("--speculative-ddtree-budget", type=int, default=16)
+ap.add_argument("--enable-metrics", action="store_true")
 args, _ = ap.parse_known_args()
 TAU = {"NONE": 1.0, "DFLASH": 3.0, "DDTREE": 3.0 + math.log2(args.speculative_ddtree_budget) / 2}[args.speculative_algorithm]
+B = args.speculative_ddtree_budget
+TIERS = [2 ** i for i in range(B.bit_length()) if 2 ** i < B] + [B]
+# DDTREE's counters, as its stats publish them: request steps, and drafts accepted under each
+# budget (commit 1 + (TAU - 1) * log2(b + 1) / log2(B + 1) per step at budget b)
+counted = {"steps": 0, "at": {b: 0.0 for b in TIERS}}
+SERVE_METRICS = (args.enable_metrics and args.speculative_algorithm == "DDTREE"
+                 and __import__("os").environ.get("SGLANG_DDTREE_STATS_INTERVAL") == "8")
 STEP = 0.001
 rng, lock = random.Random(), threading.Lock()
 
@@ -344,6 +397,16 @@ class H(BaseHTTPRequestHandler):
             self.send({})
         elif self.path == "/v1/models":
             self.send({"data": [{"id": args.model_path}]})
+        elif self.path == "/metrics" and SERVE_METRICS:
+            with lock:
+                lines = ['sglang:ddtree_accepted_depth_count{model_name="m"} %d' % counted["steps"]]
+                lines += ['sglang:ddtree_accepted_drafts_at_budget_total{budget="%d",model_name="m"} %r' % (b, x)
+                          for b, x in counted["at"].items()]
+            data = ("\\n".join(lines) + "\\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         else:
             self.send_response(404); self.send_header("Content-Length", "0"); self.end_headers()
     def do_POST(self):
@@ -359,6 +422,10 @@ class H(BaseHTTPRequestHandler):
             resp = {"choices": [choice], "usage": {"completion_tokens": n}}
             if args.speculative_algorithm != "NONE":
                 resp["meta_info"] = {"spec_verify_ct": steps, "spec_accept_length": n / steps}
+            with lock:
+                counted["steps"] += steps
+                for b in TIERS:
+                    counted["at"][b] += steps * (TAU - 1) * math.log2(b + 1) / math.log2(B + 1)
             self.send(resp)
         elif body.get("stream"):  # e2e_step.measure: one chunk per step
             n = body["sampling_params"]["max_new_tokens"]
@@ -423,6 +490,17 @@ def test_launch_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, pro
     assert set(steps) == {(c, b) for c in ("nospec", "dflash", "ddtree4", "ddtree16") for b in (1, 2)}
     assert all(0.5 < s["ms_per_step"] < 50 for s in steps.values())
     assert steps[("ddtree16", 1)]["accept_length"] == pytest.approx(5.0, rel=0.1)
+    # DDTREE servers run with metrics and a stats interval of 8: each run also gives the accept
+    # length of every smaller budget (what the stand-in's counters say for its own traffic)
+    for x in r["rows"]:
+        at = x.get("accept_length_at_budget")
+        if x["kind"] != "ddtree":
+            assert at is None
+            continue
+        tau, b_max = 3.0 + math.log2(x["budget"]) / 2, x["budget"]
+        want = {str(b): 1 + (tau - 1) * math.log2(b + 1) / math.log2(b_max + 1)
+                for b in [1, 2, 4, 8, 16] if b <= b_max}
+        assert at == pytest.approx(want), x["config"]
     sc = r["sampling_check"]
     assert not sc["verdict"]["reject"] and {c["server"] for c in sc["comparisons"]} == {
         "nospec (second sample)", "nospec at 1.1x temperature (must differ)", "dflash", "ddtree16"}
