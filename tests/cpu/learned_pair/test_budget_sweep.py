@@ -376,7 +376,11 @@ counted = {"steps": 0, "at": {b: 0.0 for b in TIERS}}
 SERVE_METRICS = (args.enable_metrics and args.speculative_algorithm == "DDTREE"
                  and __import__("os").environ.get("SGLANG_DDTREE_STATS_INTERVAL") == "8")
 STEP = 0.001
-rng, lock = random.Random(), threading.Lock()
+lock = threading.Lock()
+# Sampling requests draw from a generator of their own: the server, the request's size and
+# how many of that size came before (the sampling check's threads reorder equal-sized
+# requests, which leaves the counts it tests unchanged), so a run's p-values are reproducible.
+sized = {}
 
 def tokens(seed, n):
     return [(seed * 31 + 7 * i) % 500 + 3 for i in range(n)]
@@ -448,9 +452,12 @@ class H(BaseHTTPRequestHandler):
             self.close_connection = True
         else:  # sampling: the same distribution on every server
             k = body["sampling_params"]["max_new_tokens"]
+            n = len(body["input_ids"])
             with lock:
-                out = [{"output_ids": [rng.choices(range(5), weights=[5, 3, 2, 1, 1])[0] for _ in range(k)]}
-                       for _ in body["input_ids"]]
+                nth = sized[n] = sized.get(n, -1) + 1
+            rng = random.Random(f"{args.speculative_algorithm}-{B}-{n}-{nth}")
+            out = [{"output_ids": [rng.choices(range(5), weights=[5, 3, 2, 1, 1])[0] for _ in range(k)]}
+                   for _ in body["input_ids"]]
             self.send(out)
 
 ThreadingHTTPServer(("127.0.0.1", args.port), H).serve_forever()

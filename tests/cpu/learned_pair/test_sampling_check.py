@@ -6,6 +6,7 @@ in-process servers."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
 import numpy as np
@@ -111,19 +112,27 @@ def test_pooling_and_degenerate_cases():
 
 
 class FakeServer:
-    """Native /generate over the Markov model, with the request's sampling parameters."""
+    """Native /generate over the Markov model, with the request's sampling parameters.
+
+    ``draw`` sends its equal-sized chunks from four threads: each call draws from its own
+    generator (the server's seed and the call's number), so a run's samples, as counts, do not
+    depend on the threads' order and a run's p-values are reproducible."""
 
     def __init__(self, logits, seed, ignore_top_p=False):
-        self.logits, self.rng, self.ignore_top_p = logits, np.random.default_rng(seed), ignore_top_p
+        self.logits, self.seed, self.ignore_top_p = logits, seed, ignore_top_p
         self.calls = 0
+        self._lock = threading.Lock()
 
     def post(self, path, body):
         assert path == "/generate"
-        self.calls += 1
+        with self._lock:
+            call = self.calls
+            self.calls += 1
         p = body["sampling_params"]
         assert p["ignore_eos"] and p["max_new_tokens"] == POSITIONS
         n = len(body["input_ids"])
-        out = sample(self.logits, n, self.rng, p["temperature"], 1.0 if self.ignore_top_p else p["top_p"], p["top_k"])
+        rng = np.random.default_rng((self.seed, call))
+        out = sample(self.logits, n, rng, p["temperature"], 1.0 if self.ignore_top_p else p["top_p"], p["top_k"])
         return [{"output_ids": o} for o in out]
 
 
