@@ -7,7 +7,9 @@ accept length measured on a learned pair x step time measured at the bigger targ
 
 ``tau`` (tokens per verify step: completion tokens / verify steps, pooled over the run's
 requests) comes from a ``benchmarks/budget_sweep.py`` result on a learned pair, per
-(config, batch, temperature); no speculation has tau = 1. ``step_time`` comes from
+(config, batch, temperature); no speculation has tau = 1. A DDTREE budget the sweep did not
+run takes the tau its server counted for it (``accept_length_at_budget`` of a DDTREE row with
+a larger budget: exact, docs/ddtree.md#metrics; marked ``tau_from``). ``step_time`` comes from
 ``benchmarks/e2e_step.py`` results (dummy weights at the shape of the bigger target), per
 (shape, context, batch, config). A DDTREE budget without a step-time row at a point is
 interpolated linearly in log2(B) between the nearest measured budgets (marked
@@ -93,25 +95,36 @@ def step_ms(table: dict, shape: str, ctx: int, batch: int, config: str) -> Optio
             "source": f"{a['source']} + {c['source']}", "interpolated": True, "between": [lo, hi]}
 
 
-def taus(sweep: dict) -> dict:
-    """(config, batch, temperature) -> tokens per verify step (pooled), from a budget sweep."""
-    out = {}
-    for r in sweep["rows"]:
-        if r.get("top_p", 1.0) != 1.0 or r.get("top_k", 0) > 0:
-            continue
+def tau_table(sweep: dict) -> dict:
+    """(config, batch, temperature) -> {"tau": tokens per verify step, "from": the sweep row's
+    config}: measured (pooled) where the sweep ran the config, else, for a DDTREE budget, what
+    the largest-budget DDTREE row of the point counted for it."""
+    out, counted = {}, {}
+    rows = [r for r in sweep["rows"] if r.get("top_p", 1.0) == 1.0 and r.get("top_k", 0) <= 0]
+    for r in sorted(rows, key=lambda r: -(budget_of(r["config"]) or 0)):
+        point = (int(r["batch"]), float(r["temperature"]))
         if r["config"] == "nospec":
             tau = 1.0
         else:
             tau = r.get("accept_length_pooled") or r.get("accept_length")
-            if tau is None:
-                continue
-        out[(r["config"], int(r["batch"]), float(r["temperature"]))] = float(tau)
+        if tau is not None:
+            out[(r["config"], *point)] = {"tau": float(tau), "from": r["config"]}
+        if budget_of(r["config"]):
+            for b, x in (r.get("accept_length_at_budget") or {}).items():
+                counted.setdefault((f"ddtree{int(b)}", *point), {"tau": float(x), "from": r["config"]})
+    for key, entry in counted.items():
+        out.setdefault(key, entry)
     return out
+
+
+def taus(sweep: dict) -> dict:
+    """(config, batch, temperature) -> tokens per verify step, from a budget sweep (``tau_table``)."""
+    return {k: v["tau"] for k, v in tau_table(sweep).items()}
 
 
 def predict(sweep: dict, table: dict) -> list[dict]:
     """Per (shape, ctx, batch, temperature): predicted tokens/s of every config with both inputs."""
-    tau = taus(sweep)
+    tau = tau_table(sweep)
     points = sorted({k[:3] for k in table})
     temps = sorted({k[2] for k in tau})
     out = []
@@ -124,8 +137,10 @@ def predict(sweep: dict, table: dict) -> list[dict]:
                 s = step_ms(table, shape, ctx, batch, config)
                 if s is None:
                     continue
-                configs[config] = {"tau": x, "ms_per_step": s["ms_per_step"], "interpolated": s["interpolated"],
-                                   "source": s["source"], "tok_s": batch * x * 1000.0 / s["ms_per_step"]}
+                configs[config] = {"tau": x["tau"], "ms_per_step": s["ms_per_step"], "interpolated": s["interpolated"],
+                                   "source": s["source"], "tok_s": batch * x["tau"] * 1000.0 / s["ms_per_step"]}
+                if x["from"] != config:
+                    configs[config]["tau_from"] = x["from"]
             if not configs:
                 continue
             base, chain = configs.get("nospec"), configs.get("dflash")

@@ -61,6 +61,28 @@ def test_prediction_is_batch_times_tau_over_step(tmp_path):
     assert "| v2lite-shape | 16384 | 1 | 400 | ddtree16 |" in md and "32: " in md and "*" in md
 
 
+def test_budgets_not_run_take_the_tau_their_larger_server_counted(tmp_path):
+    """A DDTREE row's accept_length_at_budget (the server's exact counters) fills the budgets the
+    sweep did not run; a budget the sweep ran keeps its own measurement."""
+    big = _row("ddtree64", 1, 0.0, 6.0, 330.0)
+    big["accept_length_at_budget"] = {"1": 1.7, "2": 2.2, "4": 3.0, "8": 3.9, "16": 4.8, "32": 5.5, "64": 6.0}
+    mid = _row("ddtree32", 1, 0.0, 5.7, 340.0)
+    mid["accept_length_at_budget"] = {"1": 1.6, "8": 3.8, "16": 4.7, "32": 5.7}
+    sweep = _sweep([_row("nospec", 1, 0.0, None, 100.0), _row("dflash", 1, 0.0, 4.0, 300.0), mid, big])
+    table = cm.tau_table(sweep)
+    assert table[("ddtree32", 1, 0.0)] == {"tau": 5.7, "from": "ddtree32"}  # measured wins
+    assert table[("ddtree16", 1, 0.0)] == {"tau": 4.8, "from": "ddtree64"}  # the largest budget's counters
+    assert table[("ddtree1", 1, 0.0)] == {"tau": 1.7, "from": "ddtree64"}
+    e2e = _e2e(tmp_path, "a.json", [_step("nospec", 1024, 1, 5.0), _step("dflash", 1024, 1, 10.0),
+                                    _step("ddtree8", 1024, 1, 9.0), _step("ddtree16", 1024, 1, 10.0),
+                                    _step("ddtree64", 1024, 1, 16.0)])
+    c = cm.predict(sweep, cm.load_step_rows([e2e]))[0]["configs"]
+    assert c["ddtree16"]["tok_s"] == pytest.approx(4.8 * 1000 / 10.0) and c["ddtree16"]["tau_from"] == "ddtree64"
+    assert c["ddtree8"]["tau"] == pytest.approx(3.9) and "tau_from" not in c["ddtree64"]
+    assert c["ddtree32"]["interpolated"] and "tau_from" not in c["ddtree32"]
+    assert "ddtree4" not in c  # no step time at 4: never extrapolated
+
+
 def test_no_extrapolation_and_later_files_win(tmp_path):
     a = _e2e(tmp_path, "a.json", [_step("ddtree16", 1024, 1, 9.0), _step("ddtree64", 1024, 1, 14.0)])
     b = _e2e(tmp_path, "b.json", [_step("ddtree64", 1024, 1, 15.0)], expert_routing="uniform")
