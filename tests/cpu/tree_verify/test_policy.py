@@ -87,6 +87,24 @@ def test_rows_serve_their_family_and_kind_only():
     assert choose_strategy((12, 0), mha, ALL, gqa) == "flashinfer_split"
 
 
+def test_gqa_rows_are_matched_by_kv_heads_and_head_dim():
+    """MHA/GQA rows carry their layout (KV heads Hkv, head dim D): a verify takes the rows of the
+    nearest layout, so a D=64 target is not served by what was measured at D=256."""
+    gqa = table("sm12x",
+                {**row(32, 65, 16384, 1, kind="mha", fused=0.30, flashinfer_split=0.20), "Hkv": 8, "D": 256},
+                {**row(32, 65, 16384, 1, kind="mha", fused=0.10, flashinfer_split=0.15), "Hkv": 8, "D": 64},
+                {**row(64, 65, 16384, 1, kind="mha", fused=0.50, flashinfer_split=0.25), "Hkv": 8, "D": 128})  # fmt: skip
+    at = lambda h, d: choose_strategy((12, 0), VerifyShape(h, 65, 1, kind="mha", kv_heads=8, head_dim=d), ALL, gqa)  # noqa: E731
+    assert at(32, 256) == "flashinfer_split"
+    assert at(32, 64) == "fused"
+    assert at(16, 64) == "fused"  # nearest: H32 D64
+    assert at(64, 128) == "flashinfer_split"
+    # A shape without a layout (as before) still matches on H, N and bs alone.
+    assert choose_strategy((12, 0), VerifyShape(64, 65, 1, kind="mha"), ALL, gqa) == "flashinfer_split"
+    with pytest.raises(StrategyTableError, match="Hkv must be a positive integer"):
+        table("sm12x", {**row(32, 65, 1024, 1, kind="mha", fused=0.1), "Hkv": 0})
+
+
 def test_the_latest_section_of_a_family_wins():
     two = StrategyTable.from_json({"sections": [
         {"arch": "sm12x", "date": "2026-12-01", "hardware": "a", "command": "c",

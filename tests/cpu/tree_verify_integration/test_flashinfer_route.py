@@ -191,3 +191,36 @@ def test_forced_flashinfer_without_flashinfer_is_refused_at_startup(monkeypatch)
     verify = Verify([3], 4, "DDTREE", torch.Generator().manual_seed(0))
     with pytest.raises(TreeVerifyUnavailable, match="flashinfer_split needs flashinfer"):
         _backend(verify, Pool(HKV, DQK, DV, torch.float16, mla=True))
+
+
+def test_a_gqa_target_takes_the_rows_of_its_own_layout(monkeypatch, tmp_path):
+    """The route asks the policy with the target's KV heads and head dim: of two measured
+    GQA layouts it follows the rows of its own (here flashinfer_split), not the other's."""
+    monkeypatch.delenv("SGLANG_DDTREE_VERIFY_STRATEGY", raising=False)
+    monkeypatch.delenv(gpu_arch.SM120_PROXY_ENV, raising=False)
+    monkeypatch.setattr(gpu_arch, "device_capability", lambda device=None: (12, 0))
+    monkeypatch.setattr(flashinfer_split, "_flashinfer", lambda: StandInFlashInfer)
+    h, hkv, d = 4, 2, 64
+    rows = [{"kind": "mha", "H": h, "N": 9, "P": 1024, "bs": 2, "Hkv": hkv, "D": d,
+             "ms": {"fused": 0.4, "flashinfer_split": 0.2}},
+            {"kind": "mha", "H": h, "N": 9, "P": 1024, "bs": 2, "Hkv": hkv, "D": 4 * d,
+             "ms": {"fused": 0.1, "flashinfer_split": 0.3}}]  # fmt: skip
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"sections": [
+        {"arch": "sm12x", "date": "2026-12-04", "hardware": "test", "command": "test", "rows": rows}
+    ]}))  # fmt: skip
+    monkeypatch.setenv("SGLANG_DDTREE_STRATEGY_TABLE", str(table))
+    gen = torch.Generator().manual_seed(5)
+    verify = Verify([17, 4], 9, "DDTREE", gen)
+    pool = Pool(hkv, d, d, torch.float16, mla=False)
+    be = triton_backend(model_runner("DDTREE", attention=("mha", h, hkv, d, d)), pool, verify, mla=False)
+    assert be.tree_verify.routes.strategy(2, 9, h) == "flashinfer_split"
+    rows[0]["Hkv"], rows[1]["Hkv"] = 8 * hkv, hkv  # now the D=256 row is the nearer layout
+    rows[1]["D"] = d
+    other = tmp_path / "other_table.json"
+    other.write_text(json.dumps({"sections": [
+        {"arch": "sm12x", "date": "2026-12-04", "hardware": "test", "command": "test", "rows": rows}
+    ]}))  # fmt: skip
+    monkeypatch.setenv("SGLANG_DDTREE_STRATEGY_TABLE", str(other))
+    be = triton_backend(model_runner("DDTREE", attention=("mha", h, hkv, d, d)), pool, verify, mla=False)
+    assert be.tree_verify.routes.strategy(2, 9, h) == "fused"

@@ -9,8 +9,9 @@ measured table (``strategy_table.json`` next to this file, or the file
 ``SGLANG_DDTREE_STRATEGY_TABLE`` names). Each section of the table holds the
 timings of one arch family, with the date, hardware and command that measured
 them (``benchmarks/verify_strategy_table.py`` writes them). Per (heads, nodes,
-batch) the policy takes the nearest measured point (in log2 distance) and the
-strategy with the least total time over that point's prefix lengths: a server's
+batch; for MHA/GQA also KV heads and head dim) the policy takes the nearest
+measured point (in log2 distance) and the strategy with the least total time
+over that point's prefix lengths: a server's
 prefixes vary from step to step while its captured CUDA graphs keep one
 strategy per batch size.
 
@@ -70,6 +71,8 @@ class VerifyShape:
     batch: int  # requests
     kind: str = MLA_KIND  # absorbed MLA (576/512, one KV head) or MHA/GQA
     prefix: Optional[int] = None  # committed tokens per request, when one length is asked about
+    kv_heads: Optional[int] = None  # MHA/GQA: KV heads on this rank
+    head_dim: Optional[int] = None  # MHA/GQA: the query/key head dim
 
     @property
     def rows(self) -> int:
@@ -94,7 +97,7 @@ class TableSection:
     hardware: str
     proxy: bool  # measured as the sm_120 proxy on other hardware
     command: str
-    rows: Tuple[Dict[str, Any], ...]  # {kind, H, N, P, bs, ms: {strategy: ms}}
+    rows: Tuple[Dict[str, Any], ...]  # {kind, H, N, P, bs, ms: {strategy: ms}}; mha rows also Hkv, D
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,9 @@ def _check_row(row: Any, at: str) -> None:
             raise StrategyTableError(f"{at}: {key} must be a positive integer, got {row.get(key)!r}")
     if row.get("kind", MLA_KIND) not in (MLA_KIND, MHA_KIND):
         raise StrategyTableError(f"{at}: kind must be {MLA_KIND!r} or {MHA_KIND!r}")
+    for key in _GQA_KEYS.values():
+        if key in row and (not isinstance(row[key], int) or row[key] < 1):
+            raise StrategyTableError(f"{at}: {key} must be a positive integer, got {row[key]!r}")
     ms = row.get("ms")
     if not isinstance(ms, dict) or not ms:
         raise StrategyTableError(f"{at}: 'ms' must map strategies to milliseconds")
@@ -174,11 +180,15 @@ def load_table() -> StrategyTable:
 # ---------------------------------------------------------------------------
 
 
+#: VerifyShape field -> table key of the MHA/GQA layout, compared where both have it.
+_GQA_KEYS = {"kv_heads": "Hkv", "head_dim": "D"}
+
+
 def _distance(row: Dict[str, Any], shape: VerifyShape) -> float:
-    return sum(
-        math.log2(row[key] / value) ** 2
-        for key, value in (("H", shape.heads), ("N", shape.width), ("bs", shape.batch))
-    )
+    pairs = [("H", shape.heads), ("N", shape.width), ("bs", shape.batch)]
+    pairs += [(key, getattr(shape, field)) for field, key in _GQA_KEYS.items()
+              if key in row and getattr(shape, field) is not None]  # fmt: skip
+    return sum(math.log2(row[key] / value) ** 2 for key, value in pairs)
 
 
 def measured_choice(

@@ -107,7 +107,10 @@ class VerifyRoutes:
         key = (bs, width, heads)
         if key not in self._by_shape:
             kind = self.target.verify_target.kind if self.target is not None else MLA_KIND
-            shape = VerifyShape(heads=heads, width=width, batch=bs, kind=kind)
+            layout = {}
+            if kind != MLA_KIND:
+                layout = dict(kv_heads=self.target.num_kv_heads, head_dim=self.target.head_dim_qk)
+            shape = VerifyShape(heads=heads, width=width, batch=bs, kind=kind, **layout)
             choice = choose_strategy(self.arch, shape, self.available)
             if self._off(choice):
                 choice = FUSED
