@@ -15,6 +15,11 @@ strategy against the fp32 reference at the shapes small enough, and then applies
 policy (``tree_verify/policy.py``) to the measured rows: which strategy it chooses per
 shape, and how that compares with the fused kernel, the route before the table.
 
+``--attn gqa`` measures MHA/GQA targets instead (``fused`` and ``flashinfer_split``): query
+heads 32 and 64 over 8 KV heads of 64, 128 and 256 (Qwen3, Llama, gpt-oss and Gemma
+layouts), N 17/65/129, P 1K/16K/64K, bs 1/8; its rows carry their layout (``Hkv``, ``D``),
+and the policy takes the rows of the layout nearest a target's.
+
 ``--sm120-proxy`` measures the sm_12x family on another GPU (SGLANG_DDTREE_SM120_PROXY=1:
 sm_120 tiles, FlashInfer's fa2 kernels, no FlashMLA). ``--table PATH`` writes the run's
 section into a strategy table (replacing that family's section); the shipped one is
@@ -24,6 +29,8 @@ GPU host (``source scripts/gpu_host/env.sh``):
   python3 benchmarks/verify_strategy_table.py --sm120-proxy --tag h200_sm120_proxy --out-dir DIR \\
       --table DIR/strategy_table.json
   python3 benchmarks/verify_strategy_table.py --tag h200 --out-dir DIR --table DIR/strategy_table.json
+  python3 benchmarks/verify_strategy_table.py --attn gqa --sm120-proxy --tag h200_sm120_proxy_gqa --out-dir DIR \
+      --table DIR/strategy_table.json
 """
 
 from __future__ import annotations
@@ -44,6 +51,39 @@ SHIPPED_TABLE = REPO / "sglang" / "srt" / "layers" / "attention" / "tree_verify"
 #: The targets the sm_12x route is held to (H, N, P, bs) -> ms, measured as the proxy.
 SM12X_TARGETS = {(16, 65, 16384, 1): 0.22, (128, 65, 65536, 1): 4.6}
 PLAN_CALLS = 50
+#: MHA/GQA layouts of the table: (query heads, KV heads, head dim).
+GQA_HEADS = (32, 64)
+GQA_LAYOUTS = ((8, 64), (8, 128), (8, 256))
+
+
+def gqa_matrix() -> list[dict]:
+    return [{"kind": "mha", "H": h, "Hkv": hkv, "D": d, "N": n, "P": p, "bs": bs}
+            for bs in (1, 8) for h in GQA_HEADS for hkv, d in GQA_LAYOUTS
+            for n in (17, 65, 129) for p in (1024, 16384, 65536)]  # fmt: skip
+
+
+def mla_shape(h: int, n: int, p: int, bs: int) -> dict:
+    return {"kind": "mla", "H": h, "N": n, "P": p, "bs": bs}
+
+
+def shape_key(row: dict) -> tuple:
+    """A shape's identity in a run: (kind, H, Hkv, D, N, P, bs)."""
+    return (row.get("kind", "mla"), row["H"], row.get("Hkv"), row.get("D"), row["N"], row["P"], row["bs"])
+
+
+def verify_shape(row: dict, **kw):
+    """The policy's view of a table row's shape."""
+    from sglang.srt.layers.attention.tree_verify.policy import VerifyShape
+
+    layout = {"kv_heads": row["Hkv"], "head_dim": row["D"]} if row.get("kind") == "mha" else {}
+    return VerifyShape(row["H"], row["N"], row["bs"], kind=row.get("kind", "mla"), **layout, **kw)
+
+
+def _table_row(r: dict, ms: dict) -> dict:
+    out = {"kind": r.get("kind", "mla"), "H": r["H"], "N": r["N"], "P": r["P"], "bs": r["bs"], "ms": ms}
+    if out["kind"] == "mha":
+        out.update(Hkv=r["Hkv"], D=r["D"])
+    return out
 
 
 def section_from_rows(rows: list[dict], family: str, meta: dict, command: str) -> dict:
@@ -52,7 +92,7 @@ def section_from_rows(rows: list[dict], family: str, meta: dict, command: str) -
     for r in rows:
         ms = {k: round(v, 5) for k, v in r.get("ms", {}).items()}
         if ms:
-            out.append({"kind": "mla", "H": r["H"], "N": r["N"], "P": r["P"], "bs": r["bs"], "ms": ms})
+            out.append(_table_row(r, ms))
     hardware = (f"{meta['gpu']} ({meta['sms']} SMs, compute capability {meta['capability'][0]}."
                 f"{meta['capability'][1]}), torch {meta['torch']}, triton {meta['triton']}, "
                 f"flashinfer {meta['flashinfer']}")  # fmt: skip
@@ -60,34 +100,35 @@ def section_from_rows(rows: list[dict], family: str, meta: dict, command: str) -
             "command": command, "rows": out}  # fmt: skip
 
 
+def _kinds(section: dict) -> set:
+    return {r.get("kind", "mla") for r in section.get("rows", []) if isinstance(r, dict)} or {"mla"}
+
+
 def merge_section(table: dict, section: dict) -> dict:
-    """``table`` with ``section`` replacing the section of the same family (and proxy flag)."""
-    keep = [s for s in table.get("sections", [])
-            if (s["arch"], bool(s.get("proxy", False))) != (section["arch"], section["proxy"])]  # fmt: skip
-    return {**table, "sections": keep + [section]}
+    """``table`` with ``section`` replacing the section of the same family, proxy flag and
+    attention kind (an MLA run and a GQA run of one family keep a section each)."""
+    same = lambda s: ((s["arch"], bool(s.get("proxy", False))) == (section["arch"], section["proxy"])  # noqa: E731
+                      and _kinds(s) & _kinds(section))  # fmt: skip
+    return {**table, "sections": [s for s in table.get("sections", []) if not same(s)] + [section]}
 
 
 def apply_policy(rows: list[dict], family: str, arch) -> list[dict]:
     """Per shape: the policy's choice from this run's rows (a server's choice: over all
     prefix lengths of the nearest point) and the per-length optimum, against fused."""
-    from sglang.srt.layers.attention.tree_verify.policy import (
-        StrategyTable,
-        VerifyShape,
-        choose_strategy,
-    )
+    from sglang.srt.layers.attention.tree_verify.policy import StrategyTable, choose_strategy
 
     meta = {"date": "x", "hardware": "x", "command": "x"}
     table = StrategyTable.from_json({"sections": [{"arch": family, **meta, "rows": [
-        {"kind": "mla", "H": r["H"], "N": r["N"], "P": r["P"], "bs": r["bs"], "ms": r["ms"]} for r in rows if r.get("ms")
+        _table_row(r, r["ms"]) for r in rows if r.get("ms")
     ]}]})  # fmt: skip
     out = []
     for r in rows:
         if "fused" not in r.get("ms", {}):
             continue
         measured = set(r["ms"])
-        served = choose_strategy(arch, VerifyShape(r["H"], r["N"], r["bs"]), measured, table)
+        served = choose_strategy(arch, verify_shape(r), measured, table)
         best = min(r["ms"], key=r["ms"].get)
-        rec = {"H": r["H"], "N": r["N"], "P": r["P"], "bs": r["bs"], "chosen": served,
+        rec = {**{k: v for k, v in _table_row(r, {}).items() if k != "ms"}, "chosen": served,
                "chosen_ms": r["ms"].get(served), "fused_ms": r["ms"]["fused"], "fastest": best}  # fmt: skip
         if rec["chosen_ms"] is not None:
             rec["chosen_over_fused"] = rec["chosen_ms"] / rec["fused_ms"]
@@ -111,10 +152,11 @@ def _time_plan(prefix_pass, indptr, indices, lens=None) -> float:
 
 
 def measure(shapes, strategies, proxy: bool) -> list[dict]:
+    """``shapes``: ``mla_shape`` / ``gqa_matrix`` dicts."""
     import torch
 
     from benchmarks.gpu_timing import bench
-    from verify_attention import check, make_inputs
+    from verify_attention import MLA, Heads, check, make_inputs
 
     from sglang.srt.layers.attention.tree_verify import StrategyUnavailable, tree_verify_attention
     from sglang.srt.layers.attention.tree_verify.flashinfer_split import (
@@ -129,21 +171,28 @@ def measure(shapes, strategies, proxy: bool) -> list[dict]:
     from sglang.srt.layers.attention.tree_verify.strategies.flashinfer_split import flashinfer_backend
 
     rows = []
-    for h, n, p, bs in shapes:
-        args = make_inputs(h, n, p, bs)
+    for shape_row in shapes:
+        h, n, p, bs = (shape_row[k] for k in ("H", "N", "P", "bs"))
+        layout = MLA
+        if shape_row["kind"] == "mha":
+            d = shape_row["D"]
+            layout = Heads(f"gqa{shape_row['Hkv']}x{d}", shape_row["Hkv"], d, d, False, (h,))
+        args = make_inputs(h, n, p, bs, heads=layout)
         q, k, v, indptr, indices, tidx, mask, scale = args
-        row = {"H": h, "N": n, "P": p, "bs": bs, "ms": {}, "errors": {}, "max_err": {}}
+        row = {**shape_row, "ms": {}, "errors": {}, "max_err": {}}
         for name in strategies:
             options = {}
             try:
+                if name == "flashmla_split" and layout is not MLA:
+                    raise StrategyUnavailable("FlashMLA serves absorbed MLA only")
                 if name == "flashinfer_split":
-                    shape = PrefixPassShape(h, 1, 576, 512, n, q.dtype, k.dtype, scale)
+                    shape = PrefixPassShape(h, layout.hkv, layout.dqk, layout.dv, n, q.dtype, k.dtype, scale)
                     prefix_pass = FlashInferPrefixPass.create(
                         shape, bs, q.device, backend=flashinfer_backend(), graph_prefix_indices=indices
                     )
                     row["plan_from_host_ms"] = _time_plan(prefix_pass, indptr, indices, (indptr[1:] - indptr[:-1]).cpu())
                     row["plan_ms"] = _time_plan(prefix_pass, indptr, indices)
-                    row["flashinfer_backend"] = prefix_pass.wrapper._backend
+                    row["flashinfer_backend"] = getattr(prefix_pass.wrapper, "_backend", None)
                     options = {"prefix_pass": prefix_pass}
                 elif name == "flashmla_split":
                     staging = new_staging(staging_pages(bs, indices.numel()), k)
@@ -153,7 +202,7 @@ def measure(shapes, strategies, proxy: bool) -> list[dict]:
                     return tree_verify_attention(*args, strategy=name, strategy_options=options)
 
                 out = fn()
-                err = check(out, args, h, n, p, bs)
+                err = check(out, args, h, n, p, bs, heads=layout)
                 if err is not None:
                     row["max_err"][name] = err
                     if not err < 5e-2:
@@ -180,15 +229,16 @@ def plot(result: dict, path: Path) -> None:
     rows = [r for r in result["rows"] if r.get("ms")]
     if not rows:
         return
-    labels = [f"H{r['H']} N{r['N']} P{r['P'] // 1024}K bs{r['bs']}" for r in rows]
+    labels = [f"H{r['H']}" + (f"/{r['Hkv']}x{r['D']}" if r.get("kind") == "mha" else "")
+              + f" N{r['N']} P{r['P'] // 1024}K bs{r['bs']}" for r in rows]  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(10, len(rows) * 0.3), 5))
     for name, style in (("fused", "rs"), ("flashinfer_split", "bo"), ("flashmla_split", "k^")):
         pts = [(i, r["ms"][name]) for i, r in enumerate(rows) if name in r["ms"]]
         if pts:
             ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=name, markersize=4)
-    chosen = {(c["H"], c["N"], c["P"], c["bs"]): c for c in result.get("policy", [])}
-    pts = [(i, chosen[(r["H"], r["N"], r["P"], r["bs"])]["chosen_ms"]) for i, r in enumerate(rows)
-           if chosen.get((r["H"], r["N"], r["P"], r["bs"]), {}).get("chosen_ms")]  # fmt: skip
+    chosen = {shape_key(c): c for c in result.get("policy", [])}
+    pts = [(i, chosen[shape_key(r)]["chosen_ms"]) for i, r in enumerate(rows)
+           if chosen.get(shape_key(r), {}).get("chosen_ms")]  # fmt: skip
     if pts:
         ax.plot([x for x, _ in pts], [y for _, y in pts], "g_", markersize=12, label="policy's choice")
     ax.set_yscale("log")
@@ -207,8 +257,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sm120-proxy", action="store_true",
                     help="measure the sm_12x family on this GPU (sm_120 tiles, FlashInfer fa2, no FlashMLA)")
+    ap.add_argument("--attn", choices=("mla", "gqa"), default="mla",
+                    help="the attention family: absorbed MLA, or MHA/GQA layouts (rows with Hkv and D)")
     ap.add_argument("--strategies", default="fused,flashinfer_split,flashmla_split")
-    ap.add_argument("--shapes", default="", help="H:N:P:bs,... instead of the matrix")
+    ap.add_argument("--shapes", default="",
+                    help="instead of the matrix: H:N:P:bs,... (mla) or H:Hkv:D:N:P:bs,... (gqa)")
     ap.add_argument("--tag", default=time.strftime("%Y%m%d-%H%M%S"))
     ap.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--table", type=Path, default=None,
@@ -218,15 +271,20 @@ def main(argv=None) -> int:
     unknown = set(strategies) - {"fused", "flashinfer_split", "flashmla_split"}
     if unknown:
         ap.error(f"not serving strategies: {sorted(unknown)}")
+    fields = ("H", "N", "P", "bs") if args.attn == "mla" else ("H", "Hkv", "D", "N", "P", "bs")
     try:
         shapes = [tuple(int(x) for x in v.split(":")) for v in args.shapes.split(",") if v]
     except ValueError:
         shapes = None
-    if shapes is None or any(len(s) != 4 for s in shapes):
-        ap.error(f"--shapes takes H:N:P:bs,... (e.g. 16:65:16384:1), got {args.shapes!r}")
+    if shapes is None or any(len(s) != len(fields) or min(s) < 1 for s in shapes):
+        example = "16:65:16384:1" if args.attn == "mla" else "32:8:128:65:16384:1"
+        ap.error(f"--shapes takes {':'.join(fields)},... (e.g. {example}) with --attn {args.attn}, "
+                 f"got {args.shapes!r}")
+    shapes = [{"kind": "mla" if args.attn == "mla" else "mha", **dict(zip(fields, s))} for s in shapes]
+    if args.sm120_proxy or args.attn == "gqa":
+        strategies = [s for s in strategies if s != "flashmla_split"]
     if args.sm120_proxy:
         os.environ["SGLANG_DDTREE_SM120_PROXY"] = "1"
-        strategies = [s for s in strategies if s != "flashmla_split"]
 
     import torch
     import triton
@@ -248,20 +306,23 @@ def main(argv=None) -> int:
         date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(),
         capability=list(device_capability()), sms=torch.cuda.get_device_properties(0).multi_processor_count,
         torch=torch.__version__, triton=triton.__version__, flashinfer=fi_version,
-        python=platform.python_version(), sm120_proxy=bool(args.sm120_proxy), policy_family=family,
+        python=platform.python_version(), sm120_proxy=bool(args.sm120_proxy), policy_family=family, attn=args.attn,
         timing="cuda_graph_replay, median; plan_ms: host time of one FlashInfer plan from the device's lengths",
     )  # fmt: skip
     print(json.dumps(meta), flush=True)
-    rows = measure(shapes or full_matrix(), strategies, args.sm120_proxy)
+    if not shapes:
+        shapes = [mla_shape(*s) for s in full_matrix()] if args.attn == "mla" else gqa_matrix()
+    rows = measure(shapes, strategies, args.sm120_proxy)
     result = {"meta": meta, "rows": rows, "policy": apply_policy(rows, family, arch)}
     command = "python3 benchmarks/verify_strategy_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result["section"] = section_from_rows(rows, family, meta, command)
     slower = [c for c in result["policy"] if c.get("chosen_over_fused", 1.0) > 1.0]
     result["slower_than_fused"] = slower
-    if args.sm120_proxy:
+    if args.sm120_proxy and args.attn == "mla":
         result["targets"] = [
             {"H": h, "N": n, "P": p, "bs": bs, "target_ms": t,
-             "chosen_ms": next((c["chosen_ms"] for c in result["policy"] if (c["H"], c["N"], c["P"], c["bs"]) == (h, n, p, bs)), None)}
+             "chosen_ms": next((c["chosen_ms"] for c in result["policy"]
+                                if shape_key(c) == shape_key(mla_shape(h, n, p, bs))), None)}
             for (h, n, p, bs), t in SM12X_TARGETS.items()
         ]  # fmt: skip
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -273,7 +334,8 @@ def main(argv=None) -> int:
         args.table.write_text(json.dumps(merge_section(base, result["section"]), indent=1) + "\n")
         print(f"wrote the {family} section into {args.table}")
     for c in result["policy"]:
-        print(f"H{c['H']:>4} N{c['N']:>4} P{c['P']:>6} bs{c['bs']:>2}: {c['chosen']:<17} "
+        layout = f" {c['Hkv']}x{c['D']}" if c.get("kind") == "mha" else ""
+        print(f"H{c['H']:>4}{layout} N{c['N']:>4} P{c['P']:>6} bs{c['bs']:>2}: {c['chosen']:<17} "
               f"{c['chosen_ms'] or float('nan'):8.4f} ms, fused {c['fused_ms']:8.4f} ms, fastest here {c['fastest']}")
     for t in result.get("targets", []):
         print(f"target H{t['H']} N{t['N']} P{t['P']} bs{t['bs']}: {t['chosen_ms']} ms (<= {t['target_ms']})")

@@ -64,3 +64,49 @@ def test_bad_arguments_fail_before_any_gpu_work(tmp_path):
         vst.main(["--strategies", "fused,upstream_extend", "--out-dir", str(tmp_path)])
     with pytest.raises(SystemExit):
         vst.main(["--shapes", "16:65:16384", "--out-dir", str(tmp_path)])
+
+
+GQA_ROWS = [
+    {"kind": "mha", "H": 32, "Hkv": 8, "D": 128, "N": 65, "P": 1024, "bs": 1,
+     "ms": {"fused": 0.05, "flashinfer_split": 0.06}},
+    {"kind": "mha", "H": 32, "Hkv": 8, "D": 128, "N": 65, "P": 65536, "bs": 1,
+     "ms": {"fused": 0.90, "flashinfer_split": 0.40}},
+    {"kind": "mha", "H": 32, "Hkv": 8, "D": 64, "N": 65, "P": 65536, "bs": 1,
+     "ms": {"fused": 0.30, "flashinfer_split": 0.45}},
+]  # fmt: skip
+
+
+def test_gqa_rows_keep_their_layout_and_the_mla_section():
+    """A GQA run's section carries each row's layout; merged beside the same family's MLA
+    section (not over it), both are read: MLA shapes from the one, GQA shapes by layout."""
+    from sglang.srt.layers.attention.tree_verify.policy import StrategyTable, VerifyShape, choose_strategy
+
+    gqa = vst.section_from_rows(GQA_ROWS, "sm12x", META, "c --attn gqa")
+    assert [(r["kind"], r["Hkv"], r["D"]) for r in gqa["rows"]] == [("mha", 8, 128), ("mha", 8, 128), ("mha", 8, 64)]
+    merged = vst.merge_section(vst.merge_section({"sections": []}, vst.section_from_rows(ROWS, "sm12x", META, "c")),
+                               gqa)  # fmt: skip
+    assert len(merged["sections"]) == 2
+    again = vst.merge_section(merged, vst.section_from_rows(GQA_ROWS[:1], "sm12x", META, "c --attn gqa"))
+    assert len(again["sections"]) == 2 and len(again["sections"][1]["rows"]) == 1  # a GQA run replaces GQA
+    table = StrategyTable.from_json(merged)
+    both = {"fused", "flashinfer_split"}
+    assert choose_strategy((12, 0), VerifyShape(16, 65, 1), both, table) == "flashinfer_split"
+    at = lambda d: choose_strategy((12, 0), VerifyShape(32, 65, 1, kind="mha", kv_heads=8, head_dim=d), both, table)  # noqa: E731
+    assert at(128) == "flashinfer_split" and at(64) == "fused"
+    got = {(c["D"], c["P"]): c for c in vst.apply_policy(GQA_ROWS, "sm12x", (12, 0))}
+    assert got[(128, 65536)]["chosen"] == "flashinfer_split" and got[(64, 65536)]["chosen"] == "fused"
+    assert got[(128, 1024)]["kind"] == "mha" and got[(128, 1024)]["Hkv"] == 8
+
+
+def test_the_gqa_matrix_covers_the_layouts():
+    m = vst.gqa_matrix()
+    assert {(r["H"], r["Hkv"], r["D"]) for r in m} == {(h, 8, d) for h in (32, 64) for d in (64, 128, 256)}
+    assert {r["N"] for r in m} == {17, 65, 129} and {r["bs"] for r in m} == {1, 8}
+    assert len({vst.shape_key(r) for r in m}) == len(m)
+
+
+def test_gqa_shapes_flag_takes_the_layout(tmp_path):
+    with pytest.raises(SystemExit):
+        vst.main(["--attn", "gqa", "--shapes", "32:65:16384:1", "--out-dir", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        vst.main(["--attn", "gqa", "--shapes", "32:0:128:65:16384:1", "--out-dir", str(tmp_path)])
