@@ -45,7 +45,7 @@ every point; ``--deadline-s`` skips what would not fit and lists it under ``skip
 that measures no point (every server down, or nothing fits the deadline) exits 1.
 
 A DDTREE server with ``--enable-metrics`` (``--launch`` turns it on, with a stats interval of
-8 steps) also gives, per run, the accept length every smaller budget would have had on the
+32 steps) also gives, per run, the accept length every smaller budget would have had on the
 same requests (``accept_length_at_budget``: budgets 1, 2, 4, ... and its own; exact per step,
 docs/ddtree.md#metrics), from its ``/metrics`` counters before and after the run; the counters
 trail the decode loop by at most one stats interval.
@@ -80,7 +80,7 @@ WARMUP_TOKENS = 64  # dflash's warm-up length
 AT_BUDGET_COUNTER = "sglang:ddtree_accepted_drafts_at_budget_total"
 STEPS_COUNTER = "sglang:ddtree_accepted_depth_count"
 #: The stats interval of servers started here: the counters trail the run by at most this many steps.
-LAUNCH_STATS_INTERVAL = 8
+LAUNCH_STATS_INTERVAL = 32
 _SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
 _BUDGET_LABEL = re.compile(r'(?:^|,)budget="([0-9]+)"')
 

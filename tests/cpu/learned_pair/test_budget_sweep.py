@@ -374,7 +374,7 @@ TIERS = [2 ** i for i in range(B.bit_length()) if 2 ** i < B] + [B]
 # budget (commit 1 + (TAU - 1) * log2(b + 1) / log2(B + 1) per step at budget b)
 counted = {"steps": 0, "at": {b: 0.0 for b in TIERS}}
 SERVE_METRICS = (args.enable_metrics and args.speculative_algorithm == "DDTREE"
-                 and __import__("os").environ.get("SGLANG_DDTREE_STATS_INTERVAL") == "8")
+                 and __import__("os").environ.get("SGLANG_DDTREE_STATS_INTERVAL") == "32")
 STEP = 0.001
 lock = threading.Lock()
 # Sampling requests draw from a generator of their own: the server, the request's size and
@@ -497,7 +497,7 @@ def test_launch_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, pro
     assert set(steps) == {(c, b) for c in ("nospec", "dflash", "ddtree4", "ddtree16") for b in (1, 2)}
     assert all(0.5 < s["ms_per_step"] < 50 for s in steps.values())
     assert steps[("ddtree16", 1)]["accept_length"] == pytest.approx(5.0, rel=0.1)
-    # DDTREE servers run with metrics and a stats interval of 8: each run also gives the accept
+    # DDTREE servers run with metrics and a stats interval of 32: each run also gives the accept
     # length of every smaller budget (what the stand-in's counters say for its own traffic)
     for x in r["rows"]:
         at = x.get("accept_length_at_budget")
