@@ -289,8 +289,9 @@ def add_step_counts(
     if path.shape[1] == 0:
         return
     on_path = torch.arange(path.shape[1], device=path.device) < num_accepted.to(torch.int64).unsqueeze(1)
-    path_max = torch.cummax(path.clamp(min=0), dim=1).values
-    counts[_PATH_MAX].index_add_(0, path_max[on_path], on_path[on_path].to(torch.int64))
+    path_max = torch.cummax(path.clamp(0, counts.shape[1] - 1), dim=1).values
+    # Entries past the path add 0: no boolean indexing, so no host sync.
+    counts[_PATH_MAX].index_add_(0, path_max.reshape(-1), on_path.reshape(-1).to(torch.int64))
 
 
 def accept_length_at_budgets(
