@@ -89,6 +89,9 @@ def main(argv=None) -> int:
                         "built from the target's own conditionals, of the drafter's tree and of its chain, at "
                         "every --stride-th position of the target's continuations")
     o.add_argument("--stride", type=int, default=8, help="with --oracle: anchor spacing")
+    o.add_argument("--tree-temperatures", default="",
+                   help="with --oracle: also the drafter's tree built from its distribution at these "
+                        "temperatures (comma-separated; the server builds it at 1)")
     args = ap.parse_args(argv)
 
     from . import checkpoint
@@ -134,6 +137,12 @@ def main(argv=None) -> int:
         from . import evaluate
         from .tokenizer import MASK_ID
 
+        try:
+            tree_temperatures = [float(t) for t in args.tree_temperatures.split(",") if t]
+        except ValueError:
+            raise SystemExit(f"--tree-temperatures takes numbers, e.g. 0.7,1,1.4; got {args.tree_temperatures!r}")
+        if any(not t > 0 for t in tree_temperatures) or (tree_temperatures and not args.oracle):
+            raise SystemExit("--tree-temperatures takes positive temperatures, with --oracle")
         target, drafter = checkpoint.load_pair(args.pair)
         target.eval(), drafter.eval()
         rows = [json.loads(line) for line in (args.pair / "prompts.jsonl").read_text().splitlines() if line.strip()]
@@ -145,7 +154,7 @@ def main(argv=None) -> int:
         for spec in args.sampling.split(","):
             if args.oracle:
                 r = evaluate.oracle_accept(drafter, target, prompts, args.new_tokens, budgets, MASK_ID, args.seed,
-                                           evaluate.Sampling.parse(spec), args.stride)
+                                           evaluate.Sampling.parse(spec), args.stride, tree_temperatures)
             else:
                 r = evaluate.offline_accept_sampled(drafter, target, prompts, args.new_tokens, budgets, MASK_ID,
                                                     args.seed, evaluate.Sampling.parse(spec))

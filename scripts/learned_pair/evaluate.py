@@ -441,16 +441,19 @@ class TargetCond:
 @torch.no_grad()
 def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], new_tokens: int,
                   budgets: Sequence[int], mask_token_id: int, seed: int, sampling: Sampling,
-                  stride: int = 8) -> dict:
+                  stride: int = 8, tree_temperatures: Sequence[float] = ()) -> dict:
     """Expected tokens per verify step (accepted + 1) under ``sampling`` at every ``stride``-th
     position of the target's own continuations (those of ``offline_accept_sampled``): of the
     best tree of B nodes built from the target's true conditionals (the bound no drafter can
     pass), of the drafter's DDTree tree of B nodes, and of its chain (argmax per depth).
     Depth is capped at ``block_size - 1`` as the server caps it. Also the target's mean
-    next-token entropy (nats) and top-1 probability under ``sampling`` over the continuations."""
+    next-token entropy (nats) and top-1 probability under ``sampling`` over the continuations.
+    ``tree_temperatures``: also the drafter's tree built from its distribution at each of these
+    temperatures (the server builds it at 1, whatever the request's)."""
     bs = drafter.shape.block_size
     cap, kmax = bs - 1, max(budgets)
-    sums = {("chain", 0): 0.0, **{(w, b): 0.0 for w in ("oracle", "ddtree") for b in budgets}}
+    sums = {("chain", 0): 0.0, **{(w, b): 0.0 for w in ("oracle", "ddtree") for b in budgets},
+            **{(t, b): 0.0 for t in tree_temperatures for b in budgets}}
     anchors_n, forwards, ent, top1 = 0, 0, [], []
     for prompt, seq in zip(prompts, sampled_continuations(target, prompts, new_tokens, sampling, seed)):
         plen, s = len(prompt), seq.numel()
@@ -463,6 +466,7 @@ def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], ne
         anchors = torch.arange(plen, s - bs + 1, stride, device=seq.device)
         d_logits = draft_logits(drafter, target, seq.unsqueeze(0), anchors.unsqueeze(0), mask_token_id)
         vals, ids = torch.log_softmax(d_logits.float(), dim=-1).topk(kmax, dim=-1)
+        tempered = {t: torch.log_softmax(d_logits.float() / t, dim=-1).topk(kmax, dim=-1) for t in tree_temperatures}
         for i, a in enumerate(anchors.tolist()):
             cond = TargetCond(target, full.k, full.v, a + 1, logits[0, a].float(), sampling)
             chain = [tuple(d_logits[i, :d].argmax(-1).tolist()) for d in range(1, cap + 1)]
@@ -473,6 +477,9 @@ def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], ne
                 depth, k = min(cap, b), min(b, kmax)
                 nodes = build_tree(vals[i, :depth, :k].tolist(), b)
                 sums[("ddtree", b)] += 1 + sum(path_probs(cond, tree_paths(nodes, ids[i, :depth, :k].tolist())))
+                for t, (t_vals, t_ids) in tempered.items():
+                    nodes = build_tree(t_vals[i, :depth, :k].tolist(), b)
+                    sums[(t, b)] += 1 + sum(path_probs(cond, tree_paths(nodes, t_ids[i, :depth, :k].tolist())))
             anchors_n += 1
             forwards += cond.forwards
     n = max(anchors_n, 1)
@@ -480,6 +487,10 @@ def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], ne
     rows = [{"budget": b, "oracle_expected_accept": round(sums[("oracle", b)] / n, 4),
              "drafter_tree_expected_accept": round(sums[("ddtree", b)] / n, 4),
              "drafter_chain_expected_accept": round(chain, 4), "anchors": anchors_n} for b in budgets]
+    for row in rows:
+        if tree_temperatures:
+            row["drafter_tree_expected_accept_at_temperature"] = {
+                str(t): round(sums[(t, row["budget"])] / n, 4) for t in tree_temperatures}
     return {"sampling": sampling.__dict__, "prompts": len(prompts), "new_tokens": new_tokens, "stride": stride,
             "anchors": anchors_n, "depth_cap": cap, "budgets": rows,
             "target_entropy_mean": round(float(torch.cat(ent).mean()), 4),

@@ -162,3 +162,22 @@ def test_oracle_bounds_the_drafter_and_takes_the_whole_depth_at_t0(toy_pair):
     g = evaluate.oracle_accept(drafter, target, prompts, 24, budgets, MASK_ID, 0, evaluate.Sampling(), stride=4)
     assert [row["oracle_expected_accept"] for row in g["budgets"]] == [min(b, cap) + 1.0 for b in budgets]
     assert g["target_entropy_mean"] == 0.0 and g["target_top1_mean"] == 1.0
+
+
+def test_trees_from_the_drafter_at_other_temperatures(toy_pair):
+    """At temperature 1 the tempered tree is the drafter's own tree; every tempered tree is
+    bounded by the oracle, at every sampling setting."""
+    from scripts.learned_pair.tokenizer import MASK_ID
+
+    target, drafter, prompts = _toy(toy_pair)
+    budgets = [4, 16]
+    for s in (evaluate.Sampling(1.0), evaluate.Sampling(0.7, 20, 0.8), evaluate.Sampling()):
+        r = evaluate.oracle_accept(drafter, target, prompts, 24, budgets, MASK_ID, 0, s, stride=4,
+                                   tree_temperatures=(0.5, 1.0, 2.0))
+        for row in r["budgets"]:
+            at = row["drafter_tree_expected_accept_at_temperature"]
+            assert set(at) == {"0.5", "1.0", "2.0"}
+            assert at["1.0"] == row["drafter_tree_expected_accept"]
+            assert all(1.0 <= v <= row["oracle_expected_accept"] + 1e-9 for v in at.values())
+    plain = evaluate.oracle_accept(drafter, target, prompts, 24, budgets, MASK_ID, 0, evaluate.Sampling(1.0), stride=4)
+    assert all("drafter_tree_expected_accept_at_temperature" not in row for row in plain["budgets"])

@@ -122,6 +122,10 @@ def test_cli_refuses_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli(["build", "--out", str(tmp_path), "--target-decay-start", "5"])
     assert "--target-decay-start needs --target-steps" in capsys.readouterr().err
+    for bad in (["--tree-temperatures", "0.7,x", "--oracle"], ["--tree-temperatures", "0,1", "--oracle"],
+                ["--tree-temperatures", "0.7"]):
+        with pytest.raises(SystemExit, match="--tree-temperatures takes"):
+            cli(["offline", str(tmp_path / "no-pair"), *bad])
 
 
 def test_the_h200_pair_shapes_train_and_fit_two_parts():
