@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import sys
+import time
 from pathlib import Path
 
 
@@ -148,7 +151,9 @@ def main(argv=None) -> int:
         rows = [json.loads(line) for line in (args.pair / "prompts.jsonl").read_text().splitlines() if line.strip()]
         prompts = [r["prompt_ids"] for r in rows[: args.prompts]]
         budgets = [int(b) for b in args.budgets.split(",")]
-        result = {"pair": str(args.pair), "torch_threads": torch.get_num_threads(), "settings": []}
+        result = {"pair": str(args.pair), "date": time.strftime("%Y-%m-%d"),
+                  "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+                  "torch_threads": torch.get_num_threads(), "settings": []}
         if args.oracle:
             result.update(oracle=True, argv=sys.argv[1:] if argv is None else list(argv))
         for spec in args.sampling.split(","):

@@ -181,3 +181,19 @@ def test_trees_from_the_drafter_at_other_temperatures(toy_pair):
             assert all(1.0 <= v <= row["oracle_expected_accept"] + 1e-9 for v in at.values())
     plain = evaluate.oracle_accept(drafter, target, prompts, 24, budgets, MASK_ID, 0, evaluate.Sampling(1.0), stride=4)
     assert all("drafter_tree_expected_accept_at_temperature" not in row for row in plain["budgets"])
+
+
+def test_offline_oracle_command_writes_its_run(toy_pair, tmp_path):
+    """The command line end to end on the toy pair: one setting, the tempered trees, and the
+    run's date and host in the JSON."""
+    from scripts.learned_pair.__main__ import main as cli
+
+    pair, _ = toy_pair
+    out = tmp_path / "oracle.json"
+    assert cli(["offline", str(pair), "--oracle", "--sampling", "1", "--budgets", "4", "--prompts", "1",
+                "--new-tokens", "24", "--stride", "6", "--tree-temperatures", "0.8,1.25", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["oracle"] and r["date"] and "CPUs, torch" in r["host"]
+    (setting,) = r["settings"]
+    (row,) = setting["budgets"]
+    assert set(row["drafter_tree_expected_accept_at_temperature"]) == {"0.8", "1.25"}
