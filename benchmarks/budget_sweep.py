@@ -70,14 +70,19 @@ from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = re.compile(r"^(nospec|dflash|ddtree([1-9][0-9]*))(-transitions)?$")
+CONFIG = re.compile(r"^(nospec|dflash|ddtree([1-9][0-9]*))(-transitions)?(-adaptive)?$")
 #: A DDTREE label's suffix for a tree grown from a DFlash 2 drafter's selector transitions
 #: (``--speculative-ddtree-tree transitions``), e.g. ``ddtree16-transitions``.
 TRANSITIONS = "-transitions"
+#: A DDTREE label's suffix for a server choosing each step's budget up to the label's
+#: (``--speculative-ddtree-budget-policy adaptive``), e.g. ``ddtree64-adaptive``.
+ADAPTIVE = "-adaptive"
 WARMUP_TOKENS = 64  # dflash's warm-up length
 #: DDTREE's Prometheus counters (``speculative/ddtree/metrics.py``): drafts accepted had the
-#: budget been ``budget``, and the request steps they are counted over.
+#: budget been ``budget``, and the request steps they are counted over (per budget; a server
+#: without that counter ran every step at its full budget: all its request steps).
 AT_BUDGET_COUNTER = "sglang:ddtree_accepted_drafts_at_budget_total"
+STEPS_AT_BUDGET_COUNTER = "sglang:ddtree_request_steps_at_budget_total"
 STEPS_COUNTER = "sglang:ddtree_accepted_depth_count"
 #: The stats interval of servers started here: the counters trail the run by at most this many steps.
 LAUNCH_STATS_INTERVAL = 32
@@ -86,9 +91,10 @@ _BUDGET_LABEL = re.compile(r'(?:^|,)budget="([0-9]+)"')
 
 
 def budget_counters(text: str) -> Optional[dict]:
-    """``{"steps": request steps, "at_budget": {budget: accepted drafts}}`` from a ``/metrics``
-    text (summed over the other labels), or None when the server exports no such counters."""
-    steps, at = None, {}
+    """``{"at_budget": {budget: accepted drafts}, "steps_at_budget": {budget: request steps}}``
+    from a ``/metrics`` text (summed over the other labels), or None when the server exports no
+    such counters."""
+    steps, at, steps_at = None, {}, {}
     for line in text.splitlines():
         m = _SAMPLE.match(line)
         if not m:
@@ -96,24 +102,27 @@ def budget_counters(text: str) -> Optional[dict]:
         name, labels, value = m.groups()
         if name == STEPS_COUNTER:
             steps = (steps or 0.0) + float(value)
-        elif name == AT_BUDGET_COUNTER:
+        elif name in (AT_BUDGET_COUNTER, STEPS_AT_BUDGET_COUNTER):
             b = _BUDGET_LABEL.search(labels or "")
+            into = at if name == AT_BUDGET_COUNTER else steps_at
             if b:
-                at[int(b.group(1))] = at.get(int(b.group(1)), 0.0) + float(value)
+                into[int(b.group(1))] = into.get(int(b.group(1)), 0.0) + float(value)
     if steps is None or not at:
         return None
-    return {"steps": steps, "at_budget": at}
+    return {"at_budget": at, "steps_at_budget": {b: steps_at.get(b, steps) for b in at}}
 
 
 def accept_at_budget(before: Optional[dict], after: Optional[dict]) -> Optional[dict]:
-    """Mean tokens per request step (accepted + 1) under each budget, between two snapshots."""
+    """Mean tokens per request step (accepted + 1) under each budget, between two snapshots
+    (over the steps run at that budget or above)."""
     if before is None or after is None:
         return None
-    steps = after["steps"] - before["steps"]
-    if steps <= 0:
-        return None
-    return {str(b): 1.0 + (n - before["at_budget"].get(b, 0.0)) / steps
-            for b, n in sorted(after["at_budget"].items())}
+    out = {}
+    for b, n in sorted(after["at_budget"].items()):
+        steps = after["steps_at_budget"][b] - before["steps_at_budget"].get(b, 0.0)
+        if steps > 0:
+            out[str(b)] = 1.0 + (n - before["at_budget"].get(b, 0.0)) / steps
+    return out or None
 
 
 def _sibling(name: str, path: Path):
@@ -160,15 +169,15 @@ def load_prompts(path: Path) -> list[dict]:
 
 def parse_config(label: str) -> tuple[str, Optional[int]]:
     m = CONFIG.match(label)
-    if not m or (m.group(3) and not m.group(2)):
-        raise SystemExit(f"server label {label!r}: expected nospec, dflash or ddtree<budget>[{TRANSITIONS}] "
-                         f"(e.g. ddtree32, ddtree16{TRANSITIONS})")
+    if not m or ((m.group(3) or m.group(4)) and not m.group(2)):
+        raise SystemExit(f"server label {label!r}: expected nospec, dflash or ddtree<budget>[{TRANSITIONS}]"
+                         f"[{ADAPTIVE}] (e.g. ddtree32, ddtree16{TRANSITIONS}, ddtree64{ADAPTIVE})")
     return ("ddtree", int(m.group(2))) if m.group(2) else (m.group(1), None)
 
 
 def config_order(label: str) -> tuple:
     kind, budget = parse_config(label)
-    return ({"nospec": 0, "dflash": 1, "ddtree": 2}[kind], budget or 0, label.endswith(TRANSITIONS))
+    return ({"nospec": 0, "dflash": 1, "ddtree": 2}[kind], ADAPTIVE in label, budget or 0, TRANSITIONS in label)
 
 
 def label_from_server_info(info: dict) -> str:
@@ -179,6 +188,7 @@ def label_from_server_info(info: dict) -> str:
         return "dflash"
     if algo == "DDTREE":
         suffix = TRANSITIONS if info.get("speculative_ddtree_tree") == "transitions" else ""
+        suffix += ADAPTIVE if info.get("speculative_ddtree_budget_policy") == "adaptive" else ""
         return f"ddtree{int(info['speculative_ddtree_budget'])}{suffix}"
     raise SystemExit(f"server runs speculative algorithm {algo}: not one this sweep compares")
 
@@ -462,7 +472,8 @@ def plot(result: dict, path: Path) -> None:
         line = None
         for source, style in (("", "o-"), (TRANSITIONS, "s--")):
             pts = sorted(((r["budget"], r) for r in rows if _key(r) == key and r["kind"] == "ddtree"
-                          and r["config"].endswith(TRANSITIONS) == bool(source)), key=lambda br: br[0])
+                          and (TRANSITIONS in r["config"]) == bool(source) and ADAPTIVE not in r["config"]),
+                         key=lambda br: br[0])  # fmt: skip
             if not pts:
                 continue
             label = f"DDTREE{' from transitions' if source else ''} {name}"
@@ -481,6 +492,11 @@ def plot(result: dict, path: Path) -> None:
                 axes[1].axhline(r["throughput_tok_s"], ls="--", color=color, lw=1, label=f"DFLASH {name}")
             elif r["kind"] == "nospec":
                 axes[1].axhline(r["throughput_tok_s"], ls=":", color=color, lw=1, label=f"no spec {name}")
+            elif ADAPTIVE in r["config"]:  # the adaptive server at its largest budget
+                axes[0].plot([r["budget"]], [r["accept_length"] or 1.0], "*", ms=12, color=color,
+                             label=f"{r['config']} {name}")
+                axes[1].plot([r["budget"]], [r["throughput_tok_s"]], "*", ms=12, color=color,
+                             label=f"{r['config']} {name}")
     for ax, ylabel in zip(axes, ["accept length (tokens per verify step)", "tokens/s (all requests)"]):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("DDTREE budget B (draft nodes per tree)")
@@ -552,8 +568,10 @@ def launch_args(label: str, drafter: Optional[str], batches: list[int], extra: l
                  "--speculative-draft-model-path", drafter]
         if budget is not None:
             args += ["--speculative-ddtree-budget", str(budget), "--enable-metrics"]
-        if label.endswith(TRANSITIONS):
+        if TRANSITIONS in label:
             args += ["--speculative-ddtree-tree", "transitions"]
+        if ADAPTIVE in label:
+            args += ["--speculative-ddtree-budget-policy", "adaptive"]
     return args
 
 

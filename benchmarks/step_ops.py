@@ -376,6 +376,7 @@ class StepWorld:
 
             w.__dict__.update(
                 _dflash=DFlashInternals(w), _linear_state=False, tree=tree, tree_from_transitions=False,
+                budget_policy=None,
                 _algo=SpeculativeAlgorithm.from_string("DDTREE"), _context_len=self.CONTEXT,
                 stats=DDTreeStepStats(budget, interval=1 << 30),
             )  # fmt: skip
@@ -423,8 +424,11 @@ class StepWorld:
         return self._stand_in("draft_forward", fwd)(forward_batch)
 
     def _target_forward(self, *, batch, forward_batch, is_verify, skip_attn_backend_init):
+        # The verify's width (a step below the full budget verifies fewer tokens).
+        width = int(getattr(getattr(forward_batch, "spec_info", None), "draft_token_num", None) or self.width)
+
         def fwd():
-            rows = self.bs * self.width
+            rows = self.bs * width
             logits = torch.randn(rows, self.vocab, generator=self.gen)
             hidden = torch.randn(rows, self.HIDDEN, generator=self.gen)
             return SimpleNamespace(

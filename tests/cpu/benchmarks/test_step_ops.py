@@ -87,3 +87,44 @@ def test_committed_counts_are_the_code_and_below_the_baseline():
     now = step_ops.StepWorld("DDTREE", 1, 16, 16, 512).count_step()
     assert now["launches"] <= row["launches"]
     assert row["launches"] < base[("DDTREE", 1, 16)]["launches"]
+
+
+class _RunAt:
+    """A budget policy that runs every step at one budget (the policy is tested on its own)."""
+
+    def __init__(self, budget):
+        self.budget, self.asked, self.interruptions = budget, [], 0
+
+    def choose(self, batch_size):
+        self.asked.append(batch_size)
+        return self.budget
+
+    def interrupted(self):
+        self.interruptions += 1
+
+
+@pytest.mark.parametrize("step_budget", [1, 4, 16])
+def test_a_step_below_the_full_budget(step_budget):
+    """The worker's real step at the budget the policy picks: the first nodes of the tree,
+    verified at that width (the scheduler reads the result with that stride), counted into
+    that budget's statistics, the tree window permuted without losing a slot."""
+    from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats
+
+    bs = 3
+    world = step_ops.StepWorld("DDTREE", bs, 16, 16, 256)
+    policy = _RunAt(step_budget)
+    world.worker.budget_policy = policy
+    world.worker.stats = DDTreeStepStats(16, interval=1 << 30, step_budgets=(1, 4, 16))
+    before = world.worker.model_runner.req_to_token_pool.req_to_token.clone()
+    with step_ops.gpu_accept_path(step_ops.StepOpCounter()):
+        res = world.step()
+    n = step_budget + 1
+    assert policy.asked == [bs]
+    assert res.speculative_num_draft_tokens == n and res.next_token_ids.numel() == bs * n
+    assert bool(((res.accept_lens >= 1) & (res.accept_lens <= min(n, 16))).all())
+    counts = world.worker.stats._counts
+    ran = world.worker.stats.step_budgets.index(step_budget)
+    assert int(counts[ran, 0].sum()) == bs and int(counts.sum()) == int(counts[ran].sum())
+    assert int(counts[ran, 2, step_budget + 1 :].sum()) == 0  # no accepted node beyond the step's budget
+    after = world.worker.model_runner.req_to_token_pool.req_to_token
+    assert torch.equal(after.flatten().sort().values, before.flatten().sort().values)

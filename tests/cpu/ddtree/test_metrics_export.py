@@ -207,10 +207,10 @@ def _expected(steps, upto):
     done = steps[:published]
     accepted = [a for acc, _, _ in done for a in acc]
     tree = [max(row) for _, depth, _ in done for row in depth]
-    at_budget = {
-        (f"{metrics.ACCEPTED_AT_BUDGET}_total", str(b)): float(_accepted_at_budget(done, b))
-        for b in metrics.budget_tiers(BUDGET)
-    }
+    at_budget = {}
+    for b in metrics.budget_tiers(BUDGET):
+        at_budget[(f"{metrics.ACCEPTED_AT_BUDGET}_total", str(b))] = float(_accepted_at_budget(done, b))
+        at_budget[(f"{metrics.REQUEST_STEPS_AT_BUDGET}_total", str(b))] = float(len(accepted))
     return {
         **_expected_histogram(metrics.ACCEPTED_DEPTH, accepted),
         **_expected_histogram(metrics.TREE_DEPTH, tree),
@@ -229,7 +229,8 @@ def test_tree_stats_exported_with_scheduler_labels(tmp_path):
     assert out["registered"] == sorted(
         [f"{metrics.ACCEPTED_DEPTH}{s}" for s in ("", "_bucket", "_count", "_sum", "_created")]
         + [f"{metrics.TREE_DEPTH}{s}" for s in ("", "_bucket", "_count", "_sum", "_created")]
-        + [f"{metrics.ACCEPTED_AT_BUDGET}{s}" for s in ("", "_total", "_created")]
+        + [f"{name}{s}" for name in (metrics.ACCEPTED_AT_BUDGET, metrics.REQUEST_STEPS_AT_BUDGET)
+           for s in ("", "_total", "_created")]
         + [metrics.BUDGET]
     )
     assert out["label_clash"] and "already registered" in out["label_clash"]

@@ -18,7 +18,7 @@ import torch
 from sglang.srt.speculative.ddtree.accept import greedy_accept
 from sglang.srt.speculative.ddtree.metrics import (
     DDTreeStepStats,
-    accept_length_at_budgets,
+    accept_length_at_budget,
     add_step_counts,
     budget_tiers,
 )
@@ -99,7 +99,7 @@ def test_counters_give_every_smaller_budgets_accept(source, budget, seed):
             _, res_b = _walk(small, bonus, max_tree_depth(b, DEPTHS), prefer, (seed, step))
             accepted_at[b] += int(res_b.num_accepted.sum())
     assert int(counts[0].sum()) == requests
-    got = accept_length_at_budgets(counts[0].tolist(), counts[2].tolist(), list(range(1, budget + 1)))
+    got = {b: accept_length_at_budget([budget], [counts.tolist()], b) for b in range(1, budget + 1)}
     for b, drafts in accepted_at.items():
         assert got[b] == pytest.approx(1.0 + drafts / requests, abs=1e-12), b
     assert got[budget] == pytest.approx(1.0 + sum(d * c for d, c in enumerate(counts[0].tolist())) / requests)
@@ -111,9 +111,13 @@ def test_tiers_and_empty_counters():
     assert budget_tiers(16) == [1, 2, 4, 8, 16]
     assert budget_tiers(24) == [1, 2, 4, 8, 16, 24]
     assert budget_tiers(1) == [1]
-    assert accept_length_at_budgets([0, 0, 0], [0, 0, 0], [1, 2]) is None
+    assert accept_length_at_budget([2], [[[0, 0, 0]] * 3], 1) is None
     stats = DDTreeStepStats(8, interval=1 << 30)
     assert tuple(stats.counters("cpu").shape) == (3, 9)
+    with pytest.raises(ValueError, match="step budget 4 is not one of"):
+        stats.counters("cpu", 4)
+    with pytest.raises(ValueError, match="must lie in"):
+        DDTreeStepStats(8, step_budgets=(4, 16))
 
 
 def test_reference_ignores_the_path_after_its_end():
@@ -123,5 +127,36 @@ def test_reference_ignores_the_path_after_its_end():
     add_step_counts(counts, torch.tensor([3, 1, 0]), torch.zeros((3, 9), dtype=torch.int64), accept_index)
     # Request 0: path maxima 3, 7, 7; request 1: 2; request 2: nothing.
     assert counts[2].tolist() == [0, 0, 1, 1, 0, 0, 0, 2, 0]
-    got = accept_length_at_budgets(counts[0].tolist(), counts[2].tolist(), [1, 2, 3, 6, 7, 8])
+    got = {b: accept_length_at_budget([8], [counts.tolist()], b) for b in (1, 2, 3, 6, 7, 8)}
     assert got == pytest.approx({1: 1.0, 2: 1 + 1 / 3, 3: 1 + 2 / 3, 6: 1 + 2 / 3, 7: 1 + 4 / 3, 8: 1 + 4 / 3})
+
+
+@pytest.mark.parametrize("source", [_marginal_trees, _selector_trees], ids=["marginals", "transitions"])
+def test_steps_at_several_budgets_count_only_for_budgets_they_cover(source):
+    """Under the adaptive policy each step runs at its own budget (the first nodes of the
+    drafted tree) and counts into that budget's block. A budget's accept length comes from
+    the steps run at it or above, and equals walking its own tree over those steps."""
+    full, step_budgets = 16, (2, 4, 8, 16)
+    gen = torch.Generator().manual_seed(77)
+    stats = DDTreeStepStats(full, interval=1 << 30, step_budgets=step_budgets)
+    walked = {b: [0, 0] for b in budget_tiers(full)}  # drafts, request steps (steps at b or above)
+    for step in range(12):
+        run_at = step_budgets[step % len(step_budgets)]
+        trees, prefer = source(gen, 3)
+        bonus = torch.randint(0, VOCAB, (3,), generator=gen)
+        ct, res = _walk(trees(run_at), bonus, max_tree_depth(run_at, DEPTHS), prefer, ("mixed", step))
+        stats.record(res.num_accepted, ct.depth, res.accept_index, step_budget=run_at)
+        for b in walked:
+            if b <= run_at:
+                _, res_b = _walk(trees(b), bonus, max_tree_depth(b, DEPTHS), prefer, ("mixed", step))
+                walked[b][0] += int(res_b.num_accepted.sum())
+                walked[b][1] += 3
+    blocks = stats._counts.tolist()
+    for b, (drafts, steps) in walked.items():
+        assert accept_length_at_budget(step_budgets, blocks, b) == pytest.approx(1 + drafts / steps), b
+    # The decayed view the policy reads: after one snapshot it holds every step so far.
+    stats._snapshot()
+    stats.step_counted()
+    assert stats.accept_lengths([1, 16]) == pytest.approx(
+        {1: accept_length_at_budget(step_budgets, blocks, 1), 16: accept_length_at_budget(step_budgets, blocks, 16)})
+    assert DDTreeStepStats(full, interval=1 << 30, step_budgets=step_budgets).accept_lengths([4]) == {4: None}

@@ -62,6 +62,18 @@ def test_tree_source_flag(model_dirs):
         _make(model_dirs, speculative_ddtree_tree="selector")
 
 
+def test_budget_policy_flag(model_dirs):
+    assert _make(model_dirs).speculative_ddtree_budget_policy == "fixed"
+    sa = _make(model_dirs, speculative_ddtree_budget=64, speculative_ddtree_budget_policy="adaptive")
+    # The graphs, the KV headroom and the verify buffers are sized for the full budget.
+    assert (sa.speculative_ddtree_budget_policy, sa.speculative_num_draft_tokens) == ("adaptive", 65)
+    with pytest.raises(ValueError, match=r"--speculative-ddtree-budget-policy must be one of fixed, adaptive, got 'auto'"):
+        _make(model_dirs, speculative_ddtree_budget_policy="auto")
+    with pytest.raises(ValueError, match="with --tp-size 2 the ranks would choose apart"):
+        _make(model_dirs, speculative_ddtree_budget_policy="adaptive", tp_size=2)
+    assert _make(model_dirs, tp_size=2, speculative_ddtree_budget_policy="fixed").speculative_ddtree_budget == 16
+
+
 def test_small_budget_truncates_draft_block(model_dirs):
     # A tree of 4 nodes is at most 4 deep: the drafter runs [bonus, MASK x 4].
     sa = _make(model_dirs, speculative_ddtree_budget=4)
@@ -152,6 +164,7 @@ def test_tensor_parallel_resolves_as_one_gpu(model_dirs, target):
         (dict(speculative_ddtree_budget=999), "--speculative-ddtree-budget only apply"),
         (dict(speculative_ddtree_topk=-5), "--speculative-ddtree-topk only apply"),
         (dict(speculative_ddtree_tree="transitions"), "--speculative-ddtree-tree only apply"),
+        (dict(speculative_ddtree_budget_policy="adaptive"), "--speculative-ddtree-budget-policy only apply"),
         (dict(speculative_ddtree_budget=999, speculative_ddtree_topk=-5),
          "--speculative-ddtree-budget and --speculative-ddtree-topk only apply"),
     ],
@@ -194,6 +207,8 @@ def test_cli_flags_parse(model_dirs):
             "3",
             "--speculative-ddtree-tree",
             "transitions",
+            "--speculative-ddtree-budget-policy",
+            "adaptive",
             "--device",
             "cuda",
             "--skip-tokenizer-init",
@@ -201,6 +216,7 @@ def test_cli_flags_parse(model_dirs):
     )
     sa = ServerArgs.from_cli_args(args)
     assert (sa.speculative_ddtree_budget, sa.speculative_ddtree_topk, sa.speculative_ddtree_tree) == (16, 3, "transitions")
+    assert sa.speculative_ddtree_budget_policy == "adaptive"
     assert sa.speculative_num_draft_tokens == 17
 
 

@@ -87,7 +87,11 @@ class FakeOpenAI(BaseHTTPRequestHandler):
             for _ in range(steps):
                 c["steps_counter"].labels(model_name="m").observe(1)
             for b, tau_b in c["at_budget"].items():
-                c["at_counter"].labels(model_name="m", budget=str(b)).inc(steps * (tau_b - 1))
+                share = 1.0  # of the request steps that ran at budget b or above
+                if c.get("steps_at_counter") is not None:  # an adaptive server: fewer steps at large budgets
+                    share = 1.0 if b <= 8 else 0.5
+                    c["steps_at_counter"].labels(model_name="m", budget=str(b)).inc(steps * share)
+                c["at_counter"].labels(model_name="m", budget=str(b)).inc(steps * share * (tau_b - 1))
         if c["algo"] != "NONE":
             meta = {"spec_verify_ct": steps, "spec_accept_length": n / steps, "completion_tokens": n}
             if c.get("meta_in_choice"):
@@ -215,15 +219,28 @@ def test_accept_length_at_smaller_budgets_from_the_servers_counters(fakes, promp
                                   registry=registry))  # fmt: skip
     url = start("ddtree32", algo="DDTREE", budget=32, tau=5.2, **cfg)
     plain = start("ddtree16", algo="DDTREE", budget=16, tau=4.4)  # no metrics: no curve, no error
-    argv = ["--prompts", str(prompts), "--server", url, "--server", plain, "--batch", "1,2", "--temperature", "0",
-            "--num-prompts", "4", "--max-new-tokens", "40", "--tag", "ab", "--out-dir", str(tmp_path)]
+    registry2 = CollectorRegistry()
+    adaptive = start("ddtree32-adaptive", algo="DDTREE", budget=32, tau=5.2, registry=registry2, at_budget=at_budget,
+                     steps_counter=Histogram("sglang:ddtree_accepted_depth", "d", ["model_name"], registry=registry2,
+                                             buckets=(1, 2)),
+                     at_counter=Counter("sglang:ddtree_accepted_drafts_at_budget", "d", ["model_name", "budget"],
+                                        registry=registry2),
+                     steps_at_counter=Counter("sglang:ddtree_request_steps_at_budget", "d", ["model_name", "budget"],
+                                              registry=registry2))  # fmt: skip
+    argv = ["--prompts", str(prompts), "--server", url, "--server", plain, "--server", f"ddtree32-adaptive={adaptive}",
+            "--batch", "1,2", "--temperature", "0", "--num-prompts", "4", "--max-new-tokens", "40", "--tag", "ab",
+            "--out-dir", str(tmp_path)]  # fmt: skip
     assert bs.main(argv) == 0
     r = json.loads((tmp_path / "budget_sweep_ab.json").read_text())
+    assert not r["skipped"], [x.get("reason") for x in r["skipped"]]
     rows = {(x["config"], x["batch"]): x for x in r["rows"]}
     for batch in (1, 2):
         got = rows[("ddtree32", batch)]["accept_length_at_budget"]
         assert got == pytest.approx({str(b): t for b, t in at_budget.items()})
         assert "accept_length_at_budget" not in rows[("ddtree16", batch)]
+        # per budget over the steps run at it or above (half the steps above budget 8)
+        got = rows[("ddtree32-adaptive", batch)]["accept_length_at_budget"]
+        assert got == pytest.approx({str(b): t for b, t in at_budget.items()})
     point = next(p for p in r["ratios"] if p["batch"] == 1)
     assert point["configs"]["ddtree32"]["accept_length_at_budget"]["8"] == pytest.approx(3.7)
     assert bs.budget_counters("no counters here\n") is None
@@ -328,7 +345,16 @@ def test_launch_args():
     assert "--enable-metrics" in a and "--enable-metrics" not in bs.launch_args("dflash", "/d", [1], [])
     assert "--speculative-ddtree-tree" not in a
     assert bs.parse_config("ddtree16-transitions") == ("ddtree", 16)
-    for bad in ("dflash-transitions", "nospec-transitions", "ddtree16-marginals"):
+    ad = bs.launch_args("ddtree64-adaptive", "/d", [1, 8], [])
+    assert ad[-5:] == ["--speculative-ddtree-budget", "64", "--enable-metrics", "--speculative-ddtree-budget-policy",
+                       "adaptive"]  # fmt: skip
+    assert bs.parse_config("ddtree16-transitions-adaptive") == ("ddtree", 16)
+    assert bs.label_from_server_info({"speculative_algorithm": "DDTREE", "speculative_ddtree_budget": 64,
+                                      "speculative_ddtree_budget_policy": "adaptive"}) == "ddtree64-adaptive"
+    assert sorted(["ddtree64-adaptive", "ddtree64", "ddtree16", "dflash"], key=bs.config_order) == [
+        "dflash", "ddtree16", "ddtree64", "ddtree64-adaptive"]
+    for bad in ("dflash-transitions", "nospec-transitions", "ddtree16-marginals", "dflash-adaptive",
+                "ddtree16-adaptive-transitions"):
         with pytest.raises(SystemExit, match="expected nospec, dflash or ddtree<budget>"):
             bs.parse_config(bad)
 

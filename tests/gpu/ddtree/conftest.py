@@ -3,15 +3,16 @@
 harness of ``tests/gpu/conftest.py`` (``ServerProcess``, ``tiny_models``,
 ``gpu_log_dir``).
 
-Three servers on one GPU, started together so their ~60 s starts overlap: the
+Four servers on one GPU, started together so their ~60 s starts overlap: the
 tiny MLA target without speculation (the reference), and the same target with
-DDTREE and its DFlash drafter, once with CUDA graphs + the overlap scheduler
-and once eager + synchronous. Every server runs the scheduler's idle KV check
+DDTREE and its DFlash drafter, once with CUDA graphs + the overlap scheduler,
+once eager + synchronous, and once choosing each step's budget. Every server runs the scheduler's idle KV check
 in strict mode, so a leak, double free or use-after-free kills it.
 
-``DDTREE_E2E_SERVERS`` picks the DDTREE servers (default ``ddtree,ddtree_eager``;
+``DDTREE_E2E_SERVERS`` picks the DDTREE servers (default ``ddtree,ddtree_eager,ddtree_adaptive``;
 ``ddtree_dense`` runs upstream's Triton extend kernel with the dense mask,
-``ddtree_flashinfer`` the FlashInfer backend; ~135 s of JIT on a fresh host),
+``ddtree_flashinfer`` the FlashInfer backend; ~135 s of JIT on a fresh host;
+``ddtree_adaptive`` chooses each step's budget, graphs + overlap),
 ``DDTREE_E2E_BUDGET`` (default 16) sets the tree budget, ``DDTREE_E2E_EXTRA_ARGS``
 is appended to the DDTREE servers.
 """
@@ -27,7 +28,7 @@ from tests.gpu.harness import harness
 
 # DDTREE servers to run, beside the no-speculation baseline.
 TREE_SERVERS = [
-    s for s in os.environ.get("DDTREE_E2E_SERVERS", "ddtree,ddtree_eager").split(",") if s
+    s for s in os.environ.get("DDTREE_E2E_SERVERS", "ddtree,ddtree_eager,ddtree_adaptive").split(",") if s
 ]
 #: Tree budget of the DDTREE servers.
 BUDGET = int(os.environ.get("DDTREE_E2E_BUDGET", "16"))
@@ -71,6 +72,8 @@ def servers(request, tiny_models, gpu_log_dir):
         # FlashInfer: the MLA target verifies through the hook (its FA2 MLA
         # kernel takes no mask), the drafter runs FlashInfer's own kernels.
         "ddtree_flashinfer": ([("flashinfer" if a == "triton" else a) for a in COMMON] + ddtree, stats),
+        # Each step's budget chosen per batch size (steps below the full budget run eagerly).
+        "ddtree_adaptive": (COMMON + ddtree + ["--speculative-ddtree-budget-policy", "adaptive"], stats),
     }
     configs = {k: configs[k] for k in ["baseline", *TREE_SERVERS]}
     configs = {name: (args, {**STRICT_KV_CHECK, **env}) for name, (args, env) in configs.items()}

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import random
+import re
 
 import pytest
 
@@ -69,7 +70,7 @@ def test_greedy_single_identical(servers, tree, tiny_models):
     # The tree pays off beyond a chain: it takes the decoy's sibling, the right
     # token, at block offset 5 and goes on, so it needs fewer verify steps than
     # a chain over the same drafter can.
-    if TREE_HOLDS_BOTH_BRANCHES:
+    if TREE_HOLDS_BOTH_BRANCHES and tree.name != "ddtree-e2e-ddtree_adaptive":  # it may run smaller trees
         chain_steps = _chain_min_verify_steps(tiny_models, n)
         assert meta["spec_verify_ct"] < chain_steps, (meta, chain_steps)
         assert meta["spec_accept_length"] > n / chain_steps, meta
@@ -127,3 +128,31 @@ def test_no_kv_leak_and_metrics(servers, tree):
     tiers = metrics["sglang:ddtree_accepted_drafts_at_budget_total"]
     assert 0 < tiers <= metrics["sglang:ddtree_accepted_depth_sum"] * len(budget_tiers(int(metrics["sglang:ddtree_budget"])))
     assert "mean commit at budget 1: " in tree.log_text()
+
+
+def _at_budget(server):
+    """{budget: (accepted drafts, request steps)} of the per-budget counters on /metrics."""
+    out = {}
+    text = server.get("/metrics").read().decode()
+    for name, idx in (("sglang:ddtree_accepted_drafts_at_budget_total", 0),
+                      ("sglang:ddtree_request_steps_at_budget_total", 1)):  # fmt: skip
+        for labels, value in re.findall(re.escape(name) + r"\{([^}]*)\} (\S+)", text):
+            b = int(re.search(r'budget="(\d+)"', labels).group(1))
+            out.setdefault(b, [0.0, 0.0])[idx] += float(value)
+    return out
+
+
+def test_adaptive_policy_runs_smaller_budgets_and_stays_lossless(servers):
+    """The adaptive server measured the smaller budgets (its steps at them counted apart),
+    its outputs are the target's, and its log names the budget each batch size runs."""
+    if "ddtree_adaptive" not in servers:
+        pytest.skip("DDTREE_E2E_SERVERS does not include ddtree_adaptive")
+    tree = servers["ddtree_adaptive"]
+    for seed in (21, 22):  # traffic enough for the statistics and the policy's measurements
+        assert_concurrent_identical(servers["baseline"], tree, _prompts(8, seed=seed))
+    at = _at_budget(tree)
+    assert set(at) == {1, 2, 4, 8, 16} if BUDGET == 16 else len(at) > 1, at
+    steps = {b: s for b, (_, s) in at.items()}
+    assert steps[1] > steps[BUDGET] > 0, steps  # some steps ran below the full budget
+    assert all(at[b][0] <= at[b][1] * b for b in at), at
+    assert "DDTREE budget policy: batch <= " in tree.log_text()

@@ -45,6 +45,13 @@ class TreeBudget:
         """Deepest node a tree can have: bounded by the budget and by the drafted depths."""
         return min(self.budget, self.draft_block - 1)
 
+    def at(self, budget: int) -> "TreeBudget":
+        """A smaller tree drafted from the same block: the budget-``budget`` tree is the
+        first ``budget`` nodes of this one (both builders number nodes best-first)."""
+        if not MIN_BUDGET <= budget <= self.budget:
+            raise ValueError(f"DDTREE step budget must be in [{MIN_BUDGET}, {self.budget}], got {budget}.")
+        return TreeBudget(budget=budget, topk=min(self.topk, budget), draft_block=self.draft_block)
+
     @classmethod
     def resolve(
         cls, budget: Optional[int], topk: Optional[int], checkpoint_block: int, vocab_size: int

@@ -211,10 +211,14 @@ DDTREE_ONLY_FLAGS = (
     ("speculative_ddtree_budget", "--speculative-ddtree-budget"),
     ("speculative_ddtree_topk", "--speculative-ddtree-topk"),
     ("speculative_ddtree_tree", "--speculative-ddtree-tree"),
+    ("speculative_ddtree_budget_policy", "--speculative-ddtree-budget-policy"),
 )
 
 #: What ``--speculative-ddtree-tree`` grows the tree from (the first is the default).
 TREE_SOURCES = ("marginals", "transitions")
+#: How each step's budget is chosen (``--speculative-ddtree-budget-policy``; the first is
+#: the default): always the configured budget, or per step (``budget_policy``).
+BUDGET_POLICIES = ("fixed", "adaptive")
 
 
 def check_ddtree_flags_used(server_args: ServerArgs) -> None:
@@ -234,13 +238,11 @@ def check_ddtree_flags_used(server_args: ServerArgs) -> None:
     )
 
 
-def _tree_source(value) -> str:
+def _choice(flag: str, value, choices) -> str:
     if value is None:
-        return TREE_SOURCES[0]
-    if value not in TREE_SOURCES:
-        raise ValueError(
-            f"--speculative-ddtree-tree must be one of {', '.join(TREE_SOURCES)}, got {value!r}."
-        )
+        return choices[0]
+    if value not in choices:
+        raise ValueError(f"{flag} must be one of {', '.join(choices)}, got {value!r}.")
     return value
 
 
@@ -269,16 +271,44 @@ def handle_ddtree_server_args(server_args: ServerArgs) -> None:
         )
     server_args.speculative_ddtree_budget = tree.budget
     server_args.speculative_ddtree_topk = tree.topk
-    server_args.speculative_ddtree_tree = _tree_source(server_args.speculative_ddtree_tree)
+    server_args.speculative_ddtree_tree = _choice(
+        "--speculative-ddtree-tree", server_args.speculative_ddtree_tree, TREE_SOURCES
+    )
+    server_args.speculative_ddtree_budget_policy = _choice(
+        "--speculative-ddtree-budget-policy", server_args.speculative_ddtree_budget_policy, BUDGET_POLICIES
+    )
+    _check_budget_policy(server_args)
     server_args.speculative_dflash_block_size = tree.draft_block
     server_args.speculative_num_draft_tokens = tree.verify_width
     logger.info(
-        "DDTREE: budget=%d (verify width %d), topk=%d, draft block=%d.",
+        "DDTREE: budget=%d (verify width %d), topk=%d, draft block=%d, budget policy %s.",
         tree.budget,
         tree.verify_width,
         tree.topk,
         tree.draft_block,
+        server_args.speculative_ddtree_budget_policy,
     )
+
+
+def _check_budget_policy(server_args: ServerArgs) -> None:
+    """The adaptive policy decides each step's budget from this process's clock: ranks of
+    one model would decide apart and then disagree on the verify's width."""
+    if server_args.speculative_ddtree_budget_policy != "adaptive":
+        return
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    view = resolved_view(server_args)
+    parallel = [f"{flag} {value}" for flag, value in (
+        ("--tp-size", server_args.tp_size), ("--pp-size", server_args.pp_size), ("--dp-size", server_args.dp_size))
+        if int(value or 1) > 1]  # fmt: skip
+    if getattr(view, "enable_dp_attention", False):
+        parallel.append("--enable-dp-attention")
+    if parallel:
+        raise ValueError(
+            "--speculative-ddtree-budget-policy adaptive chooses each step's budget from this "
+            "process's own step times; with " + ", ".join(parallel) + " the ranks would choose "
+            "apart. Use the fixed policy (the default) with --speculative-ddtree-budget."
+        )
 
 
 def _checkpoint_block(server_args: ServerArgs) -> int:

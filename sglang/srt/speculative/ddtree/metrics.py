@@ -13,7 +13,9 @@ best-first pop order, so the tree of budget b is nodes 1..b of the tree of
 budget B >= b, and the walk over the same target tokens accepts, under b, the
 path's depths whose nodes (and their ancestors') indices are all <= b. The
 counters keep, per accepted depth, the largest node index on the path down to
-it; their prefix sums give the accepted drafts at every b.
+it; their prefix sums give the accepted drafts at every b. Under the adaptive
+budget policy steps run at several budgets; each budget keeps its own counters,
+and budget b's accept length comes from the steps run at b or above only.
 
 Counters live on the device; the step's commit kernel adds each step to them
 (``step_io.commit_accepted``, reference ``add_step_counts``). Every ``interval`` steps a snapshot is copied to
@@ -27,7 +29,7 @@ records anything.
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -45,6 +47,11 @@ ACCEPTED_DEPTH = "sglang:ddtree_accepted_depth"
 TREE_DEPTH = "sglang:ddtree_tree_depth"
 BUDGET = "sglang:ddtree_budget"
 ACCEPTED_AT_BUDGET = "sglang:ddtree_accepted_drafts_at_budget"
+REQUEST_STEPS_AT_BUDGET = "sglang:ddtree_request_steps_at_budget"
+#: Weight of the previous counts per published snapshot in ``accept_lengths``.
+RECENT_DECAY = 0.7
+#: Steps between snapshots when the adaptive budget policy reads them.
+ADAPTIVE_INTERVAL = 32
 
 # Rows of the device counters: accepted depth, tree depth, path maximum.
 _ACCEPTED, _TREE, _PATH_MAX = 0, 1, 2
@@ -112,10 +119,15 @@ class _DDTreePrometheus:
         self.accepted_at_budget = Counter(
             name=ACCEPTED_AT_BUDGET,
             documentation=(
-                "Draft tokens the verify steps would have accepted had the tree's budget been "
-                "`budget` (exact up to the configured budget: a smaller tree is the first nodes "
-                "of the drafted one). Per request step: divide by ddtree_accepted_depth_count."
+                "Draft tokens the verify steps run at `budget` or above would have accepted had "
+                "the tree's budget been `budget` (exact: a smaller tree is the first nodes of the "
+                "drafted one). Per request step: divide by ddtree_request_steps_at_budget."
             ),
+            labelnames=list(labelnames) + ["budget"],
+        )
+        self.request_steps_at_budget = Counter(
+            name=REQUEST_STEPS_AT_BUDGET,
+            documentation="Request verify steps run at a tree budget of `budget` or above.",
             labelnames=list(labelnames) + ["budget"],
         )
 
@@ -156,17 +168,30 @@ class DDTreeStepStats:
         stats_rank: bool = True,
         metric_labels: Optional[Dict[str, str]] = None,
         interval: int = _DEFAULT_INTERVAL,
+        step_budgets: Optional[Sequence[int]] = None,
+        log_every: int = 1,
     ):
-        """``metric_labels`` None: no Prometheus export (``--enable-metrics`` off)."""
+        """``metric_labels`` None: no Prometheus export (``--enable-metrics`` off).
+        ``step_budgets``: the budgets steps may run at (the adaptive policy's); each keeps
+        its own counters, since a step at budget b says nothing about budgets above b.
+        Default: the configured budget only. ``log_every``: snapshots per log line."""
         self.budget = int(budget)
+        self.step_budgets = tuple(sorted({int(b) for b in (step_budgets or (self.budget,))}))
+        if self.step_budgets[-1] != self.budget or self.step_budgets[0] < 1:
+            raise ValueError(f"step budgets {self.step_budgets} must lie in [1, {self.budget}] and include it")
+        self._block = {b: i for i, b in enumerate(self.step_budgets)}
         self.enabled = bool(stats_rank) and interval > 0
         self.interval = interval
+        self.log_every = max(1, int(log_every))
         self.steps = 0
-        self._counts: Optional[torch.Tensor] = None  # [3, budget + 1] int64
+        self._publishes = 0
+        self._counts: Optional[torch.Tensor] = None  # [step budgets, 3, budget + 1] int64
         self._host: Optional[torch.Tensor] = None
         self._event = None
         self._pending = False
-        self._published = [[0] * (self.budget + 1) for _ in range(_ROWS)]
+        self._published = self._zeros()
+        #: Exponentially decayed per-block counts since start, for ``accept_lengths``.
+        self._recent = self._zeros()
         self._series = None
         self._at_budget = None
         if self.enabled and metric_labels is not None:
@@ -178,39 +203,60 @@ class DDTreeStepStats:
             )
             prom.budget.labels(**metric_labels).set(self.budget)
             self._at_budget = {
-                b: prom.accepted_at_budget.labels(**metric_labels, budget=str(b))
+                b: (prom.accepted_at_budget.labels(**metric_labels, budget=str(b)),
+                    prom.request_steps_at_budget.labels(**metric_labels, budget=str(b)))
                 for b in budget_tiers(self.budget)
-            }
+            }  # fmt: skip
+
+    def _zeros(self) -> List[List[List[float]]]:
+        return [[[0] * (self.budget + 1) for _ in range(_ROWS)] for _ in self.step_budgets]
 
     @classmethod
-    def for_worker(cls, server_args, ps, budget: int) -> "DDTreeStepStats":
+    def for_worker(cls, server_args, ps, budget: int, step_budgets=None) -> "DDTreeStepStats":
+        """Under the adaptive policy (several ``step_budgets``) snapshots come at least every
+        ``ADAPTIVE_INTERVAL`` steps, the policy's view of the accept lengths, and the log
+        keeps its cadence."""
         stats_rank = ps.attn_tp_rank == 0
         labels = None
         if server_args.enable_metrics and stats_rank:
             labels = scheduler_metric_labels(server_args, ps)
-        return cls(budget, stats_rank=stats_rank, metric_labels=labels)
+        interval, log_every = _DEFAULT_INTERVAL, 1
+        if step_budgets is not None and len(set(step_budgets)) > 1 and interval > ADAPTIVE_INTERVAL:
+            interval, log_every = ADAPTIVE_INTERVAL, -(-interval // ADAPTIVE_INTERVAL)
+        return cls(budget, stats_rank=stats_rank, metric_labels=labels, interval=interval,
+                   step_budgets=step_budgets, log_every=log_every)  # fmt: skip
 
     @property
     def exports_metrics(self) -> bool:
         return self._series is not None
 
-    def counters(self, device) -> Optional[torch.Tensor]:
-        """The device counters ``[3, budget + 1]`` int64 (row 0: accepted depth,
-        row 1: tree depth, row 2: path maxima), for a kernel that adds a step's
-        counts into them (``step_io.commit_accepted``); None when this rank
-        records nothing."""
+    def counters(self, device, step_budget: Optional[int] = None) -> Optional[torch.Tensor]:
+        """The device counters ``[3, budget + 1]`` int64 of steps run at ``step_budget``
+        (default: the configured budget; row 0: accepted depth, row 1: tree depth, row 2:
+        path maxima), for a kernel that adds a step's counts into them
+        (``step_io.commit_accepted``); None when this rank records nothing."""
         if not self.enabled:
             return None
         if self._counts is None:
-            self._counts = torch.zeros((_ROWS, self.budget + 1), dtype=torch.int64, device=device)
-        return self._counts
+            shape = (len(self.step_budgets), _ROWS, self.budget + 1)
+            self._counts = torch.zeros(shape, dtype=torch.int64, device=device)
+        block = self._block.get(self.budget if step_budget is None else int(step_budget))
+        if block is None:
+            raise ValueError(f"step budget {step_budget} is not one of {self.step_budgets}")
+        return self._counts[block]
 
-    def record(self, num_accepted: torch.Tensor, depth: torch.Tensor, accept_index: torch.Tensor) -> None:
+    def record(
+        self,
+        num_accepted: torch.Tensor,
+        depth: torch.Tensor,
+        accept_index: torch.Tensor,
+        step_budget: Optional[int] = None,
+    ) -> None:
         """``num_accepted`` ``[bs]`` accepted draft nodes, ``depth`` ``[bs, N]``,
         ``accept_index`` ``[bs, D + 1]`` the path's nodes (-1 after it)."""
         if not self.enabled or num_accepted.numel() == 0:
             return
-        add_step_counts(self.counters(num_accepted.device), num_accepted, depth, accept_index)
+        add_step_counts(self.counters(num_accepted.device, step_budget), num_accepted, depth, accept_index)
         self.step_counted()
 
     def step_counted(self) -> None:
@@ -236,33 +282,52 @@ class DDTreeStepStats:
             self._host = self._counts.clone()
         self._pending = True
 
-    def _publish(self, counts: List[List[int]]) -> None:
-        new = [counts[r] for r in range(_ROWS)]
-        delta = [[a - b for a, b in zip(n, o)] for n, o in zip(new, self._published)]
+    def _publish(self, counts: List[List[List[int]]]) -> None:
+        delta = [[[a - b for a, b in zip(n, o)] for n, o in zip(nb, ob)] for nb, ob in zip(counts, self._published)]
         if self._series is not None:
             for series, row in zip(self._series, (_ACCEPTED, _TREE)):
-                _observe_counts(series, delta[row])
+                _observe_counts(series, [sum(col) for col in zip(*(block[row] for block in delta))])
         if self._at_budget is not None:
-            for b, counter in self._at_budget.items():
-                counter.inc(sum(delta[_PATH_MAX][: b + 1]))
-        self._published = new
-        self._log(new[_ACCEPTED], new[_TREE], new[_PATH_MAX])
+            for b, (drafts, steps) in self._at_budget.items():
+                num, den = at_budget_sums(self.step_budgets, delta, b)
+                drafts.inc(num)
+                steps.inc(den)
+        self._recent = [[[RECENT_DECAY * r + d for r, d in zip(rr, dr)] for rr, dr in zip(rb, db)]
+                        for rb, db in zip(self._recent, delta)]  # fmt: skip
+        self._published = counts
+        self._publishes += 1
+        if self._publishes % self.log_every == 0:
+            self._log(counts)
 
-    def _log(self, accepted: List[int], tree: List[int], path_max: List[int]) -> None:
+    def accept_lengths(self, budgets: Sequence[int]) -> Dict[int, Optional[float]]:
+        """Mean tokens committed per request step (accepted drafts + 1) each budget would
+        have had over the recently published steps (exponentially decayed, factor
+        ``RECENT_DECAY`` per snapshot), from the steps run at that budget or above; None
+        for a budget with no such step yet."""
+        return {b: accept_length_at_budget(self.step_budgets, self._recent, b) for b in budgets}
+
+    def _log(self, counts: List[List[List[int]]]) -> None:
+        accepted = [sum(col) for col in zip(*(block[_ACCEPTED] for block in counts))]
+        tree = [sum(col) for col in zip(*(block[_TREE] for block in counts))]
         depth_sum = torch.tensor([sum(d * c for d, c in enumerate(tree)), sum(tree)])
         summary = summarize(torch.tensor(accepted), depth_sum)
         if summary is None:
             return
-        at_budget = accept_length_at_budgets(accepted, path_max, budget_tiers(self.budget))
+        at_budget = {b: accept_length_at_budget(self.step_budgets, counts, b) for b in budget_tiers(self.budget)}
+        by_step = ""
+        if len(self.step_budgets) > 1:
+            steps = {b: sum(block[_ACCEPTED]) for b, block in zip(self.step_budgets, counts)}
+            by_step = ", request steps by step budget " + ", ".join(f"{b}: {n}" for b, n in steps.items() if n)
         logger.info(
             "DDTREE stats: steps(req)=%d, mean accepted drafts=%.2f, mean commit=%.2f, "
-            "mean tree depth=%.2f, accepted-depth histogram=%s, mean commit at budget %s",
+            "mean tree depth=%.2f, accepted-depth histogram=%s, mean commit at budget %s%s",
             summary["requests"],
             summary["mean_accepted"],
             summary["mean_accepted"] + 1,
             summary["mean_tree_depth"],
             summary["histogram"],
-            ", ".join(f"{b}: {x:.2f}" for b, x in at_budget.items()) if at_budget else "-",
+            ", ".join(f"{b}: {x:.2f}" for b, x in at_budget.items() if x is not None) or "-",
+            by_step,
         )
 
 
@@ -294,21 +359,22 @@ def add_step_counts(
     counts[_PATH_MAX].index_add_(0, path_max.reshape(-1), on_path.reshape(-1).to(torch.int64))
 
 
-def accept_length_at_budgets(
-    accepted: List[int], path_max: List[int], budgets: List[int]
-) -> Optional[Dict[int, float]]:
-    """Mean tokens committed per request step (accepted drafts + 1) under each
-    budget in ``budgets``, from the counters' accepted-depth histogram (for the
-    number of request steps) and path-maximum row; None without steps."""
-    requests = sum(accepted)
-    if requests <= 0:
-        return None
-    prefix, total = [], 0
-    for c in path_max:
-        total += c
-        prefix.append(total)
-    last = len(prefix) - 1
-    return {b: 1.0 + prefix[min(int(b), last)] / requests for b in budgets}
+def at_budget_sums(step_budgets: Sequence[int], blocks, budget: int) -> Tuple[float, float]:
+    """(accepted drafts had the tree's budget been ``budget``, request steps) over the
+    steps run at ``budget`` or above; ``blocks`` holds each step budget's counter rows."""
+    num = den = 0
+    for b, block in zip(step_budgets, blocks):
+        if b >= budget:
+            num += sum(block[_PATH_MAX][: int(budget) + 1])
+            den += sum(block[_ACCEPTED])
+    return num, den
+
+
+def accept_length_at_budget(step_budgets: Sequence[int], blocks, budget: int) -> Optional[float]:
+    """Mean tokens committed per request step (accepted drafts + 1) under ``budget``;
+    None without a step run at ``budget`` or above."""
+    num, den = at_budget_sums(step_budgets, blocks, budget)
+    return 1.0 + num / den if den > 0 else None
 
 
 def summarize(hist: torch.Tensor, depth: torch.Tensor) -> Optional[dict]:

@@ -38,6 +38,7 @@ from sglang.srt.runtime_context import get_exec
 from sglang.srt.speculative.ddtree import linear_state, step_io
 from sglang.srt.speculative.ddtree.accept import greedy_accept
 from sglang.srt.speculative.ddtree.budget import TreeBudget
+from sglang.srt.speculative.ddtree.budget_policy import AdaptiveBudget
 from sglang.srt.speculative.ddtree.dflash_internals import DFlashInternals
 from sglang.srt.speculative.ddtree.draft_topk import lm_head_topk
 from sglang.srt.speculative.ddtree.info import (
@@ -46,7 +47,7 @@ from sglang.srt.speculative.ddtree.info import (
     dense_mask_numel_bound,
     dense_verify_mask,
 )
-from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats
+from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats, budget_tiers
 from sglang.srt.speculative.ddtree.selector_tree import build_selector_tree
 from sglang.srt.speculative.ddtree.tree_build import build_tree
 from sglang.srt.speculative.ddtree.tree_compile import compile_tree
@@ -73,7 +74,20 @@ class DDTreeWorker(DFlashWorkerV2):
         self.tree = TreeBudget.of(server_args)
         self._algo = SpeculativeAlgorithm.from_string("DDTREE")
         self._context_len = int(self.model_runner.model_config.context_len)
-        self.stats = DDTreeStepStats.for_worker(server_args, self.ps, self.tree.budget)
+        # Each step's budget: the configured one, or chosen per step among 1, 2, 4, ... up to it.
+        self.budget_policy = None
+        step_budgets = None
+        if server_args.speculative_ddtree_budget_policy == "adaptive":
+            step_budgets = budget_tiers(self.tree.budget)
+        self.stats = DDTreeStepStats.for_worker(server_args, self.ps, self.tree.budget, step_budgets)
+        if step_budgets is not None:
+            if not self.stats.enabled:
+                raise ValueError(
+                    "--speculative-ddtree-budget-policy adaptive ranks the budgets by the step "
+                    "statistics, which SGLANG_DDTREE_STATS_INTERVAL=0 turns off. Unset it, or use "
+                    "the fixed policy."
+                )
+            self.budget_policy = AdaptiveBudget(self.tree.budget, step_budgets, self.stats.accept_lengths)
         self.tree_from_transitions = server_args.speculative_ddtree_tree == "transitions"
         if self.tree_from_transitions and not is_selector_drafter(getattr(self, "draft_model", None)):
             raise ValueError(
@@ -83,13 +97,16 @@ class DDTreeWorker(DFlashWorkerV2):
             )
         if self.ps.tp_rank == 0:
             logger.info(
-                "DDTREE worker: budget=%d (verify width %d), topk=%d, draft block=%d, max depth=%d, tree from %s.",
+                "DDTREE worker: budget=%d (verify width %d), topk=%d, draft block=%d, max depth=%d, tree from %s, "
+                "budget policy %s%s.",
                 self.tree.budget,
                 self.tree.verify_width,
                 self.tree.topk,
                 self.tree.draft_block,
                 self.tree.max_depth,
                 server_args.speculative_ddtree_tree,
+                server_args.speculative_ddtree_budget_policy,
+                f" (step budgets {', '.join(map(str, step_budgets))})" if step_budgets else "",
             )
 
     def init_attention_backends(self):
@@ -101,6 +118,12 @@ class DDTreeWorker(DFlashWorkerV2):
         if self._linear_state:
             linear_state.check_tree_verify_support(runner, self.tree.verify_width)
             linear_state.check_radix_strategy(self.server_args)
+            if self.budget_policy is not None:
+                raise ValueError(
+                    "--speculative-ddtree-budget-policy adaptive is not supported on hybrid "
+                    "linear-attention targets yet (their per-node recurrent states are laid out "
+                    "for the full verify width). Use the fixed policy."
+                )
 
     def _maybe_build_draft_sampler(self):
         # The folded greedy head emits one argmax per depth; the tree needs
@@ -125,6 +148,8 @@ class DDTreeWorker(DFlashWorkerV2):
             or batch.forward_mode.is_idle()
         ):
             # Prefill (context KV for the drafter) and idle are DFlash's.
+            if self.budget_policy is not None:
+                self.budget_policy.interrupted()
             return super().forward_batch_generation(
                 batch, on_publish=on_publish, grammar_barrier=grammar_barrier
             )
@@ -137,7 +162,10 @@ class DDTreeWorker(DFlashWorkerV2):
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
 
         bs = len(batch.seq_lens)
-        n = self.tree.verify_width
+        # This step's tree: the configured budget, or the policy's for this batch size
+        # (a smaller tree runs outside the CUDA graphs, captured at the full width).
+        tree_budget = self.tree if self.budget_policy is None else self.tree.at(self.budget_policy.choose(bs))
+        n = tree_budget.verify_width
         prefix_lens = batch.seq_lens
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
 
@@ -150,15 +178,15 @@ class DDTreeWorker(DFlashWorkerV2):
                 draft_input.bonus_tokens.view(bs),
                 self.target_worker.model_runner.model.lm_head,
             )
-            tree = build_selector_tree(candidate_ids, scores, self.tree.budget)
+            tree = build_selector_tree(candidate_ids, scores, tree_budget.budget)
         else:
-            logprobs, token_ids = self._draft_topk(draft_hidden[:, 1:, :])
-            tree = build_tree(logprobs, token_ids, self.tree.budget)
+            logprobs, token_ids = self._draft_topk(draft_hidden[:, 1:, :], tree_budget.topk)
+            tree = build_tree(logprobs, token_ids, tree_budget.budget)
         compiled = compile_tree(
             tree,
             bonus=draft_input.bonus_tokens.view(bs).to(torch.int64),
             committed_len=prefix_lens.view(bs),
-            max_depth=self.tree.max_depth,
+            max_depth=tree_budget.max_depth,
             req_to_token=req_to_token,
             req_pool_indices=batch.req_pool_indices,
         )
@@ -198,7 +226,7 @@ class DDTreeWorker(DFlashWorkerV2):
             logits_output.next_token_logits,
             sampling_info,
             batch.reqs,
-            NodePaths(compiled.tokens, compiled.parent, compiled.depth, self.tree.max_depth),
+            NodePaths(compiled.tokens, compiled.parent, compiled.depth, tree_budget.max_depth),
             compiled.positions,
             grammar_mask,
         )
@@ -215,10 +243,13 @@ class DDTreeWorker(DFlashWorkerV2):
             prefix_lens,
             req_to_token,
             batch.req_pool_indices,
-            stats_counts=self.stats.counters(cache_loc_2d.device),
+            stats_counts=self.stats.counters(cache_loc_2d.device, tree_budget.budget),
             tree_depth=compiled.depth,
         )
         self.stats.step_counted()
+        if self.budget_policy is not None and self.ps.tp_rank == 0:
+            if self.stats.steps % (self.stats.interval * self.stats.log_every) == 0:
+                logger.info("DDTREE budget policy: %s", "; ".join(self.budget_policy.summary()))
         self.verify_sampler.commit(verify, compiled.tokens[:, 0], commit.output_tokens, commit.commit_lens)
         res = commit.accept
         if self._linear_state:
@@ -309,8 +340,8 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTREE draft model returned no hidden states.")
         return hidden.view(bs, block, -1)
 
-    def _draft_topk(self, hidden: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Per-depth top-K of the drafter's full-vocab log-softmax.
+    def _draft_topk(self, hidden: torch.Tensor, topk: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Per-depth top-``topk`` of the drafter's full-vocab log-softmax.
 
         The DFlash drafter has no head; like DFlash we use the target's LM
         head, vocabulary-sharded under TP (``draft_topk.lm_head_topk``).
@@ -326,7 +357,7 @@ class DDTreeWorker(DFlashWorkerV2):
         else:
             start, held = int(shard.org_vocab_start_index), int(shard.num_org_elements)
         valid = max(0, min(held, model_vocab - start))
-        k = min(self.tree.topk, model_vocab)
+        k = min(topk, model_vocab)
         tp_group = get_tp_group()
         gather = None
         if tp_group.world_size > 1:
@@ -337,7 +368,7 @@ class DDTreeWorker(DFlashWorkerV2):
     # ---------------------------------------------------------------- verify
 
     def _verify(self, batch, draft_input, compiled, bs):
-        n = self.tree.verify_width
+        n = compiled.num_tokens
         seq_lens_cpu_backup = batch.seq_lens_cpu
         seq_lens_sum_backup = batch.seq_lens_sum
         # Host upper bound of the device prefix lengths' sum (the host copy may
