@@ -192,6 +192,7 @@ class DDTreeStepStats:
         self._published = self._zeros()
         #: Exponentially decayed per-block counts since start, for ``accept_lengths``.
         self._recent = self._zeros()
+        self._accept_lengths: Dict[Tuple[int, ...], Dict[int, Optional[float]]] = {}  # until the next snapshot
         self._series = None
         self._at_budget = None
         if self.enabled and metric_labels is not None:
@@ -294,6 +295,7 @@ class DDTreeStepStats:
                 steps.inc(den)
         self._recent = [[[RECENT_DECAY * r + d for r, d in zip(rr, dr)] for rr, dr in zip(rb, db)]
                         for rb, db in zip(self._recent, delta)]  # fmt: skip
+        self._accept_lengths.clear()
         self._published = counts
         self._publishes += 1
         if self._publishes % self.log_every == 0:
@@ -303,8 +305,11 @@ class DDTreeStepStats:
         """Mean tokens committed per request step (accepted drafts + 1) each budget would
         have had over the recently published steps (exponentially decayed, factor
         ``RECENT_DECAY`` per snapshot), from the steps run at that budget or above; None
-        for a budget with no such step yet."""
-        return {b: accept_length_at_budget(self.step_budgets, self._recent, b) for b in budgets}
+        for a budget with no such step yet. Asked every step, computed once per snapshot."""
+        key = tuple(budgets)
+        if key not in self._accept_lengths:
+            self._accept_lengths[key] = {b: accept_length_at_budget(self.step_budgets, self._recent, b) for b in key}
+        return self._accept_lengths[key]
 
     def _log(self, counts: List[List[List[int]]]) -> None:
         accepted = [sum(col) for col in zip(*(block[_ACCEPTED] for block in counts))]
