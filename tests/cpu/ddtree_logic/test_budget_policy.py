@@ -125,6 +125,19 @@ def test_intervals_that_span_other_work_are_not_step_times():
     assert sim.policy.step_times(8)[FULL] == pytest.approx(cost(8, FULL))
 
 
+def test_exploration_ends_when_prefills_interrupt_every_interval():
+    """A server whose decode steps are always separated by prefills never yields a step time:
+    each candidate gets a bounded number of steps, then the full budget runs."""
+    sim = Sim()
+    chosen = []
+    for _ in range(len(CANDIDATES) * bp.EXPLORE_STEPS + 30):
+        chosen.append(sim.step(64))
+        sim.policy.interrupted()
+    assert chosen[: bp.EXPLORE_STEPS] == [FULL] * bp.EXPLORE_STEPS
+    assert set(chosen[-30:]) == {FULL}
+    assert all(t is None for t in sim.policy.step_times(64).values())
+
+
 def test_summary_and_bad_candidates():
     sim = Sim()
     for _ in range(40):

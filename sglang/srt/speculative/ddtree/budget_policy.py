@@ -37,6 +37,9 @@ KEPT_SAMPLES = 16
 PROBE_EVERY = 256
 #: Steps per re-measurement (the first one is not counted).
 PROBE_STEPS = MIN_SAMPLES + 1
+#: Steps a candidate may take to be measured before the policy moves on (when prefills keep
+#: interrupting the intervals); one that got no measurement is not ranked until a probe gets one.
+EXPLORE_STEPS = 4 * PROBE_STEPS
 #: An interval this many times the budget's median, or longer than ``MAX_STEP_S``,
 #: spans something else (an idle server, a prefill the scheduler ran between steps).
 OUTLIER = 8.0
@@ -53,6 +56,7 @@ def bucket_of(batch_size: int) -> int:
 @dataclass
 class _Bucket:
     samples: Dict[int, Deque[float]]
+    explored: Dict[int, int] = field(default_factory=dict)  # steps run while measuring each candidate
     steps: int = 0
     probe: Optional[int] = None  # the budget being re-measured, and its steps left
     probe_left: int = 0
@@ -127,7 +131,9 @@ class AdaptiveBudget:
         # Measure each candidate whose accept length is known, the full budget first.
         for b in self.candidates:
             if tau.get(b) is not None and len(bucket.samples[b]) < MIN_SAMPLES:
-                return b
+                if bucket.explored.get(b, 0) < EXPLORE_STEPS:
+                    bucket.explored[b] = bucket.explored.get(b, 0) + 1
+                    return b
         if bucket.probe is not None:
             bucket.probe_left -= 1
             if bucket.probe_left > 0:
