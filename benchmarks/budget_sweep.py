@@ -710,6 +710,9 @@ def main(argv=None) -> int:
     lg.add_argument("--sampling-check", action="store_true", help="run benchmarks/sampling_check.py too")
     lg.add_argument("--sampling-prompts", type=Path, help="JSON list of {prompt_ids} for the sampling check")
     lg.add_argument("--sampling-samples", type=int, default=3000)
+    lg.add_argument("--sampling-settings", default="default",
+                    help="the sampling check's settings (sampling_check.py --settings)")
+    lg.add_argument("--sampling-positions", type=int, default=8, help="generated positions the sampling check compares")
     lg.add_argument("--sampling-ddtree", default="ddtree16", help="the DDTREE server the sampling check uses")
     lg.add_argument("--sampling-max-s", type=float, default=120.0, help="time the sampling check may take (0 leaves it out)")
     lg.add_argument("--py-spy", default="", help="configs whose scheduler py-spy samples during the first batch's "
@@ -739,6 +742,13 @@ def main(argv=None) -> int:
         ap.error(f"--sampling: {e} is not T[/top_k[/top_p]] with T >= 0, top_k >= 0, top_p in (0, 1]")
     if not args.sampling:
         ap.error("--sampling: no setting given")
+    if args.sampling_check:
+        try:
+            _sibling("sampling_check", REPO / "benchmarks" / "sampling_check.py").parse_settings(args.sampling_settings)
+        except ValueError as e:
+            ap.error(f"--sampling-settings: {e}")
+        if args.sampling_positions < 1:
+            ap.error("--sampling-positions takes a positive number")
     prompts = load_prompts(args.prompts)
     if args.launch == bool(args.server):
         ap.error("give running servers (--server) or --launch, not both or neither")
@@ -914,7 +924,9 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
             else:
                 result["sampling_check"] = sc.run_check(
                     {c: Server(c, procs[c].base_url, None, args.timeout_s) for c in chosen},
-                    [p["prompt_ids"] for p in sprompts], samples=args.sampling_samples, deadline_s=budget)
+                    [p["prompt_ids"] for p in sprompts], samples=args.sampling_samples,
+                    positions=args.sampling_positions, settings=sc.parse_settings(args.sampling_settings),
+                    deadline_s=budget)
                 write(_public(finish(result)), out)
         check_lossless(servers, result, out)
     finally:

@@ -42,9 +42,42 @@ SETTINGS = [
     {"name": "T0.7-top_k20-top_p0.8-min_p0.05", "temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.05},
     {"name": "T1-repetition_penalty1.1", "temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.1},
 ]
+#: ``parse_settings`` keys: the request's sampling parameter and its type.
+SETTING_KEYS = {"temperature": float, "top_k": int, "top_p": float, "min_p": float, "repetition_penalty": float,
+                "frequency_penalty": float, "presence_penalty": float}
+#: Tokens per position whose counts a comparison records (the base sample's most frequent).
+TOP_COUNTS = 6
 #: The deliberately biased control: no speculation at this multiple of the setting's temperature.
 BIASED = 1.1
 BIASED_LABEL = f"nospec at {BIASED}x temperature (must differ)"
+
+
+def parse_settings(text: str) -> list[dict]:
+    """``temperature=0.7:top_k=20:top_p=0.8,temperature=1`` -> settings like ``SETTINGS`` (named
+    after their parameters); ``default`` stands for ``SETTINGS``."""
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        if item == "default":
+            out += SETTINGS
+            continue
+        setting = {}
+        for part in item.split(":"):
+            key, sep, value = part.partition("=")
+            if not sep or key not in SETTING_KEYS:
+                raise ValueError(f"sampling setting {item!r}: expected KEY=VALUE[:KEY=VALUE...] with KEY one of "
+                                 f"{', '.join(SETTING_KEYS)}")
+            try:
+                setting[key] = SETTING_KEYS[key](value)
+            except ValueError as e:
+                raise ValueError(f"sampling setting {item!r}: {key}={value!r} is not a number") from e
+        if "temperature" not in setting:
+            raise ValueError(f"sampling setting {item!r} needs a temperature")
+        out.append({"name": "-".join(f"{k}{v}" for k, v in setting.items()), **setting})
+    if not out:
+        raise ValueError(f"no sampling settings in {text!r}")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,6 +127,18 @@ def compare(sa: Sequence[Sequence[int]], sb: Sequence[Sequence[int]], positions:
         cb = Counter(tuple(s[:j]) for s in sb if len(s) >= j)
         tests.append({"what": f"first {j} tokens", **homogeneity(ca, cb)})
     return tests
+
+
+def top_counts(sa: Sequence[Sequence[int]], sb: Sequence[Sequence[int]], positions: int,
+               top: int = TOP_COUNTS) -> list[list[list[int]]]:
+    """Per position, ``[token, count in sa, count in sb]`` for the ``top`` tokens most frequent in
+    ``sa``: which way a rejected comparison leans."""
+    out = []
+    for k in range(positions):
+        ca = Counter(s[k] for s in sa if len(s) > k)
+        cb = Counter(s[k] for s in sb if len(s) > k)
+        out.append([[tok, n, cb.get(tok, 0)] for tok, n in ca.most_common(top)])
+    return out
 
 
 def detectable_shift(samples: int, tests: int, alpha: float, power: float = 0.8) -> float:
@@ -162,7 +207,8 @@ def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, posi
             for label, other in pairs:
                 tests = compare(base, other, positions)
                 out["comparisons"].append({"setting": setting["name"], "prompt": pi, "server": label,
-                                           "tests": tests, "distinct_first_tokens": len({s[0] for s in other})})
+                                           "tests": tests, "distinct_first_tokens": len({s[0] for s in other}),
+                                           "top_counts": top_counts(base, other, min(3, positions))})
                 worst = min(tests, key=lambda x: x["p"])
                 log(f"[sampling] {setting['name']} prompt {pi} {label}: min p {worst['p']:.3g} ({worst['what']})")
     all_tests = [t for c in out["comparisons"] for t in c["tests"] if c["server"] != BIASED_LABEL]
@@ -189,8 +235,14 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=3000)
     ap.add_argument("--positions", type=int, default=8)
     ap.add_argument("--alpha", type=float, default=0.01)
+    ap.add_argument("--settings", default="default", help="KEY=VALUE[:KEY=VALUE...] per setting, comma-separated "
+                    "(keys: " + ", ".join(SETTING_KEYS) + "); default: " + ", ".join(s["name"] for s in SETTINGS))
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    try:
+        settings = parse_settings(args.settings)
+    except ValueError as e:
+        ap.error(str(e))
     budget_sweep = sys.modules.get("budget_sweep")
     if budget_sweep is None:
         import importlib.util
@@ -208,7 +260,7 @@ def main(argv=None) -> int:
     prompts = [p["prompt_ids"] if isinstance(p, dict) else p for p in raw]
     if not prompts or not all(isinstance(p, list) and p and all(isinstance(i, int) for i in p) for p in prompts):
         ap.error(f"{args.prompt_ids}: expected a list of token-id lists (or objects with prompt_ids)")
-    result = run_check(servers, prompts, args.samples, args.positions, args.alpha)
+    result = run_check(servers, prompts, args.samples, args.positions, args.alpha, settings)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 1 if result["verdict"]["reject"] or not result["biased_rejected"] else 0
 

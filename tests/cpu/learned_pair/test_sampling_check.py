@@ -129,10 +129,11 @@ class FakeServer:
             call = self.calls
             self.calls += 1
         p = body["sampling_params"]
-        assert p["ignore_eos"] and p["max_new_tokens"] == POSITIONS
+        assert p["ignore_eos"] and 1 <= p["max_new_tokens"] <= POSITIONS
         n = len(body["input_ids"])
         rng = np.random.default_rng((self.seed, call))
-        out = sample(self.logits, n, rng, p["temperature"], 1.0 if self.ignore_top_p else p["top_p"], p["top_k"])
+        top_p = 1.0 if self.ignore_top_p else p.get("top_p", 1.0)
+        out = sample(self.logits, n, rng, p["temperature"], top_p, p.get("top_k", -1))
         return [{"output_ids": o} for o in out]
 
 
@@ -152,6 +153,26 @@ def test_run_check_accepts_equal_servers_and_rejects_one_that_ignores_top_p():
     assert bad["verdict"]["reject"]
     assert {r["setting"] for r in bad["rejected"]} == {"T0.7-top_k20-top_p0.8-min_p0.05"}
     assert {r["server"] for r in bad["rejected"]} == {"ddtree16"}
+
+
+def test_settings_from_the_command_line_and_the_counts_behind_a_rejection():
+    settings = sc.parse_settings("temperature=0.7:top_k=20,default,temperature=1:repetition_penalty=1.1")
+    assert settings[0] == {"name": "temperature0.7-top_k20", "temperature": 0.7, "top_k": 20}
+    assert settings[1:3] == sc.SETTINGS and settings[3]["repetition_penalty"] == 1.1
+    for bad in ("top_k=20", "temperature=0.7:top_k=x", "temperature=0.7:seed=1", "temperature", ","):
+        with pytest.raises(ValueError):
+            sc.parse_settings(bad)
+    logits = _chain()
+    r = sc.run_check({"nospec": FakeServer(logits, 1), "ddtree16": FakeServer(logits, 2, ignore_top_p=True)},
+                     [[5]], samples=3000, positions=4, settings=sc.parse_settings("temperature=0.7:top_p=0.5"),
+                     log=lambda m: None)
+    assert r["verdict"]["reject"] and {x["server"] for x in r["rejected"]} == {"ddtree16"}
+    counts = {c["server"]: c["top_counts"] for c in r["comparisons"]}
+    assert len(counts["ddtree16"]) == 3 and all(1 <= len(pos) <= sc.TOP_COUNTS for pos in counts["ddtree16"])
+    # the base sample's first tokens are all within top-p, so its listed counts cover it; the
+    # server that ignores top-p draws its tail, so the same tokens come less often there
+    first = counts["ddtree16"][0]
+    assert sum(x[1] for x in first) == 3000 and sum(x[2] for x in first) < 2700
 
 
 def test_run_check_needs_a_baseline_and_respects_the_deadline():
