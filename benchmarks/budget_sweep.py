@@ -713,6 +713,8 @@ def main(argv=None) -> int:
     lg.add_argument("--sampling-settings", default="default",
                     help="the sampling check's settings (sampling_check.py --settings)")
     lg.add_argument("--sampling-positions", type=int, default=8, help="generated positions the sampling check compares")
+    lg.add_argument("--sampling-concurrency", type=int, default=1000,
+                    help="continuations in flight per server in the sampling check (the batch the servers decode)")
     lg.add_argument("--sampling-ddtree", default="ddtree16", help="the DDTREE server the sampling check uses")
     lg.add_argument("--sampling-max-s", type=float, default=120.0, help="time the sampling check may take (0 leaves it out)")
     lg.add_argument("--py-spy", default="", help="configs whose scheduler py-spy samples during the first batch's "
@@ -747,8 +749,8 @@ def main(argv=None) -> int:
             _sibling("sampling_check", REPO / "benchmarks" / "sampling_check.py").parse_settings(args.sampling_settings)
         except ValueError as e:
             ap.error(f"--sampling-settings: {e}")
-        if args.sampling_positions < 1:
-            ap.error("--sampling-positions takes a positive number")
+        if args.sampling_positions < 1 or args.sampling_concurrency < 1:
+            ap.error("--sampling-positions and --sampling-concurrency take positive numbers")
     prompts = load_prompts(args.prompts)
     if args.launch == bool(args.server):
         ap.error("give running servers (--server) or --launch, not both or neither")
@@ -926,7 +928,7 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
                     {c: Server(c, procs[c].base_url, None, args.timeout_s) for c in chosen},
                     [p["prompt_ids"] for p in sprompts], samples=args.sampling_samples,
                     positions=args.sampling_positions, settings=sc.parse_settings(args.sampling_settings),
-                    deadline_s=budget)
+                    deadline_s=budget, concurrency=args.sampling_concurrency)
                 write(_public(finish(result)), out)
         check_lossless(servers, result, out)
     finally:

@@ -179,14 +179,24 @@ def draw(server, prompt_ids: list[int], n: int, new_tokens: int, setting: dict, 
 
 def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, positions: int = 8,
               alpha: float = 0.01, settings: Optional[list[dict]] = None, deadline_s: Optional[float] = None,
-              log=print) -> dict:
-    """``servers``: label -> object with ``post(path, body)``; must include ``nospec``."""
+              log=print, concurrency: int = 1000) -> dict:
+    """``servers``: label -> object with ``post(path, body)``; must include ``nospec``.
+    ``concurrency``: continuations in flight per server (the batch the servers decode)."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be positive, got {concurrency}")
+    chunk = min(250, concurrency)
+    threads = max(1, concurrency // chunk)
+
+    def draw_from(server, prompt, setting):
+        return draw(server, prompt, samples, positions, setting, chunk, threads)
+
     if "nospec" not in servers:
         raise ValueError("the sampling check needs a no-speculation server (label nospec)")
     t0 = time.monotonic()
     settings = settings or SETTINGS
     others = [label for label in servers if label != "nospec"]
     out = {"samples": samples, "positions": positions, "alpha": alpha, "prompts": len(prompts),
+           "concurrency": chunk * threads,
            "settings": settings, "comparisons": [], "skipped": []}
     per_draw = None
     for setting in settings:
@@ -196,14 +206,14 @@ def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, posi
                 out["skipped"].append({"setting": setting["name"], "prompt": pi, "reason": "deadline"})
                 continue
             t = time.monotonic()
-            base = draw(servers["nospec"], prompt, samples, positions, setting)
-            control = draw(servers["nospec"], prompt, samples, positions, setting)
+            base = draw_from(servers["nospec"], prompt, setting)
+            control = draw_from(servers["nospec"], prompt, setting)
             per_draw = (time.monotonic() - t) / 2
             biased = {**setting, "temperature": setting["temperature"] * BIASED}
             pairs = [("nospec (second sample)", control),
-                     (BIASED_LABEL, draw(servers["nospec"], prompt, samples, positions, biased))]
+                     (BIASED_LABEL, draw_from(servers["nospec"], prompt, biased))]
             for label in others:
-                pairs.append((label, draw(servers[label], prompt, samples, positions, setting)))
+                pairs.append((label, draw_from(servers[label], prompt, setting)))
             for label, other in pairs:
                 tests = compare(base, other, positions)
                 out["comparisons"].append({"setting": setting["name"], "prompt": pi, "server": label,
@@ -237,8 +247,11 @@ def main(argv=None) -> int:
     ap.add_argument("--alpha", type=float, default=0.01)
     ap.add_argument("--settings", default="default", help="KEY=VALUE[:KEY=VALUE...] per setting, comma-separated "
                     "(keys: " + ", ".join(SETTING_KEYS) + "); default: " + ", ".join(s["name"] for s in SETTINGS))
+    ap.add_argument("--concurrency", type=int, default=1000, help="continuations in flight per server")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    if args.concurrency < 1:
+        ap.error("--concurrency takes a positive number")
     try:
         settings = parse_settings(args.settings)
     except ValueError as e:
@@ -260,7 +273,8 @@ def main(argv=None) -> int:
     prompts = [p["prompt_ids"] if isinstance(p, dict) else p for p in raw]
     if not prompts or not all(isinstance(p, list) and p and all(isinstance(i, int) for i in p) for p in prompts):
         ap.error(f"{args.prompt_ids}: expected a list of token-id lists (or objects with prompt_ids)")
-    result = run_check(servers, prompts, args.samples, args.positions, args.alpha, settings)
+    result = run_check(servers, prompts, args.samples, args.positions, args.alpha, settings,
+                       concurrency=args.concurrency)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 1 if result["verdict"]["reject"] or not result["biased_rejected"] else 0
 

@@ -175,6 +175,20 @@ def test_settings_from_the_command_line_and_the_counts_behind_a_rejection():
     assert sum(x[1] for x in first) == 3000 and sum(x[2] for x in first) < 2700
 
 
+def test_concurrency_sets_the_batch_the_servers_see():
+    logits = _chain()
+    servers = {"nospec": FakeServer(logits, 1), "dflash": FakeServer(logits, 2)}
+    sizes = []
+    for srv in servers.values():
+        post = srv.post
+        srv.post = lambda path, body, post=post: (sizes.append(len(body["input_ids"])), post(path, body))[1]
+    r = sc.run_check(servers, [[5]], samples=100, positions=2, settings=sc.parse_settings("temperature=1"),
+                     concurrency=16, log=lambda m: None)
+    assert r["concurrency"] == 16 and max(sizes) == 16 and sum(sizes) == 4 * 100
+    with pytest.raises(ValueError):
+        sc.run_check(servers, [[5]], samples=10, concurrency=0, log=lambda m: None)
+
+
 def test_run_check_needs_a_baseline_and_respects_the_deadline():
     logits = _chain()
     with pytest.raises(ValueError, match="no-speculation"):
