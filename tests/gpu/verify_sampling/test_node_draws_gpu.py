@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Optional
 
 import pytest
 
@@ -90,12 +91,18 @@ def _verify(sampler) -> VerifySampler:
 
 
 def _context_logits(seed: int, rows: int = 1) -> torch.Tensor:
-    """Logits shaped like a small LM's: a few likely tokens and a long tail."""
+    """Logits shaped like a small LM's: 30 likely tokens of graded weight, then a long tail,
+    so that every filter here cuts somewhere inside the likely tokens."""
     gen = torch.Generator(device=DEV).manual_seed(seed)
-    return (torch.randn(rows, VOCAB, device=DEV, generator=gen) * 3.0).float()
+    logits = torch.randn(rows, VOCAB, device=DEV, generator=gen)
+    likely = torch.rand(rows, VOCAB, device=DEV, generator=gen).argsort(dim=-1)[:, :30]
+    logits.scatter_add_(1, likely, torch.linspace(7.0, 2.0, 30, device=DEV).expand(rows, 30).contiguous())
+    return logits.float()
 
 
-def _two_sample_p(a: torch.Tensor, b: torch.Tensor) -> float:
+def _two_sample_p(a: torch.Tensor, b: torch.Tensor, categories: int = 3) -> Optional[float]:
+    """Chi-square test that two samples of tokens come from one distribution; None when they
+    hold fewer than ``categories`` tokens seen 10 times (a near-deterministic draw says nothing)."""
     from scipy.stats import chi2_contingency
 
     ca = torch.bincount(a.view(-1).long(), minlength=VOCAB)
@@ -104,7 +111,7 @@ def _two_sample_p(a: torch.Tensor, b: torch.Tensor) -> float:
     table = torch.stack([torch.cat([ca[keep], ca[~keep].sum().view(1)]),
                          torch.cat([cb[keep], cb[~keep].sum().view(1)])]).cpu().numpy()  # fmt: skip
     table = table[:, table.sum(0) > 0]
-    return 1.0 if table.shape[1] < 2 else float(chi2_contingency(table)[1])
+    return None if table.shape[1] < categories else float(chi2_contingency(table)[1])
 
 
 def _independence_p(x: torch.Tensor, y: torch.Tensor, top: int = 6) -> float:
@@ -124,6 +131,7 @@ def _independence_p(x: torch.Tensor, y: torch.Tensor, top: int = 6) -> float:
     table.index_put_((bx.long(), by.long()), torch.ones_like(bx, dtype=torch.int64), accumulate=True)
     t = table.cpu().numpy()
     t = t[t.sum(1) > 0][:, t.sum(0) > 0]
+    assert min(t.shape) >= 3, f"too few distinct draws for the test to mean anything: {t.shape}"
     return float(chi2_contingency(t)[1])
 
 
@@ -140,7 +148,8 @@ def test_every_node_draws_what_the_sampler_draws(flashinfer_sampler, name):
     ours = _verify(flashinfer_sampler).target_tokens(logits.clone(), _info(reqs), reqs, paths, positions).tokens
     theirs = _sampler_draws(flashinfer_sampler, logits[: bs * n],
                             [Req(p, [5, 6, 7], [9], pool_idx=i) for i in range(bs * n)])  # fmt: skip
-    assert _two_sample_p(ours, theirs) > ALPHA
+    p = _two_sample_p(ours, theirs)
+    assert p is not None and p > ALPHA, p
 
 
 def test_rows_of_requests_with_their_own_parameters(flashinfer_sampler):
@@ -162,8 +171,10 @@ def test_rows_of_requests_with_their_own_parameters(flashinfer_sampler):
                         for _ in range(steps)])  # fmt: skip
     row_reqs = [Req(reqs[r // n].sampling_params, [5, 6, 7], [9], pool_idx=r) for r in range(bs * n)]
     theirs = torch.stack([_sampler_draws(flashinfer_sampler, logits, row_reqs).view(-1) for _ in range(steps)])
-    worst = min((_two_sample_p(ours[:, r], theirs[:, r]), r) for r in range(bs * n))
-    assert worst[0] > ALPHA / (bs * n), f"node row {worst[1]}: p = {worst[0]:.3g}"
+    tested = [(p, r) for r in range(bs * n) if (p := _two_sample_p(ours[:, r], theirs[:, r])) is not None]
+    assert len(tested) >= bs * n // 2, f"only {len(tested)} of {bs * n} nodes draw three or more tokens"
+    worst = min(tested)
+    assert worst[0] > ALPHA / len(tested), f"node row {worst[1]}: p = {worst[0]:.3g}"
 
 
 def test_draws_are_independent_across_nodes_steps_and_the_prefill(flashinfer_sampler):
