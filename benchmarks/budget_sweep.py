@@ -746,7 +746,8 @@ def main(argv=None) -> int:
         ap.error("--sampling: no setting given")
     if args.sampling_check:
         try:
-            _sibling("sampling_check", REPO / "benchmarks" / "sampling_check.py").parse_settings(args.sampling_settings)
+            sc_module = _sibling("sampling_check", REPO / "benchmarks" / "sampling_check.py")
+            args.sampling_settings = sc_module.parse_settings(args.sampling_settings)
         except ValueError as e:
             ap.error(f"--sampling-settings: {e}")
         if args.sampling_positions < 1 or args.sampling_concurrency < 1:
@@ -927,7 +928,7 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
                 result["sampling_check"] = sc.run_check(
                     {c: Server(c, procs[c].base_url, None, args.timeout_s) for c in chosen},
                     [p["prompt_ids"] for p in sprompts], samples=args.sampling_samples,
-                    positions=args.sampling_positions, settings=sc.parse_settings(args.sampling_settings),
+                    positions=args.sampling_positions, settings=args.sampling_settings,
                     deadline_s=budget, concurrency=args.sampling_concurrency)
                 write(_public(finish(result)), out)
         check_lossless(servers, result, out)

@@ -13,6 +13,7 @@ from torch's generator must not repeat). GPU host only.
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
@@ -26,6 +27,7 @@ if not torch.cuda.is_available():
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cpu" / "verify_sampling"))
 from _upstream import Batch, Req, params  # noqa: E402
 
+from benchmarks.sampling_check import homogeneity  # noqa: E402
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo  # noqa: E402
 from sglang.srt.speculative.verify_sampling.node_logits import NodePaths, chain_paths  # noqa: E402
 from sglang.srt.speculative.verify_sampling.verify_sampler import VerifySampler  # noqa: E402
@@ -101,17 +103,11 @@ def _context_logits(seed: int, rows: int = 1) -> torch.Tensor:
 
 
 def _two_sample_p(a: torch.Tensor, b: torch.Tensor, categories: int = 3) -> Optional[float]:
-    """Chi-square test that two samples of tokens come from one distribution; None when they
-    hold fewer than ``categories`` tokens seen 10 times (a near-deterministic draw says nothing)."""
-    from scipy.stats import chi2_contingency
-
-    ca = torch.bincount(a.view(-1).long(), minlength=VOCAB)
-    cb = torch.bincount(b.view(-1).long(), minlength=VOCAB)
-    keep = (ca + cb) >= 10
-    table = torch.stack([torch.cat([ca[keep], ca[~keep].sum().view(1)]),
-                         torch.cat([cb[keep], cb[~keep].sum().view(1)])]).cpu().numpy()  # fmt: skip
-    table = table[:, table.sum(0) > 0]
-    return None if table.shape[1] < categories else float(chi2_contingency(table)[1])
+    """The sampling check's chi-square test that two samples of tokens come from one
+    distribution; None when they fall in fewer than ``categories`` bins (a near-deterministic
+    draw says nothing)."""
+    test = homogeneity(Counter(a.view(-1).tolist()), Counter(b.view(-1).tolist()))
+    return None if test["bins"] < categories else test["p"]
 
 
 def _independence_p(x: torch.Tensor, y: torch.Tensor, top: int = 6) -> float:

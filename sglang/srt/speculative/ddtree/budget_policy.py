@@ -149,13 +149,16 @@ class AdaptiveBudget:
         bucket.chosen = best
         return best
 
-    def _best(self, bucket: _Bucket, tau: Dict[int, Optional[float]]) -> int:
-        def rate(b: int) -> float:
-            return tau[b] / statistics.median(bucket.samples[b])
+    def _rates(self, bucket: _Bucket, tau: Dict[int, Optional[float]]) -> Dict[int, float]:
+        """Tokens per second per request, tau(b) / t(b), of each measured candidate (in the
+        candidates' descending order)."""
+        return {b: tau[b] / statistics.median(bucket.samples[b])
+                for b in self.candidates if tau.get(b) is not None and bucket.samples[b]}  # fmt: skip
 
-        ranked = [b for b in self.candidates if tau.get(b) is not None and bucket.samples[b]]
+    def _best(self, bucket: _Bucket, tau: Dict[int, Optional[float]]) -> int:
+        rates = self._rates(bucket, tau)
         # Ties go to the larger budget (candidates are in descending order; max keeps the first).
-        return max(ranked, key=rate) if ranked else self.full
+        return max(rates, key=rates.get) if rates else self.full
 
     def summary(self) -> List[str]:
         """One line per bucket: the budget it runs and each candidate's tokens per second
@@ -163,9 +166,6 @@ class AdaptiveBudget:
         tau = self.accept_lengths(self.candidates)
         lines = []
         for key, bucket in sorted(self._buckets.items()):
-            rates = ", ".join(
-                f"{b}: {tau[b] / statistics.median(bucket.samples[b]):.0f}"
-                for b in self.candidates if tau.get(b) is not None and bucket.samples[b]
-            )  # fmt: skip
+            rates = ", ".join(f"{b}: {r:.0f}" for b, r in self._rates(bucket, tau).items())
             lines.append(f"batch <= {key}: budget {bucket.chosen or self.full} (tokens/s per request {rates or '-'})")
         return lines

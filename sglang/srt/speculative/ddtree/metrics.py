@@ -287,7 +287,7 @@ class DDTreeStepStats:
         delta = [[[a - b for a, b in zip(n, o)] for n, o in zip(nb, ob)] for nb, ob in zip(counts, self._published)]
         if self._series is not None:
             for series, row in zip(self._series, (_ACCEPTED, _TREE)):
-                _observe_counts(series, [sum(col) for col in zip(*(block[row] for block in delta))])
+                _observe_counts(series, _row_total(delta, row))
         if self._at_budget is not None:
             for b, (drafts, steps) in self._at_budget.items():
                 num, den = at_budget_sums(self.step_budgets, delta, b)
@@ -312,8 +312,7 @@ class DDTreeStepStats:
         return self._accept_lengths[key]
 
     def _log(self, counts: List[List[List[int]]]) -> None:
-        accepted = [sum(col) for col in zip(*(block[_ACCEPTED] for block in counts))]
-        tree = [sum(col) for col in zip(*(block[_TREE] for block in counts))]
+        accepted, tree = _row_total(counts, _ACCEPTED), _row_total(counts, _TREE)
         depth_sum = torch.tensor([sum(d * c for d, c in enumerate(tree)), sum(tree)])
         summary = summarize(torch.tensor(accepted), depth_sum)
         if summary is None:
@@ -362,6 +361,11 @@ def add_step_counts(
     path_max = torch.cummax(path.clamp(0, counts.shape[1] - 1), dim=1).values
     # Entries past the path add 0: no boolean indexing, so no host sync.
     counts[_PATH_MAX].index_add_(0, path_max.reshape(-1), on_path.reshape(-1).to(torch.int64))
+
+
+def _row_total(blocks, row: int) -> List[int]:
+    """One counter row summed over the step budgets' blocks."""
+    return [sum(col) for col in zip(*(block[row] for block in blocks))]
 
 
 def at_budget_sums(step_budgets: Sequence[int], blocks, budget: int) -> Tuple[float, float]:
