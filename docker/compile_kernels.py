@@ -199,14 +199,16 @@ def ddtree_sources():
                {"num_warps": 4})
     from sglang.srt.speculative.verify_sampling import gumbel_draw
 
-    # DFLASH/DDTREE verify: the plain unseeded draw, one row per program for a vocabulary of at
-    # least one block (smaller ones, several rows per program, compile on first use).
+    # DFLASH/DDTREE verify: the unseeded draw, plain or filtered (a logit floor per row), one
+    # row per program for a vocabulary of at least one block (smaller ones, several rows per
+    # program, compile on first use).
     fn = gumbel_draw._gumbel_draw_kernel
     types = {n: "i32" for n in fn.arg_names if not n.endswith("_ptr")}
-    types.update(logits_ptr="*fp32", temp_ptr="*fp32", out_ptr="*i64")
-    consts = dict(ROWS=1, BLOCK=gumbel_draw._BLOCK_V)
-    sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
-    yield ("verify_gumbel_draw", ASTSource(fn, sig, constexprs=consts), {"num_warps": 4})
+    types.update(logits_ptr="*fp32", temp_ptr="*fp32", floor_ptr="*fp32", out_ptr="*i64")
+    for floor in (False, True):
+        consts = dict(ROWS=1, BLOCK=gumbel_draw._BLOCK_V, HAS_FLOOR=floor)
+        sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
+        yield (f"verify_gumbel_draw floor={floor}", ASTSource(fn, sig, constexprs=consts), {"num_warps": 4})
 
 
 def compile_triton(names: list, cap: tuple[int, int], results: list) -> None:

@@ -53,6 +53,10 @@ with _declaring_fields():
         # DFLASH/DDTREE verify sampling: GPU workspace of one chunk of per-node draws,
         # reserved when the KV pool is sized (speculative/verify_sampling/workspace.py).
         SGLANG_DDTREE_SAMPLING_WORKSPACE_MB = EnvInt(512)
+        # How unseeded verify nodes are drawn: "fused" (the filtered Gumbel-max draw,
+        # verify_sampling/node_draws.py) or "sampler" (the sampling backend's own kernels,
+        # for comparisons).
+        SGLANG_DDTREE_VERIFY_DRAW = EnvStr("fused")
 
         # DDTree metrics: verify steps between two logged summaries.
         SGLANG_DDTREE_STATS_INTERVAL = EnvInt(256)

@@ -86,6 +86,40 @@ def upstream_node_token(sampler, p: SamplingParams, output: Sequence[int], logit
     return int(ids.view(-1)[0])
 
 
+def upstream_node_distribution(sampler, p: SamplingParams, output: Sequence[int], logits: torch.Tensor,
+                               vocab: int, batch_info=None) -> torch.Tensor:
+    """``[V]`` float64, vocabulary order: the distribution upstream's sampler (the pytorch
+    backend, unseeded) draws the token after ``output`` from. Its torch.multinomial weights
+    are over the probabilities sorted in descending order (distinct for random logits);
+    the sampler leaves those probabilities in the row it was given."""
+    weights = []
+    real = torch.multinomial
+
+    def record(w, num_samples, *args, **kwargs):
+        weights.append(w.double().view(-1))
+        return real(w, num_samples, *args, **kwargs)
+
+    req = Req(p, [5, 6, 7], output)
+    info = SamplingBatchInfo.from_schedule_batch(Batch([req]), vocab)
+    for t in output:
+        info.penalizer_orchestrator.cumulate_output_tokens(torch.tensor([t]))
+    fwd = info.copy_for_forward()
+    if batch_info is not None:
+        for flag in BATCH_FLAGS:
+            setattr(fwd, flag, getattr(batch_info, flag))
+    row = logits.clone().view(1, -1)
+    fwd.apply_logits_bias(row)
+    torch.multinomial = record
+    try:
+        sampler.forward(LogitsProcessorOutput(next_token_logits=row), fwd, False, [], [], torch.tensor([0]))
+    finally:
+        torch.multinomial = real
+    (w,) = weights
+    out = torch.zeros(vocab, dtype=torch.float64)
+    out[torch.argsort(row.view(-1), descending=True, stable=True)] = w
+    return out / out.sum()
+
+
 def random_tree(gen: torch.Generator, bs: int, n: int, vocab: int):
     """Parents drawn uniformly among earlier nodes (node 0 the root)."""
     parent = torch.full((bs, n), -1, dtype=torch.int64)

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The fused Gumbel-max draw: the kernel (interpreted) and its torch reference sample exactly
 softmax(logits / T) per row (a chi-squared fit that a 10% temperature error fails), never draw
-a -inf logit, and draw_node_tokens takes it exactly in the sampler's plain unseeded case."""
+a -inf logit, and draw_node_tokens takes it for every unseeded row (for the plain case only
+with SGLANG_DDTREE_VERIFY_DRAW=sampler)."""
 
 from types import SimpleNamespace
 
@@ -11,8 +12,9 @@ import triton
 from _upstream import VOCAB, Req, forward_info, params
 
 from sglang.srt.speculative.verify_sampling import gumbel_draw as gd
-from sglang.srt.speculative.verify_sampling.node_draws import NodeSamplingInfo, draw_node_tokens
+from sglang.srt.speculative.verify_sampling.node_draws import FusedDraw, NodeSamplingInfo, draw_node_tokens
 from sglang.srt.speculative.verify_sampling.node_logits import chain_paths
+from sglang.srt.speculative.verify_sampling.sampling_filters import FilterRule
 from sglang.srt.speculative.verify_sampling.verify_sampler import VerifySampler
 
 NEG = float("-inf")
@@ -29,8 +31,8 @@ def _kernel_chunked(logits, temps):
     out = torch.empty(rows, dtype=torch.int64)
     rows_per_program = 256
     gd._gumbel_draw_kernel[(triton.cdiv(rows, rows_per_program),)](
-        logits, logits.stride(0), temps, temps.stride(0), out, int(torch.randint(0, 2**31 - 1, (1,))),
-        rows, v, ROWS=rows_per_program, BLOCK=4,
+        logits, logits.stride(0), temps, temps.stride(0), logits, out, int(torch.randint(0, 2**31 - 1, (1,))),
+        rows, v, ROWS=rows_per_program, BLOCK=4, HAS_FLOOR=False,
     )  # fmt: skip
     return out
 
@@ -145,8 +147,30 @@ def test_the_plain_unseeded_case_is_the_fused_draw():
     assert bool(((tokens >= 0) & (tokens < VOCAB)).all())
 
 
+_FUSED = FusedDraw(rule=FilterRule.for_backend("flashinfer", need_min_p=False), candidates=8, max_rows=5,
+                   max_sorted_rows=5)  # fmt: skip
+
+
 @pytest.mark.parametrize("flag", ["top_k", "top_p", "min_p", "seeded"])
-def test_any_filter_or_seed_keeps_the_samplers_path(flag):
+def test_filters_are_drawn_fused_and_seeds_by_the_samplers_path(flag):
+    """With the fused draw a filtered row reads the logits only; a seeded one keeps the
+    sampler's seeded path (temperature, softmax, then its draw)."""
+    rows = 12
+    logits = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(2))
+    buf = logits.clone()
+    sampler = _Recorder()
+    positions = torch.zeros(rows, dtype=torch.int64)
+    tokens = draw_node_tokens(buf, _info(rows, **{flag: True}), sampler, positions, max_rows=5, fused=_FUSED)
+    if flag == "seeded":
+        assert sampler.calls == [True] * 3  # chunks of 5, 5, 2 rows
+        torch.testing.assert_close(buf.sum(-1), torch.ones(rows))  # overwritten with the probabilities
+    else:
+        assert sampler.calls == [] and torch.equal(buf, logits)
+        assert tokens.dtype == torch.int64 and bool(((tokens >= 0) & (tokens < VOCAB)).all())
+
+
+@pytest.mark.parametrize("flag", ["top_k", "top_p", "min_p", "seeded"])
+def test_without_the_fused_draw_any_filter_or_seed_takes_the_samplers_path(flag):
     rows = 12
     buf = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(2))
     sampler = _Recorder()
@@ -180,14 +204,31 @@ BATCHES = {
 
 
 @pytest.mark.parametrize("batch", sorted(BATCHES))
-def test_the_verify_fuses_exactly_the_samplers_multinomial_case(published, single_rank, batch):
-    """Through upstream's own SamplingBatchInfo: the fused draw where the sampler would call
-    torch.multinomial, its own path wherever a request of the batch filters."""
+def test_the_verify_draws_every_unseeded_batch_fused(published, single_rank, batch):
+    """Through upstream's own SamplingBatchInfo: plain or filtered, the fused draw."""
+    kws, _ = BATCHES[batch]
+    reqs = [Req(params(**kw), [0], [5], pool_idx=i, prefilled_outputs=0) for i, kw in enumerate(kws)]
+    sampler = _Recorder()
+    assert _target_tokens(sampler, reqs) and sampler.calls == []
+
+
+@pytest.mark.parametrize("batch", sorted(BATCHES))
+def test_the_samplers_draw_fuses_exactly_its_multinomial_case(published, single_rank, monkeypatch, batch):
+    """SGLANG_DDTREE_VERIFY_DRAW=sampler: the fused draw only where the sampler would call
+    torch.multinomial, its own kernels wherever a request of the batch filters."""
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_DRAW", "sampler")
     kws, fused = BATCHES[batch]
     reqs = [Req(params(**kw), [0], [5], pool_idx=i, prefilled_outputs=0) for i, kw in enumerate(kws)]
     sampler = _Recorder()
     untouched = _target_tokens(sampler, reqs)
     assert (sampler.calls == [], untouched) == (fused, fused), sampler.calls
+
+
+def test_an_unknown_draw_is_refused(published, monkeypatch):
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_DRAW", "flashinfer")
+    with pytest.raises(ValueError, match="SGLANG_DDTREE_VERIFY_DRAW='flashinfer': expected one of fused, sampler"):
+        VerifySampler(vocab_size=VOCAB, device="cpu", sampler=SimpleNamespace(_sample_from_probs=None),
+                      sampling_backend="pytorch")  # fmt: skip
 
 
 def test_seeded_requests_keep_the_samplers_seeded_path(deterministic, single_rank):

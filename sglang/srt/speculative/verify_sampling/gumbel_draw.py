@@ -11,9 +11,11 @@ seed taken from torch's CPU generator (no device RNG state, no sync) and never
 materialises probabilities. The logits are read, not modified.
 
 ``-inf`` logits (penalties, bias, grammar) stay ``-inf`` after the noise, so they are
-never drawn unless the whole row is ``-inf`` (then token 0). Seeded requests do not come
-here: they keep the sampler's seeded path, so a seeded request emits the same tokens with
-and without speculation.
+never drawn unless the whole row is ``-inf`` (then token 0). A per-row ``floor`` (a logit
+value, ``sampling_filters.logit_floors``) excludes every logit below it the same way: the
+draw is then from the top-k/top-p/min-p filtered distribution, renormalised. Seeded
+requests do not come here: they keep the sampler's seeded path, so a seeded request emits
+the same tokens with and without speculation.
 
 One Triton launch over ``[rows, V]`` (a program per ``ROWS`` rows: one row for a real
 vocabulary, several for small ones); the torch reference beside it is the same math on
@@ -36,33 +38,41 @@ _TINY_C: tl.constexpr = tl.constexpr(_TINY)
 def gumbel_draw(
     logits: torch.Tensor,
     temperatures: torch.Tensor,
+    floors: Optional[torch.Tensor] = None,
     *,
     use_triton: Optional[bool] = None,
 ) -> torch.Tensor:
-    """``[rows]`` int64 draws from ``softmax(logits / temperatures)``.
+    """``[rows]`` int64 draws from ``softmax(logits / temperatures)``, restricted to the
+    logits ``>= floors`` where given.
 
-    ``logits`` ``[rows, V]`` float32, ``temperatures`` ``[rows, 1]`` float32, all > 0. The
-    seed comes from torch's default CPU generator, so ``torch.manual_seed`` makes the draws
-    repeatable.
+    ``logits`` ``[rows, V]`` float32, ``temperatures`` ``[rows, 1]`` float32, all > 0,
+    ``floors`` ``[rows]`` float32 (``-inf``: no restriction). The seed comes from torch's
+    default CPU generator, so ``torch.manual_seed`` makes the draws repeatable.
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [rows, V], got {tuple(logits.shape)}")
     if temperatures.shape != (logits.shape[0], 1):
         raise ValueError(f"temperatures must be [rows={logits.shape[0]}, 1], got {tuple(temperatures.shape)}")
+    if floors is not None and floors.shape != (logits.shape[0],):
+        raise ValueError(f"floors must be [rows={logits.shape[0]}], got {tuple(floors.shape)}")
     if use_triton is None:
         use_triton = logits.is_cuda or _interpreted()
     if use_triton:
-        return _draw_triton(logits, temperatures)
-    return gumbel_draw_reference(logits, temperatures)
+        return _draw_triton(logits, temperatures, floors)
+    return gumbel_draw_reference(logits, temperatures, floors)
 
 
 def gumbel_draw_reference(
-    logits: torch.Tensor, temperatures: torch.Tensor, generator: Optional[torch.Generator] = None
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    floors: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
 ) -> torch.Tensor:
     """The same draw in plain torch: Gumbel noise from ``torch.rand``, then the argmax."""
     u = torch.rand(logits.shape, dtype=torch.float32, device=logits.device, generator=generator)
     g = -torch.log(-torch.log(u.clamp_(min=_TINY)))
-    return torch.argmax(logits / temperatures + g, dim=-1)
+    x = logits if floors is None else logits.masked_fill(logits < floors.view(-1, 1), float("-inf"))
+    return torch.argmax(x / temperatures + g, dim=-1)
 
 
 def _interpreted() -> bool:
@@ -73,7 +83,9 @@ def _interpreted() -> bool:
 _BLOCK_V = 2048
 
 
-def _draw_triton(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+def _draw_triton(
+    logits: torch.Tensor, temperatures: torch.Tensor, floors: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     rows, v = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -88,12 +100,14 @@ def _draw_triton(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tens
         logits.stride(0),
         temperatures,
         temperatures.stride(0),
+        logits if floors is None else floors,  # not read without a floor
         out,
         seed,
         rows,
         v,
         ROWS=per_program,
         BLOCK=block,
+        HAS_FLOOR=floors is not None,
     )
     return out
 
@@ -104,16 +118,20 @@ def _gumbel_draw_kernel(
     stride_logits,
     temp_ptr,
     stride_temp,
+    floor_ptr,
     out_ptr,
     seed,
     rows,
     v,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
+    HAS_FLOOR: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = r < rows
     inv_t = 1.0 / tl.load(temp_ptr + r * stride_temp, mask=live, other=1.0)
+    if HAS_FLOOR:
+        floor = tl.load(floor_ptr + r, mask=live, other=float("-inf"))
     row_ptr = logits_ptr + r * stride_logits
     key = r * v  # Philox counter of (row, column): row * V + column
     best = tl.full((ROWS, BLOCK), float("-inf"), tl.float32)
@@ -122,6 +140,8 @@ def _gumbel_draw_kernel(
         cols = start + tl.arange(0, BLOCK)
         m = live[:, None] & (cols < v)[None, :]
         x = tl.load(row_ptr[:, None] + cols[None, :], mask=m, other=float("-inf"))
+        if HAS_FLOOR:
+            x = tl.where(x >= floor[:, None], x, float("-inf"))
         u = tl.maximum(tl.rand(seed, key[:, None] + cols[None, :]), _TINY_C)
         z = x * inv_t[:, None] - tl.log(-tl.log(u))
         better = z > best

@@ -10,17 +10,19 @@ node's context, and the first draw that leaves the tree is the step's last token
 Children are accepted with the target's probability of their tokens, as often as
 any lossless rule allows for drafts that are deterministic given the context.
 
-The draw reuses ``Sampler._sample_from_probs`` (the sampling backend's own kernels:
-FlashInfer's joint top-k/top-p, its min-p path, or the seeded pytorch path), after
-the same temperature and softmax as ``Sampler.forward``; with per-request seeds
-(``--enable-deterministic-inference``) each node is drawn at its own position, so a
-seeded request emits the same tokens with and without speculation. The sampler's plain
-unseeded case (no top-k, top-p or min-p in the batch, ``torch.multinomial`` upstream) is
-drawn instead by a fused Gumbel-max kernel (``gumbel_draw``): the same distribution,
-without the multinomial's host synchronisation and extra passes over the logits.
+Unseeded rows are drawn by a fused Gumbel-max kernel (``gumbel_draw``) over the logits
+scaled by the temperature, restricted to each row's top-k/top-p/min-p set by a per-row
+logit floor (``sampling_filters``): an exact draw from the distribution the sampler draws
+from (the backend's own filter order), with uniforms keyed by a seed from torch's CPU
+generator, no device RNG state, no probabilities written and no host synchronisation.
+Seeded rows (``--enable-deterministic-inference``) keep the sampler's own seeded path
+(``Sampler._sample_from_probs``, after the same temperature and softmax as
+``Sampler.forward``), each node drawn at its own position, so a seeded request emits the
+same tokens with and without speculation. ``SGLANG_DDTREE_VERIFY_DRAW=sampler`` draws the
+unseeded rows with the sampler's kernels too (FlashInfer's), for comparisons.
 
-Rows are drawn in chunks so the sampler's temporaries stay within a fixed workspace
-(reserved when the KV pool is sized: ``workspace.py``).
+Rows are handled in chunks so the temporaries stay within a fixed workspace (reserved
+when the KV pool is sized: ``workspace.py``).
 """
 
 from __future__ import annotations
@@ -31,12 +33,15 @@ from typing import Any, Optional
 import torch
 
 from sglang.srt.speculative.verify_sampling.gumbel_draw import gumbel_draw
+from sglang.srt.speculative.verify_sampling.sampling_filters import FilterRule, logit_floors
 
-#: Bytes per logit a chunk's draw may allocate besides the logits, by sampling backend:
-#: FlashInfer needs the softmax's output and torch.multinomial's noise (plus the min-p
-#: path's two renormalised copies); the pytorch backend sorts (values and int64
-#: indices), takes a cumulative sum and, seeded, float64 log-probs and hashed noise.
-BYTES_PER_LOGIT = {"flashinfer": 16, "pytorch": 48}
+#: Bytes per logit a chunk's draw may allocate besides the logits, by path: the fused
+#: draw's floors scale the logits once for the log-sum-exp (a row cut deeper than its
+#: candidates is sorted, in chunks of its own: "sort"); the sampler's FlashInfer kernels
+#: need the softmax's output and torch.multinomial's noise (plus the min-p path's two
+#: renormalised copies); the pytorch backend sorts (values and int64 indices), takes a
+#: cumulative sum and, seeded, float64 log-probs and hashed noise.
+BYTES_PER_LOGIT = {"fused": 8, "sort": 48, "flashinfer": 16, "pytorch": 48}
 DEFAULT_BYTES_PER_LOGIT = 48
 
 
@@ -92,10 +97,22 @@ class NodeSamplingInfo:
         )  # fmt: skip
 
 
-def chunk_rows(vocab_size: int, workspace_bytes: int, backend: Optional[str]) -> int:
-    """Rows one draw may cover so its temporaries fit the workspace."""
-    per_row = vocab_size * BYTES_PER_LOGIT.get(backend or "", DEFAULT_BYTES_PER_LOGIT)
+def chunk_rows(vocab_size: int, workspace_bytes: int, path: Optional[str]) -> int:
+    """Rows one chunk may cover so its temporaries fit the workspace (``path``: a key of
+    ``BYTES_PER_LOGIT``, the sampling backend for the sampler's own kernels)."""
+    per_row = vocab_size * BYTES_PER_LOGIT.get(path or "", DEFAULT_BYTES_PER_LOGIT)
     return max(1, int(workspace_bytes) // max(1, per_row))
+
+
+@dataclass(frozen=True)
+class FusedDraw:
+    """How the fused draw cuts: the backend's filter rule, the candidates a row's floor is
+    first looked for among (``sampling_filters.candidate_bound``) and the chunk sizes."""
+
+    rule: FilterRule
+    candidates: int
+    max_rows: int
+    max_sorted_rows: int
 
 
 def draw_node_tokens(
@@ -104,14 +121,17 @@ def draw_node_tokens(
     sample_from_probs,
     positions: torch.Tensor,
     max_rows: int,
+    fused: Optional[FusedDraw] = None,
 ) -> torch.Tensor:
     """``[rows]`` int64 draws. ``probs_from_logits`` ``[rows, V]`` float32 holds the adjusted
-    logits and is overwritten with the sampling probabilities (as ``Sampler.forward`` does),
-    except in the plain unseeded case, which reads the logits and leaves them as they are;
-    ``sample_from_probs(probs, info, positions, simple)`` is the sampler's draw."""
-    if info.simple and info.sampling_seed is None:
-        # Exactly the sampler's torch.multinomial case; the fused draw needs no workspace.
-        return gumbel_draw(probs_from_logits, info.temperatures)
+    logits. With ``fused`` (or in the plain case) unseeded rows are drawn by the fused kernel,
+    which only reads them; otherwise they are overwritten with the sampling probabilities
+    (as ``Sampler.forward`` does) and ``sample_from_probs(probs, info, positions, simple)``,
+    the sampler's draw, picks the tokens."""
+    if info.sampling_seed is None and (info.simple or fused is not None):
+        if info.simple:
+            return gumbel_draw(probs_from_logits, info.temperatures)
+        return _fused_filtered_draw(probs_from_logits, info, fused)
     rows = probs_from_logits.shape[0]
     out = torch.empty((rows,), dtype=torch.int64, device=probs_from_logits.device)
     for start in range(0, rows, max_rows):
@@ -122,3 +142,22 @@ def draw_node_tokens(
         x[:] = torch.softmax(x, dim=-1)
         out[start:end] = sample_from_probs(x, part, positions[start:end], info.simple).view(-1)
     return out
+
+
+def _fused_filtered_draw(logits: torch.Tensor, info: NodeSamplingInfo, fused: FusedDraw) -> torch.Tensor:
+    rows = logits.shape[0]
+    floors = torch.empty((rows,), dtype=torch.float32, device=logits.device)
+    for start in range(0, rows, fused.max_rows):
+        end = min(rows, start + fused.max_rows)
+        part = info.rows(start, end)
+        floors[start:end] = logit_floors(
+            logits[start:end],
+            part.temperatures,
+            part.top_ks if info.need_top_k_sampling else None,
+            part.top_ps if info.need_top_p_sampling else None,
+            part.min_ps if info.need_min_p_sampling else None,
+            fused.rule,
+            fused.candidates,
+            max_sorted_rows=fused.max_sorted_rows,
+        )
+    return gumbel_draw(logits, info.temperatures, floors)

@@ -16,10 +16,12 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 
+from sglang.srt.ddtree_environ import ddtree_envs
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.layers.sampler import apply_custom_logit_processor
 from sglang.srt.runtime_context import get_exec, get_spec
 from sglang.srt.speculative.verify_sampling.node_draws import (
+    FusedDraw,
     NodeSamplingInfo,
     chunk_rows,
     draw_node_tokens,
@@ -30,10 +32,14 @@ from sglang.srt.speculative.verify_sampling.node_logits import (
     apply_node_logit_adjustments,
 )
 from sglang.srt.speculative.verify_sampling.penalty_table import PenaltyTable
+from sglang.srt.speculative.verify_sampling.sampling_filters import FilterRule, candidate_bound
 from sglang.srt.speculative.verify_sampling.workspace import workspace_bytes
 from sglang.srt.utils.async_probe import sanitize_nan_logits
 
 logger = logging.getLogger(__name__)
+
+#: ``SGLANG_DDTREE_VERIFY_DRAW``: how unseeded nodes are drawn (``node_draws``).
+DRAWS = ("fused", "sampler")
 
 
 class VerifyTokens(NamedTuple):
@@ -49,9 +55,17 @@ class VerifySampler:
                 "--rl-on-policy-target's log-softmax sampling is not reproduced. "
                 "Serve RL rollouts without speculative decoding."
             )
+        draw = ddtree_envs.SGLANG_DDTREE_VERIFY_DRAW.get()
+        if draw not in DRAWS:
+            raise ValueError(f"SGLANG_DDTREE_VERIFY_DRAW={draw!r}: expected one of {', '.join(DRAWS)}")
         self.table = PenaltyTable(vocab_size, device)
+        self.vocab_size = vocab_size
+        self.backend = sampling_backend
+        self.fused = draw == "fused"
         self._sample_from_probs = sampler._sample_from_probs
         self.max_rows = chunk_rows(vocab_size, workspace_bytes(), sampling_backend)
+        self.max_fused_rows = chunk_rows(vocab_size, workspace_bytes(), "fused")
+        self.max_sorted_rows = chunk_rows(vocab_size, workspace_bytes(), "sort")
 
     @classmethod
     def for_target(cls, model_runner) -> "VerifySampler":
@@ -103,6 +117,7 @@ class VerifySampler:
                 self._sample_from_probs,
                 positions.reshape(-1),
                 self.max_rows,
+                self._fused_draw(sampling_info, reqs) if self.fused else None,
             )
             tp_group = get_tp_group()
             if tp_group.world_size > 1:
@@ -110,6 +125,17 @@ class VerifySampler:
                 # draws decide, so every rank commits the same tokens and KV.
                 tp_group.broadcast(tokens, src=0)
         return VerifyTokens(tokens.view(bs, n), penalties)
+
+    def _fused_draw(self, sampling_info: Any, reqs: Sequence[Any]) -> FusedDraw:
+        params = [r.sampling_params for r in reqs]
+        return FusedDraw(
+            rule=FilterRule.for_backend(self.backend, bool(sampling_info.need_min_p_sampling)),
+            candidates=candidate_bound(
+                [p.top_k for p in params], [p.top_p for p in params], [p.min_p for p in params], self.vocab_size
+            ),
+            max_rows=self.max_fused_rows,
+            max_sorted_rows=self.max_sorted_rows,
+        )
 
     def commit(
         self,
