@@ -107,14 +107,17 @@ def _floors_among(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule
     active = torch.zeros(rows, dtype=torch.bool, device=dev)
     top_k_mass = torch.ones(rows, 1, dtype=p.dtype, device=dev)
     bounded = torch.zeros(rows, dtype=torch.bool, device=dev)  # a top-k within the candidates
+    mass_known = torch.ones(rows, dtype=torch.bool, device=dev)  # the top-k set's mass, if needed
     if top_ks is not None:
         kk = top_ks.view(rows, 1).to(torch.int64)
-        bounded = (kk < vocab).view(-1)
-        active |= bounded
+        active |= (kk < vocab).view(-1)
+        bounded = (kk <= k).view(-1)
         # Fewer than k tokens strictly more likely: every candidate >= the k-th largest value.
         kth = vals.gather(1, kk.clamp(1, k) - 1)
         keep &= (rank < kk) | (vals >= kth)
-        top_k_mass = torch.where(bounded.view(rows, 1), torch.where(keep, p, 0.0).sum(-1, keepdim=True), top_k_mass)
+        top_k_mass = torch.where(kk < vocab, torch.where(keep, p, 0.0).sum(-1, keepdim=True), top_k_mass)
+        if rule.top_p_of_top_k_mass and k < vocab:  # a tie at the k-th value may run past the candidates
+            mass_known = ~((kk < vocab) & (vals[:, -1:] >= kth)).view(-1)
     if top_ps is not None:
         tp = top_ps.view(rows, 1).to(p.dtype)
         on = tp < 1.0
@@ -132,8 +135,9 @@ def _floors_among(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule
     kept = keep.to(torch.int32).cumprod(dim=-1).sum(-1).clamp(min=1)  # a prefix of the sorted row
     floors = vals.gather(1, (kept - 1).to(torch.int64).view(rows, 1)).view(-1)
     floors = torch.where(active, floors, torch.full_like(floors, float("-inf")))
-    decided = ~active | bounded | (kept < k) | torch.full_like(active, k == vocab)
-    return floors, decided
+    if k == vocab:
+        return floors, torch.ones_like(active)
+    return floors, ~active | ((bounded | (kept < k)) & mass_known)
 
 
 def filtered_probs_reference(

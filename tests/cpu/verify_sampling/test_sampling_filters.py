@@ -1,0 +1,142 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The per-row logit floors against the filters' definitions (token by token, ties included),
+for both backends' filter orders, with and without the full-sort fallback; and the fused draw
+with floors (kernel, interpreted, and its reference) against the filtered distribution."""
+
+import pytest
+import torch
+
+from sglang.srt.speculative.verify_sampling import gumbel_draw as gd
+from sglang.srt.speculative.verify_sampling.sampling_filters import (
+    TOP_P_CANDIDATES,
+    FilterRule,
+    candidate_bound,
+    filtered_probs_reference,
+    logit_floors,
+)
+
+V = 64
+RULES = {
+    "pytorch": FilterRule.for_backend("pytorch", need_min_p=True),
+    "flashinfer": FilterRule.for_backend("flashinfer", need_min_p=False),
+    "flashinfer, min-p in the batch": FilterRule.for_backend("flashinfer", need_min_p=True),
+}
+
+
+def _rows(gen, rows, ties: bool):
+    logits = torch.randn(rows, V, generator=gen) * 2.0
+    if ties:  # coarse values, as bf16 logits have: many tokens share a logit
+        logits = (logits * 2).round() / 2
+    logits[0, 5:9] = float("-inf")  # penalties, bias or grammar masked some tokens
+    temps = torch.tensor([0.5, 0.7, 1.0, 1.3])[torch.randint(0, 4, (rows,), generator=gen)].view(rows, 1)
+    top_ks = torch.tensor([1, 3, 20, V + 7, 1 << 30])[torch.randint(0, 5, (rows,), generator=gen)]
+    top_ps = torch.tensor([1.0, 0.95, 0.8, 0.5, 0.1])[torch.randint(0, 5, (rows,), generator=gen)]
+    min_ps = torch.tensor([0.0, 0.0, 0.05, 0.2])[torch.randint(0, 4, (rows,), generator=gen)]
+    return logits, temps, top_ks, top_ps, min_ps
+
+
+def _support(logits, floors):
+    return logits >= floors.view(-1, 1)
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("candidates", [V, 24, 2], ids=["all", "some", "fallback"])
+def test_floors_keep_exactly_the_filtered_tokens(rule, ties, candidates):
+    gen = torch.Generator().manual_seed(11 + candidates + 3 * ties)
+    logits, temps, top_ks, top_ps, min_ps = _rows(gen, 48, ties)
+    got = _support(logits, logit_floors(logits, temps, top_ks, top_ps, min_ps, RULES[rule], candidates))
+    want = filtered_probs_reference(logits, temps, top_ks, top_ps, min_ps, RULES[rule]) > 0
+    assert torch.equal(got & torch.isfinite(logits), want)
+
+
+@pytest.mark.parametrize("which", ["top_k", "top_p", "min_p"])
+def test_each_filter_alone(which):
+    gen = torch.Generator().manual_seed(5)
+    logits, temps, top_ks, top_ps, min_ps = _rows(gen, 32, ties=True)
+    kw = dict(top_ks=top_ks if which == "top_k" else None, top_ps=top_ps if which == "top_p" else None,
+              min_ps=min_ps if which == "min_p" else None)  # fmt: skip
+    rule = RULES["flashinfer"]
+    got = _support(logits, logit_floors(logits, temps, rule=rule, k_bound=8, **kw))
+    want = filtered_probs_reference(logits, temps, rule=rule, **kw) > 0
+    assert torch.equal(got & torch.isfinite(logits), want)
+
+
+def test_ties_at_the_kth_value_all_stay():
+    """FlashInfer keeps a token while fewer than k tokens are strictly more likely."""
+    logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0, 0.0]])
+    floors = logit_floors(logits, torch.ones(1, 1), torch.tensor([2]), None, None, RULES["flashinfer"], 2)
+    assert _support(logits, floors).tolist() == [[True, True, True, True, False, False]]
+
+
+def test_top_p_measures_the_original_mass_except_on_flashinfers_min_p_path():
+    """p = [.4, .3, .2, .1], top_k=2, top_p=0.5: joint keeps two tokens; FlashInfer's min-p
+    path (top-k renormalised to [.571, .429] first) keeps one."""
+    logits = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    args = (logits, torch.ones(1, 1), torch.tensor([2]), torch.tensor([0.5]), torch.tensor([0.0]))
+    joint = _support(logits, logit_floors(*args, RULES["flashinfer"], 4))
+    renormalised = _support(logits, logit_floors(*args, RULES["flashinfer, min-p in the batch"], 4))
+    assert joint.tolist() == [[True, True, False, False]]
+    assert renormalised.tolist() == [[True, False, False, False]]
+
+
+def test_top_p_boundary_follows_the_backend():
+    """Mass before the third token exactly 0.75 with top_p=0.75: the pytorch backend keeps it
+    (at most top_p), FlashInfer does not (strictly below)."""
+    logits = torch.tensor([[0.5, 0.25, 0.125, 0.125]]).log()
+    args = (logits, torch.ones(1, 1), None, torch.tensor([0.75]), None)
+    assert _support(logits, logit_floors(*args, RULES["pytorch"], 4)).tolist() == [[True, True, True, True]]
+    assert _support(logits, logit_floors(*args, RULES["flashinfer"], 4)).tolist() == [[True, True, False, False]]
+
+
+def test_a_row_without_filters_is_not_cut():
+    logits = torch.randn(3, V)
+    floors = logit_floors(logits, torch.ones(3, 1), torch.full((3,), 1 << 30), torch.ones(3), torch.zeros(3),
+                          RULES["pytorch"], 4)  # fmt: skip
+    assert bool(torch.isneginf(floors).all())
+
+
+def test_rows_sorted_in_chunks_give_the_same_floors():
+    gen = torch.Generator().manual_seed(9)
+    logits, temps, _, top_ps, min_ps = _rows(gen, 40, ties=False)
+    rule = RULES["pytorch"]
+    whole = logit_floors(logits, temps, None, top_ps, min_ps, rule, 2)
+    chunked = logit_floors(logits, temps, None, top_ps, min_ps, rule, 2, max_sorted_rows=3)
+    assert torch.equal(whole, chunked)
+
+
+def test_candidate_bound_reads_the_requests():
+    assert candidate_bound([20, 1 << 30], [0.8, 1.0], [0.0, 0.0], 152064) == 20
+    assert candidate_bound([1, 50], [1.0, 1.0], [0.0, 0.0], 152064) == 50
+    assert candidate_bound([1 << 30], [0.9], [0.0], 152064) == TOP_P_CANDIDATES
+    assert candidate_bound([1 << 30], [1.0], [0.05], 152064) == TOP_P_CANDIDATES
+    assert candidate_bound([1 << 30], [1.0], [0.0], 152064) == 1
+    assert candidate_bound([1 << 30], [0.9], [0.0], 100) == 100
+
+
+DRAWS = {
+    "kernel": lambda logits, temps, floors: gd.gumbel_draw(logits, temps, floors, use_triton=True),
+    "reference": lambda logits, temps, floors: gd.gumbel_draw(logits, temps, floors, use_triton=False),
+}
+
+
+@pytest.mark.parametrize("impl", sorted(DRAWS))
+def test_the_draw_with_floors_samples_the_filtered_distribution(impl):
+    """Per setting 12,000 rows of one node; a chi-squared fit to the filtered distribution,
+    nothing drawn outside it."""
+    from scipy import stats
+
+    base = torch.randn(V, generator=torch.Generator().manual_seed(21)) * 1.5
+    settings = [(0.7, 20, 0.8, 0.0), (1.0, 1 << 30, 0.9, 0.0), (0.6, 1 << 30, 1.0, 0.1), (1.2, 5, 1.0, 0.0)]
+    per = 12000
+    rule = RULES["flashinfer"]
+    for t, k, p, m in settings:
+        logits = base.expand(per, V).contiguous()
+        temps = torch.full((per, 1), t)
+        top_ks, top_ps, min_ps = torch.full((per,), k), torch.full((per,), p), torch.full((per,), m)
+        floors = logit_floors(logits, temps, top_ks, top_ps, min_ps, rule, 32)
+        want = filtered_probs_reference(logits[:1], temps[:1], top_ks[:1], top_ps[:1], min_ps[:1], rule)[0]
+        got = torch.bincount(DRAWS[impl](logits, temps, floors), minlength=V).double()
+        live = want > 0
+        assert not bool((got[~live] > 0).any()), (t, k, p, m)
+        assert stats.chisquare(got[live].numpy(), (want[live] * per).numpy()).pvalue > 1e-4, (t, k, p, m)
