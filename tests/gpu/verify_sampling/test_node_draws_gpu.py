@@ -6,8 +6,9 @@ What a server-level two-sample test cannot separate: whether each node's draw ha
 distribution the sampler draws from for that node's logits (top-k with top-p, min-p,
 temperature; rows of several requests with their own parameters), and whether draws are
 independent: between the nodes of one verify, between consecutive verifies, and between
-the prefill's draw and the first verify's root draw (the philox offsets FlashInfer takes
-from torch's generator must not repeat). GPU host only.
+the prefill's draw and the first verify's root draw. Each test runs with the verify's
+fused draw (the default) and with ``SGLANG_DDTREE_VERIFY_DRAW=sampler`` (FlashInfer's
+kernels, whose philox offsets come from torch's generator). GPU host only.
 """
 
 from __future__ import annotations
@@ -88,6 +89,13 @@ def _sampler_draws(sampler, logits: torch.Tensor, reqs) -> torch.Tensor:
     return sampler.forward(out, _info(reqs), False, [], [], torch.zeros(len(reqs), dtype=torch.int64, device=DEV))
 
 
+@pytest.fixture(params=["fused", "sampler"])
+def draw(request, monkeypatch):
+    """How the verify draws unseeded nodes (``SGLANG_DDTREE_VERIFY_DRAW``)."""
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_DRAW", request.param)
+    return request.param
+
+
 def _verify(sampler) -> VerifySampler:
     return VerifySampler(vocab_size=VOCAB, device=DEV, sampler=sampler, sampling_backend="flashinfer")
 
@@ -132,7 +140,7 @@ def _independence_p(x: torch.Tensor, y: torch.Tensor, top: int = 6) -> float:
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
-def test_every_node_draws_what_the_sampler_draws(flashinfer_sampler, name):
+def test_every_node_draws_what_the_sampler_draws(flashinfer_sampler, draw, name):
     """20,000 rows of one context: as 1,250 requests x 16 chain nodes through the verify, and
     as 20,000 requests through the sampler."""
     p = params(**SETTINGS[name])
@@ -148,7 +156,7 @@ def test_every_node_draws_what_the_sampler_draws(flashinfer_sampler, name):
     assert p is not None and p > ALPHA, p
 
 
-def test_rows_of_requests_with_their_own_parameters(flashinfer_sampler):
+def test_rows_of_requests_with_their_own_parameters(flashinfer_sampler, draw):
     """Four requests of different parameters and a tree of 17 nodes each, every node its own
     logits: 2,000 verifies against 2,000 sampler draws per node."""
     kinds = list(SETTINGS.values())[:4]
@@ -173,7 +181,7 @@ def test_rows_of_requests_with_their_own_parameters(flashinfer_sampler):
     assert worst[0] > ALPHA / len(tested), f"node row {worst[1]}: p = {worst[0]:.3g}"
 
 
-def test_draws_are_independent_across_nodes_steps_and_the_prefill(flashinfer_sampler):
+def test_draws_are_independent_across_nodes_steps_and_the_prefill(flashinfer_sampler, draw):
     """The same logits at every node: the root's draw is independent of a child's in the same
     verify, of its own draw in the next verify, and of the prefill's draw just before."""
     p = params(**SETTINGS["T0.7-k20-p0.8-minp0.05"])
