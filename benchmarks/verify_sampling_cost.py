@@ -6,7 +6,8 @@ Before: upstream DFlash's logit adjustments and target probabilities
 renormalised before top-p, penalties from the step's committed state) and sglang-kernel's
 ``tree_speculative_sampling_target_only`` with its zeroed ``[bs, N, V]`` draft-probability
 scratch. After: ``VerifySampler.target_tokens`` (per-node penalties and bias, one draw per node
-by the server's sampler) and sglang-kernel's ``verify_tree_greedy`` over the draws. Both on the
+by the fused filtered draw, the default; and with ``SGLANG_DDTREE_VERIFY_DRAW=sampler``, by the
+sampling backend's kernels) and sglang-kernel's ``verify_tree_greedy`` over the draws. All on the
 same random logits and DDTree trees, eager as the step runs them; the time is wall time per
 call with the GPU synchronised at the end of each batch of calls (launches included), the
 median of several batches, and the peak GPU memory a call allocates beyond the logits (the
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -33,6 +35,7 @@ from benchmarks.plotting import pyplot
 SETTINGS = {
     "T0.7 top_k20 top_p0.8": dict(temperature=0.7, top_k=20, top_p=0.8),
     "T1": dict(temperature=1.0),
+    "T1 top_p0.95": dict(temperature=1.0, top_p=0.95),
     "T1 repetition1.1": dict(temperature=1.0, repetition_penalty=1.1),
 }
 
@@ -151,14 +154,22 @@ def measure(vocab: int, bs: int, budget: int, setting: str, sampler, iters: int)
             uniform_samples_for_final_sampling=torch.rand(bs, device="cuda"), target_probs=probs,
             draft_probs=torch.zeros_like(probs), threshold_single=1.0, threshold_acc=1.0, deterministic=True)
 
-    vs = VerifySampler.for_target(SimpleNamespace(model_config=SimpleNamespace(vocab_size=vocab), device="cuda",
-                                                  sampler=sampler))  # fmt: skip
+    runner = SimpleNamespace(model_config=SimpleNamespace(vocab_size=vocab), device="cuda", sampler=sampler)
+    vs = VerifySampler.for_target(runner)
+    os.environ["SGLANG_DDTREE_VERIFY_DRAW"] = "sampler"
+    try:
+        vs_sampler = VerifySampler.for_target(runner)
+    finally:
+        del os.environ["SGLANG_DDTREE_VERIFY_DRAW"]
     paths = NodePaths(ct.tokens, ct.parent, ct.depth, ct.max_depth)
 
-    def after():
+    def after(v=vs):
         work.copy_(logits)
-        verify = vs.target_tokens(work, info, reqs, paths, ct.positions)
+        verify = v.target_tokens(work, info, reqs, paths, ct.positions)
         greedy_accept(ct, verify.tokens, read_back=False)
+
+    def after_sampler():
+        after(vs_sampler)
 
     def copy_only():
         work.copy_(logits)
@@ -166,8 +177,10 @@ def measure(vocab: int, bs: int, budget: int, setting: str, sampler, iters: int)
     copy_ms = _wall_ms(copy_only, iters)
     row = {"vocab": vocab, "bs": bs, "budget": budget, "setting": setting,
            "before_ms": _wall_ms(before, iters) - copy_ms, "after_ms": _wall_ms(after, iters) - copy_ms,
+           "after_sampler_ms": _wall_ms(after_sampler, iters) - copy_ms,
            "logits_copy_ms": copy_ms, "logits_mib": logits.numel() * 4 / (1 << 20),
-           "before_peak_mib": _peak_mib(before), "after_peak_mib": _peak_mib(after)}  # fmt: skip
+           "before_peak_mib": _peak_mib(before), "after_peak_mib": _peak_mib(after),
+           "after_sampler_peak_mib": _peak_mib(after_sampler)}  # fmt: skip
     row["ratio_after_before"] = row["after_ms"] / row["before_ms"]
     return row
 
@@ -201,8 +214,9 @@ def main(argv=None) -> int:
         fig, ax = plt.subplots(figsize=(11, 4.5))
         labels = [f"V{r['vocab'] // 1000}k bs{r['bs']} B{r['budget']}\n{r['setting']}" for r in rows]
         x = range(len(rows))
-        ax.bar([i - 0.2 for i in x], [r["before_ms"] for r in rows], 0.4, label="before (upstream helpers + tree op)")
-        ax.bar([i + 0.2 for i in x], [r["after_ms"] for r in rows], 0.4, label="verify sampler + greedy walk")
+        ax.bar([i - 0.27 for i in x], [r["before_ms"] for r in rows], 0.27, label="before (upstream helpers + tree op)")
+        ax.bar(list(x), [r["after_sampler_ms"] for r in rows], 0.27, label="verify sampler, backend kernels + walk")
+        ax.bar([i + 0.27 for i in x], [r["after_ms"] for r in rows], 0.27, label="verify sampler, fused draw + walk")
         ax.set_xticks(list(x))
         ax.set_xticklabels(labels, fontsize=5, rotation=90)
         ax.set_ylabel("ms per step (wall, launches included)")

@@ -14,7 +14,7 @@ from _upstream import VOCAB, Req, forward_info, params
 from sglang.srt.speculative.verify_sampling import gumbel_draw as gd
 from sglang.srt.speculative.verify_sampling.node_draws import FusedDraw, NodeSamplingInfo, draw_node_tokens
 from sglang.srt.speculative.verify_sampling.node_logits import chain_paths
-from sglang.srt.speculative.verify_sampling.sampling_filters import FilterRule
+from sglang.srt.speculative.verify_sampling.sampling_filters import Candidates, FilterRule
 from sglang.srt.speculative.verify_sampling.verify_sampler import VerifySampler
 
 NEG = float("-inf")
@@ -147,8 +147,8 @@ def test_the_plain_unseeded_case_is_the_fused_draw():
     assert bool(((tokens >= 0) & (tokens < VOCAB)).all())
 
 
-_FUSED = FusedDraw(rule=FilterRule.for_backend("flashinfer", need_min_p=False), candidates=8, max_rows=5,
-                   max_sorted_rows=5)  # fmt: skip
+_FUSED = FusedDraw(rule=FilterRule.for_backend("flashinfer", need_min_p=False), candidates=Candidates(8, True),
+                   max_rows=5, max_sorted_rows=5)  # fmt: skip
 
 
 @pytest.mark.parametrize("flag", ["top_k", "top_p", "min_p", "seeded"])

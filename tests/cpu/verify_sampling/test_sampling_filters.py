@@ -10,7 +10,7 @@ from sglang.srt.speculative.verify_sampling import gumbel_draw as gd
 from sglang.srt.speculative.verify_sampling.sampling_filters import (
     TOP_P_CANDIDATES,
     FilterRule,
-    candidate_bound,
+    Candidates,
     filtered_probs_reference,
     logit_floors,
 )
@@ -45,7 +45,7 @@ def _support(logits, floors):
 def test_floors_keep_exactly_the_filtered_tokens(rule, ties, candidates):
     gen = torch.Generator().manual_seed(11 + candidates + 3 * ties)
     logits, temps, top_ks, top_ps, min_ps = _rows(gen, 48, ties)
-    got = _support(logits, logit_floors(logits, temps, top_ks, top_ps, min_ps, RULES[rule], candidates))
+    got = _support(logits, logit_floors(logits, temps, top_ks, top_ps, min_ps, RULES[rule], Candidates(candidates, True)))
     want = filtered_probs_reference(logits, temps, top_ks, top_ps, min_ps, RULES[rule]) > 0
     assert torch.equal(got & torch.isfinite(logits), want)
 
@@ -57,7 +57,7 @@ def test_each_filter_alone(which):
     kw = dict(top_ks=top_ks if which == "top_k" else None, top_ps=top_ps if which == "top_p" else None,
               min_ps=min_ps if which == "min_p" else None)  # fmt: skip
     rule = RULES["flashinfer"]
-    got = _support(logits, logit_floors(logits, temps, rule=rule, k_bound=8, **kw))
+    got = _support(logits, logit_floors(logits, temps, rule=rule, candidates=Candidates(8, True), **kw))
     want = filtered_probs_reference(logits, temps, rule=rule, **kw) > 0
     assert torch.equal(got & torch.isfinite(logits), want)
 
@@ -65,7 +65,7 @@ def test_each_filter_alone(which):
 def test_ties_at_the_kth_value_all_stay():
     """FlashInfer keeps a token while fewer than k tokens are strictly more likely."""
     logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0, 0.0]])
-    floors = logit_floors(logits, torch.ones(1, 1), torch.tensor([2]), None, None, RULES["flashinfer"], 2)
+    floors = logit_floors(logits, torch.ones(1, 1), torch.tensor([2]), None, None, RULES["flashinfer"], Candidates(2, False))
     assert _support(logits, floors).tolist() == [[True, True, True, True, False, False]]
 
 
@@ -74,8 +74,8 @@ def test_top_p_measures_the_original_mass_except_on_flashinfers_min_p_path():
     path (top-k renormalised to [.571, .429] first) keeps one."""
     logits = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
     args = (logits, torch.ones(1, 1), torch.tensor([2]), torch.tensor([0.5]), torch.tensor([0.0]))
-    joint = _support(logits, logit_floors(*args, RULES["flashinfer"], 4))
-    renormalised = _support(logits, logit_floors(*args, RULES["flashinfer, min-p in the batch"], 4))
+    joint = _support(logits, logit_floors(*args, RULES["flashinfer"], Candidates(2, False)))
+    renormalised = _support(logits, logit_floors(*args, RULES["flashinfer, min-p in the batch"], Candidates(2, False)))
     assert joint.tolist() == [[True, True, False, False]]
     assert renormalised.tolist() == [[True, False, False, False]]
 
@@ -85,14 +85,16 @@ def test_top_p_boundary_follows_the_backend():
     (at most top_p), FlashInfer does not (strictly below)."""
     logits = torch.tensor([[0.5, 0.25, 0.125, 0.125]]).log()
     args = (logits, torch.ones(1, 1), None, torch.tensor([0.75]), None)
-    assert _support(logits, logit_floors(*args, RULES["pytorch"], 4)).tolist() == [[True, True, True, True]]
-    assert _support(logits, logit_floors(*args, RULES["flashinfer"], 4)).tolist() == [[True, True, False, False]]
+    assert _support(logits, logit_floors(*args, RULES["pytorch"], Candidates(4, False))).tolist() == [[True] * 4]
+    assert _support(logits, logit_floors(*args, RULES["flashinfer"], Candidates(4, False))).tolist() == [
+        [True, True, False, False]
+    ]
 
 
 def test_a_row_without_filters_is_not_cut():
     logits = torch.randn(3, V)
     floors = logit_floors(logits, torch.ones(3, 1), torch.full((3,), 1 << 30), torch.ones(3), torch.zeros(3),
-                          RULES["pytorch"], 4)  # fmt: skip
+                          RULES["pytorch"], Candidates(4, True))  # fmt: skip
     assert bool(torch.isneginf(floors).all())
 
 
@@ -100,18 +102,31 @@ def test_rows_sorted_in_chunks_give_the_same_floors():
     gen = torch.Generator().manual_seed(9)
     logits, temps, _, top_ps, min_ps = _rows(gen, 40, ties=False)
     rule = RULES["pytorch"]
-    whole = logit_floors(logits, temps, None, top_ps, min_ps, rule, 2)
-    chunked = logit_floors(logits, temps, None, top_ps, min_ps, rule, 2, max_sorted_rows=3)
+    whole = logit_floors(logits, temps, None, top_ps, min_ps, rule, Candidates(2, True))
+    chunked = logit_floors(logits, temps, None, top_ps, min_ps, rule, Candidates(2, True), max_sorted_rows=3)
     assert torch.equal(whole, chunked)
 
 
-def test_candidate_bound_reads_the_requests():
-    assert candidate_bound([20, 1 << 30], [0.8, 1.0], [0.0, 0.0], 152064) == 20
-    assert candidate_bound([1, 50], [1.0, 1.0], [0.0, 0.0], 152064) == 50
-    assert candidate_bound([1 << 30], [0.9], [0.0], 152064) == TOP_P_CANDIDATES
-    assert candidate_bound([1 << 30], [1.0], [0.05], 152064) == TOP_P_CANDIDATES
-    assert candidate_bound([1 << 30], [1.0], [0.0], 152064) == 1
-    assert candidate_bound([1 << 30], [0.9], [0.0], 100) == 100
+def test_candidates_read_the_requests():
+    c = Candidates.for_requests
+    assert c([20, 1 << 30], [0.8, 1.0], [0.0, 0.0], 152064) == Candidates(20, False)
+    assert c([1, 50], [1.0, 1.0], [0.0, 0.0], 152064) == Candidates(50, False)
+    assert c([20, 1 << 30], [0.8, 0.9], [0.0, 0.0], 152064) == Candidates(TOP_P_CANDIDATES, True)
+    assert c([1 << 30], [1.0], [0.05], 152064) == Candidates(TOP_P_CANDIDATES, True)
+    assert c([1 << 30], [1.0], [0.0], 152064) == Candidates(1, False)
+    assert c([1 << 30], [0.9], [0.0], 100) == Candidates(100, False)  # every logit is a candidate
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_rows_with_a_top_k_are_decided_among_that_many_candidates(rule):
+    """What the server passes when every filtering row has a top-k (no sort, no sync): exact,
+    ties at the k-th value running past the candidates included."""
+    gen = torch.Generator().manual_seed(17)
+    logits, temps, _, top_ps, min_ps = _rows(gen, 48, ties=True)
+    top_ks = torch.tensor([1, 3, 9])[torch.randint(0, 3, (48,), generator=gen)]
+    got = _support(logits, logit_floors(logits, temps, top_ks, top_ps, min_ps, RULES[rule], Candidates(9, False)))
+    want = filtered_probs_reference(logits, temps, top_ks, top_ps, min_ps, RULES[rule]) > 0
+    assert torch.equal(got & torch.isfinite(logits), want)
 
 
 DRAWS = {
@@ -134,7 +149,7 @@ def test_the_draw_with_floors_samples_the_filtered_distribution(impl):
         logits = base.expand(per, V).contiguous()
         temps = torch.full((per, 1), t)
         top_ks, top_ps, min_ps = torch.full((per,), k), torch.full((per,), p), torch.full((per,), m)
-        floors = logit_floors(logits, temps, top_ks, top_ps, min_ps, rule, 32)
+        floors = logit_floors(logits, temps, top_ks, top_ps, min_ps, rule, Candidates(32, True))
         want = filtered_probs_reference(logits[:1], temps[:1], top_ks[:1], top_ps[:1], min_ps[:1], rule)[0]
         got = torch.bincount(DRAWS[impl](logits, temps, floors), minlength=V).double()
         live = want > 0

@@ -33,7 +33,7 @@ from typing import Any, Optional
 import torch
 
 from sglang.srt.speculative.verify_sampling.gumbel_draw import gumbel_draw
-from sglang.srt.speculative.verify_sampling.sampling_filters import FilterRule, logit_floors
+from sglang.srt.speculative.verify_sampling.sampling_filters import Candidates, FilterRule, logit_floors
 
 #: Bytes per logit a chunk's draw may allocate besides the logits, by path: the fused
 #: draw's floors scale the logits once for the log-sum-exp (a row cut deeper than its
@@ -107,10 +107,10 @@ def chunk_rows(vocab_size: int, workspace_bytes: int, path: Optional[str]) -> in
 @dataclass(frozen=True)
 class FusedDraw:
     """How the fused draw cuts: the backend's filter rule, the candidates a row's floor is
-    first looked for among (``sampling_filters.candidate_bound``) and the chunk sizes."""
+    looked for among and the chunk sizes."""
 
     rule: FilterRule
-    candidates: int
+    candidates: Candidates
     max_rows: int
     max_sorted_rows: int
 

@@ -17,10 +17,11 @@ The filters follow SGLang's sampler on the configured backend:
   sampler renormalises the top-k set first and top-p measures that renormalised mass;
 - min-p keeps a token at least ``min_p`` times as likely as the most likely one.
 
-The floor is found among the row's ``k_bound`` largest logits (``torch.topk``); a row whose
-cut is not decided there (top-p or min-p reaching deeper than the candidates, no top-k) is
-recomputed from its fully sorted row. ``filtered_probs_reference`` beside it builds the
-filtered distribution itself, for tests.
+The floor is found among the row's largest logits (``torch.topk``, as many as the batch's
+largest top-k: ``Candidates``); where a row filters by top-p or min-p without a top-k, more
+candidates are taken and a row whose cut is not decided among them is recomputed from its
+fully sorted row (the only case that synchronises with the host).
+``filtered_probs_reference`` beside it builds the filtered distribution itself, for tests.
 """
 
 from __future__ import annotations
@@ -47,17 +48,26 @@ class FilterRule:
         return cls(top_p_inclusive=not flashinfer, top_p_of_top_k_mass=flashinfer and need_min_p)
 
 
-def candidate_bound(top_ks: Iterable[int], top_ps: Iterable[float], min_ps: Iterable[float], vocab: int) -> int:
-    """How many of a row's largest logits the floors are first looked for among: the largest
-    top-k below the vocabulary, or ``TOP_P_CANDIDATES`` where a row cuts by top-p or min-p
-    alone. Read from the requests' parameters on the host, so it costs no sync."""
-    bound = 1
-    for k, p, m in zip(top_ks, top_ps, min_ps):
-        if 0 < k < vocab:
-            bound = max(bound, k)
-        elif p < 1.0 or m > 0.0:
-            bound = max(bound, TOP_P_CANDIDATES)
-    return min(bound, vocab)
+@dataclass(frozen=True)
+class Candidates:
+    """How many of a row's largest logits its floor is looked for among, and whether a row
+    may cut deeper (top-p or min-p without a top-k): then undecided rows are sorted."""
+
+    k: int
+    deep: bool
+
+    @classmethod
+    def for_requests(
+        cls, top_ks: Iterable[int], top_ps: Iterable[float], min_ps: Iterable[float], vocab: int
+    ) -> "Candidates":
+        """From the requests' parameters on the host, so it costs no sync."""
+        bound, deep = 1, False
+        for k, p, m in zip(top_ks, top_ps, min_ps):
+            if 0 < k < vocab:
+                bound = max(bound, k)
+            elif p < 1.0 or m > 0.0:
+                bound, deep = max(bound, TOP_P_CANDIDATES), True
+        return cls(min(bound, vocab), deep and bound < vocab)
 
 
 def logit_floors(
@@ -67,7 +77,7 @@ def logit_floors(
     top_ps: Optional[torch.Tensor],
     min_ps: Optional[torch.Tensor],
     rule: FilterRule,
-    k_bound: int,
+    candidates: Candidates,
     max_sorted_rows: Optional[int] = None,
 ) -> torch.Tensor:
     """``[rows]`` float32: each row's smallest kept logit (``-inf`` where nothing is cut).
@@ -77,9 +87,9 @@ def logit_floors(
     None when no row uses it. Rows that need a full sort are sorted ``max_sorted_rows`` at a
     time (default: all at once)."""
     rows, vocab = logits.shape
-    k = max(1, min(int(k_bound), vocab))
+    k = max(1, min(int(candidates.k), vocab))
     floors, decided = _floors_among(logits, temperatures, top_ks, top_ps, min_ps, rule, k)
-    if k < vocab:
+    if candidates.deep and k < vocab:
         redo = torch.nonzero(~decided).view(-1)
         step = max(1, int(max_sorted_rows or rows))
         for start in range(0, redo.numel(), step):  # a host sync, only where a row cut deeper
@@ -107,7 +117,7 @@ def _floors_among(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule
     active = torch.zeros(rows, dtype=torch.bool, device=dev)
     top_k_mass = torch.ones(rows, 1, dtype=p.dtype, device=dev)
     bounded = torch.zeros(rows, dtype=torch.bool, device=dev)  # a top-k within the candidates
-    mass_known = torch.ones(rows, dtype=torch.bool, device=dev)  # the top-k set's mass, if needed
+    mass_unknown = torch.zeros(rows, dtype=torch.bool, device=dev)  # a top-k beyond them
     if top_ks is not None:
         kk = top_ks.view(rows, 1).to(torch.int64)
         active |= (kk < vocab).view(-1)
@@ -115,9 +125,14 @@ def _floors_among(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule
         # Fewer than k tokens strictly more likely: every candidate >= the k-th largest value.
         kth = vals.gather(1, kk.clamp(1, k) - 1)
         keep &= (rank < kk) | (vals >= kth)
-        top_k_mass = torch.where(kk < vocab, torch.where(keep, p, 0.0).sum(-1, keepdim=True), top_k_mass)
-        if rule.top_p_of_top_k_mass and k < vocab:  # a tie at the k-th value may run past the candidates
-            mass_known = ~((kk < vocab) & (vals[:, -1:] >= kth)).view(-1)
+        if rule.top_p_of_top_k_mass:
+            # The top-k set's mass: the candidates above the k-th value, and every token tied
+            # with it (a tie may run past the candidates).
+            ties = (logits == kth).sum(-1, keepdim=True)
+            p_kth = torch.exp(kth / t - lse)
+            mass = torch.where(vals > kth, p, 0.0).sum(-1, keepdim=True) + ties * p_kth
+            top_k_mass = torch.where(kk < vocab, mass, top_k_mass)
+            mass_unknown = ((kk < vocab) & (kk > k)).view(-1)
     if top_ps is not None:
         tp = top_ps.view(rows, 1).to(p.dtype)
         on = tp < 1.0
@@ -137,7 +152,7 @@ def _floors_among(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule
     floors = torch.where(active, floors, torch.full_like(floors, float("-inf")))
     if k == vocab:
         return floors, torch.ones_like(active)
-    return floors, ~active | ((bounded | (kept < k)) & mass_known)
+    return floors, ~active | bounded | ((kept < k) & ~mass_unknown)
 
 
 def filtered_probs_reference(

@@ -32,7 +32,7 @@ from sglang.srt.speculative.verify_sampling.node_logits import (
     apply_node_logit_adjustments,
 )
 from sglang.srt.speculative.verify_sampling.penalty_table import PenaltyTable
-from sglang.srt.speculative.verify_sampling.sampling_filters import FilterRule, candidate_bound
+from sglang.srt.speculative.verify_sampling.sampling_filters import Candidates, FilterRule
 from sglang.srt.speculative.verify_sampling.workspace import workspace_bytes
 from sglang.srt.utils.async_probe import sanitize_nan_logits
 
@@ -130,7 +130,7 @@ class VerifySampler:
         params = [r.sampling_params for r in reqs]
         return FusedDraw(
             rule=FilterRule.for_backend(self.backend, bool(sampling_info.need_min_p_sampling)),
-            candidates=candidate_bound(
+            candidates=Candidates.for_requests(
                 [p.top_k for p in params], [p.top_p for p in params], [p.min_p for p in params], self.vocab_size
             ),
             max_rows=self.max_fused_rows,
