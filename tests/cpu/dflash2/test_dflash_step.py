@@ -117,7 +117,8 @@ class _SamplerDraw:
 def test_sampling_step_verifies_the_greedy_path_through_the_verify_sampler(drafter, monkeypatch, sampling_kernels):
     """At T > 0 the chain is still the selector's greedy path, every chain position gets one
     draw by the server's sampler (at its temperature and position), and the step commits
-    what the greedy rule over those draws accepts."""
+    what the greedy rule over those draws accepts. The draws come from a stand-in for the
+    sampler's kernels (``SGLANG_DDTREE_VERIFY_DRAW=sampler``), so the test chooses them."""
     from sglang.srt.speculative import dflash_worker_v2
     from sglang.srt.speculative.verify_sampling import verify_sampler
     from sglang.srt.speculative.verify_sampling.verify_sampler import VerifySampler
@@ -128,6 +129,7 @@ def test_sampling_step_verifies_the_greedy_path_through_the_verify_sampler(draft
     world.batch.sampling_info = _Sampling(bs, temperatures, [VOCAB, VOCAB, 1])
     accept = [0, 2, block - 1]  # drafts each request's draws accept
     draw = _SamplerDraw(world, accept)
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_DRAW", "sampler")
     world.worker.verify_sampler = VerifySampler(vocab_size=VOCAB, device="cpu",
                                                 sampler=SimpleNamespace(_sample_from_probs=draw),
                                                 sampling_backend=None)  # fmt: skip
