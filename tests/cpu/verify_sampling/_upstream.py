@@ -63,14 +63,10 @@ def forward_info(reqs, vocab: int) -> SamplingBatchInfo:
 BATCH_FLAGS = ("is_all_greedy", "need_top_k_sampling", "need_top_p_sampling", "need_min_p_sampling")
 
 
-def upstream_node_token(sampler, p: SamplingParams, output: Sequence[int], logits: torch.Tensor,
-                        position: int, vocab: int, batch_info=None) -> int:
-    """What the server without speculation samples after ``output``: upstream's penalizers fed
-    ``output`` token by token, its logit adjustments (overlap-mode order), its sampler.
-
-    Upstream picks the sampling path per batch (a request without top-k is still drawn by the
-    top-k kernel when another request of its batch has one, which changes a seeded draw):
-    ``batch_info``'s flags make the reference the request's draw inside that batch."""
+def _upstream_sample(sampler, p: SamplingParams, output: Sequence[int], logits: torch.Tensor, position: int,
+                     vocab: int, batch_info=None):
+    """Upstream's penalizers fed ``output`` token by token, its logit adjustments (overlap-mode
+    order) and its sampler on ``logits``: (the token, the row the sampler was given)."""
     req = Req(p, [5, 6, 7], output)
     info = SamplingBatchInfo.from_schedule_batch(Batch([req]), vocab)
     for t in output:
@@ -81,9 +77,18 @@ def upstream_node_token(sampler, p: SamplingParams, output: Sequence[int], logit
             setattr(fwd, flag, getattr(batch_info, flag))
     row = logits.clone().view(1, -1)
     fwd.apply_logits_bias(row)
-    out = LogitsProcessorOutput(next_token_logits=row)
-    ids = sampler.forward(out, fwd, False, [], [], torch.tensor([position]))
-    return int(ids.view(-1)[0])
+    ids = sampler.forward(LogitsProcessorOutput(next_token_logits=row), fwd, False, [], [], torch.tensor([position]))
+    return int(ids.view(-1)[0]), row
+
+
+def upstream_node_token(sampler, p: SamplingParams, output: Sequence[int], logits: torch.Tensor,
+                        position: int, vocab: int, batch_info=None) -> int:
+    """What the server without speculation samples after ``output``.
+
+    Upstream picks the sampling path per batch (a request without top-k is still drawn by the
+    top-k kernel when another request of its batch has one, which changes a seeded draw):
+    ``batch_info``'s flags make the reference the request's draw inside that batch."""
+    return _upstream_sample(sampler, p, output, logits, position, vocab, batch_info)[0]
 
 
 def upstream_node_distribution(sampler, p: SamplingParams, output: Sequence[int], logits: torch.Tensor,
@@ -99,19 +104,9 @@ def upstream_node_distribution(sampler, p: SamplingParams, output: Sequence[int]
         weights.append(w.double().view(-1))
         return real(w, num_samples, *args, **kwargs)
 
-    req = Req(p, [5, 6, 7], output)
-    info = SamplingBatchInfo.from_schedule_batch(Batch([req]), vocab)
-    for t in output:
-        info.penalizer_orchestrator.cumulate_output_tokens(torch.tensor([t]))
-    fwd = info.copy_for_forward()
-    if batch_info is not None:
-        for flag in BATCH_FLAGS:
-            setattr(fwd, flag, getattr(batch_info, flag))
-    row = logits.clone().view(1, -1)
-    fwd.apply_logits_bias(row)
     torch.multinomial = record
     try:
-        sampler.forward(LogitsProcessorOutput(next_token_logits=row), fwd, False, [], [], torch.tensor([0]))
+        _, row = _upstream_sample(sampler, p, output, logits, 0, vocab, batch_info)
     finally:
         torch.multinomial = real
     (w,) = weights
