@@ -209,6 +209,19 @@ def ddtree_sources():
         consts = dict(ROWS=1, BLOCK=gumbel_draw._BLOCK_V, HAS_FLOOR=floor)
         sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
         yield (f"verify_gumbel_draw floor={floor}", ASTSource(fn, sig, constexprs=consts), {"num_warps": 4})
+    from sglang.srt.speculative.verify_sampling import sampling_filters
+
+    # DFLASH/DDTREE verify: each row's logit floor from its candidates (top-k 32, the top-p
+    # candidates, the most the kernel holds), every filter on.
+    fn = sampling_filters._floors_kernel
+    types = {n: "i32" for n in fn.arg_names if not n.endswith("_ptr")}
+    types.update(logits_ptr="*fp32", vals_ptr="*fp32", temp_ptr="*fp32", top_k_ptr="*i32", top_p_ptr="*fp32",
+                 min_p_ptr="*fp32", floor_ptr="*fp32", decided_ptr="*i1")
+    for block_k in (32, sampling_filters.TOP_P_CANDIDATES, sampling_filters.KERNEL_CANDIDATES):
+        consts = dict(HAS_TOP_K=True, HAS_TOP_P=True, HAS_MIN_P=True, TOP_P_INCLUSIVE=False, TOP_P_OF_TOP_K_MASS=True,
+                      BLOCK_K=block_k, BLOCK_V=sampling_filters._BLOCK_V)
+        sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
+        yield (f"verify_sampling_floors candidates={block_k}", ASTSource(fn, sig, constexprs=consts), {"num_warps": 4})
 
 
 def compile_triton(names: list, cap: tuple[int, int], results: list) -> None:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from sglang.srt.speculative.verify_sampling import gumbel_draw as gd
+from sglang.srt.speculative.verify_sampling import sampling_filters as sf
 from sglang.srt.speculative.verify_sampling.sampling_filters import (
     TOP_P_CANDIDATES,
     FilterRule,
@@ -48,6 +49,23 @@ def test_floors_keep_exactly_the_filtered_tokens(rule, ties, candidates):
     got = _support(logits, logit_floors(logits, temps, top_ks, top_ps, min_ps, RULES[rule], Candidates(candidates, True)))
     want = filtered_probs_reference(logits, temps, top_ks, top_ps, min_ps, RULES[rule]) > 0
     assert torch.equal(got & torch.isfinite(logits), want)
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("candidates", [V, 24], ids=["all", "some"])
+def test_the_kernel_and_its_reference_agree(rule, ties, candidates):
+    """The Triton floors (interpreted) against the torch reference on the same candidates: the
+    same floor, the same verdict on whether the candidates decided the row."""
+    assert sf._interpreted()
+    gen = torch.Generator().manual_seed(29 + candidates + ties)
+    logits, temps, top_ks, top_ps, min_ps = _rows(gen, 40, ties)
+    logits[1] = float("-inf")  # a row with nothing left
+    args = (logits, temps, top_ks, top_ps, min_ps, RULES[rule], candidates)
+    floors, decided = sf._floors_among_triton(*args)
+    want_floors, want_decided = sf.floors_among_reference(*args)
+    assert torch.equal(floors, want_floors)
+    assert torch.equal(decided, want_decided)
 
 
 @pytest.mark.parametrize("which", ["top_k", "top_p", "min_p"])
@@ -149,7 +167,9 @@ def test_the_draw_with_floors_samples_the_filtered_distribution(impl):
         logits = base.expand(per, V).contiguous()
         temps = torch.full((per, 1), t)
         top_ks, top_ps, min_ps = torch.full((per,), k), torch.full((per,), p), torch.full((per,), m)
-        floors = logit_floors(logits, temps, top_ks, top_ps, min_ps, rule, Candidates(32, True))
+        # One row's floor (every row is the same node), for every row.
+        floors = logit_floors(logits[:1], temps[:1], top_ks[:1], top_ps[:1], min_ps[:1], rule,
+                              Candidates(32, True)).expand(per).contiguous()  # fmt: skip
         want = filtered_probs_reference(logits[:1], temps[:1], top_ks[:1], top_ps[:1], min_ps[:1], rule)[0]
         got = torch.bincount(DRAWS[impl](logits, temps, floors), minlength=V).double()
         live = want > 0

@@ -76,7 +76,8 @@ class NodeSamplingInfo:
             temperatures=torch.repeat_interleave(sampling_info.temperatures.view(-1, 1), nodes, dim=0),
             top_ks=rep(sampling_info.top_ks),
             top_ps=rep(sampling_info.top_ps),
-            min_ps=rep(sampling_info.min_ps),
+            # Read by the sampler's paths only under need_min_p_sampling.
+            min_ps=rep(sampling_info.min_ps) if flags["need_min_p_sampling"] else None,
             sampling_seed=rep(sampling_info.sampling_seed),
             **flags,
         )
@@ -146,11 +147,10 @@ def draw_node_tokens(
 
 def _fused_filtered_draw(logits: torch.Tensor, info: NodeSamplingInfo, fused: FusedDraw) -> torch.Tensor:
     rows = logits.shape[0]
-    floors = torch.empty((rows,), dtype=torch.float32, device=logits.device)
-    for start in range(0, rows, fused.max_rows):
-        end = min(rows, start + fused.max_rows)
+
+    def floors_of(start: int, end: int) -> torch.Tensor:
         part = info.rows(start, end)
-        floors[start:end] = logit_floors(
+        return logit_floors(
             logits[start:end],
             part.temperatures,
             part.top_ks if info.need_top_k_sampling else None,
@@ -160,4 +160,12 @@ def _fused_filtered_draw(logits: torch.Tensor, info: NodeSamplingInfo, fused: Fu
             fused.candidates,
             max_sorted_rows=fused.max_sorted_rows,
         )
+
+    if rows <= fused.max_rows:
+        floors = floors_of(0, rows)
+    else:
+        floors = torch.empty((rows,), dtype=torch.float32, device=logits.device)
+        for start in range(0, rows, fused.max_rows):
+            end = min(rows, start + fused.max_rows)
+            floors[start:end] = floors_of(start, end)
     return gumbel_draw(logits, info.temperatures, floors)

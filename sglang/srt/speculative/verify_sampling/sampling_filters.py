@@ -20,19 +20,31 @@ The filters follow SGLang's sampler on the configured backend:
 The floor is found among the row's largest logits (``torch.topk``, as many as the batch's
 largest top-k: ``Candidates``); where a row filters by top-p or min-p without a top-k, more
 candidates are taken and a row whose cut is not decided among them is recomputed from its
-fully sorted row (the only case that synchronises with the host).
-``filtered_probs_reference`` beside it builds the filtered distribution itself, for tests.
+fully sorted row (the only case that synchronises with the host). From the candidates, one
+Triton launch per chunk of rows (a program per row: the row's log-sum-exp in one pass over
+the vocabulary, then the three filters over the candidates) gives the floors;
+``floors_among_reference`` is the same computation in torch (and the full-sort path).
+``filtered_probs_reference`` builds the filtered distribution itself, token by token, for
+tests.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
 import torch
+import triton
+import triton.language as tl
 
 #: Candidates a row without top-k is cut within before it falls back to a full sort.
 TOP_P_CANDIDATES = 1024
+#: The most candidates the kernel holds per row; more (a full sort) take the torch path.
+KERNEL_CANDIDATES = 4096
+#: The smallest positive normal float32: the floor of a row's sum of exponentials.
+_TINY = 1.1754943508222875e-38
+_TINY_C: tl.constexpr = tl.constexpr(_TINY)
 
 
 @dataclass(frozen=True)
@@ -88,21 +100,24 @@ def logit_floors(
     time (default: all at once)."""
     rows, vocab = logits.shape
     k = max(1, min(int(candidates.k), vocab))
-    floors, decided = _floors_among(logits, temperatures, top_ks, top_ps, min_ps, rule, k)
+    use_kernel = k <= KERNEL_CANDIDATES and (logits.is_cuda or _interpreted())
+    floors_among = _floors_among_triton if use_kernel else floors_among_reference
+    floors, decided = floors_among(logits, temperatures, top_ks, top_ps, min_ps, rule, k)
     if candidates.deep and k < vocab:
         redo = torch.nonzero(~decided).view(-1)
         step = max(1, int(max_sorted_rows or rows))
         for start in range(0, redo.numel(), step):  # a host sync, only where a row cut deeper
             idx = redo[start : start + step]
             sub = lambda t: None if t is None else t[idx]  # noqa: E731
-            floors[idx], _ = _floors_among(
+            floors[idx], _ = floors_among_reference(
                 logits[idx], temperatures[idx], sub(top_ks), sub(top_ps), sub(min_ps), rule, vocab
             )
     return floors
 
 
-def _floors_among(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule, k: int):
-    """Floors from each row's ``k`` largest logits, and whether the candidates decided them."""
+def floors_among_reference(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule, k: int):
+    """Floors from each row's ``k`` largest logits, and whether the candidates decided them
+    (a row cut no deeper than the candidates, or bounded by its top-k)."""
     rows, vocab = logits.shape
     dev = logits.device
     if k < vocab:
@@ -110,7 +125,8 @@ def _floors_among(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule
     else:
         vals = logits.sort(dim=-1, descending=True).values
     t = temperatures.view(rows, 1)
-    lse = torch.logsumexp(logits / t, dim=-1, keepdim=True)
+    # A row of -inf has probabilities 0 (not NaN), as in the kernel.
+    lse = torch.logsumexp(logits / t, dim=-1, keepdim=True).clamp(min=math.log(_TINY))
     p = torch.exp(vals / t - lse)  # [rows, k]: the candidates' probabilities, descending
     rank = torch.arange(k, device=dev).view(1, k)
     keep = torch.ones_like(p, dtype=torch.bool)
@@ -153,6 +169,133 @@ def _floors_among(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule
     if k == vocab:
         return floors, torch.ones_like(active)
     return floors, ~active | bounded | ((kept < k) & ~mass_unknown)
+
+
+def _interpreted() -> bool:
+    return type(_floors_kernel).__name__ == "InterpretedFunction"
+
+
+#: Vocabulary elements per loop step of the log-sum-exp pass.
+_BLOCK_V = 2048
+
+
+def _floors_among_triton(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule, k: int):
+    rows, vocab = logits.shape
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    vals = torch.topk(logits, k, dim=-1, sorted=True).values if k < vocab else logits.sort(-1, descending=True).values
+    floors = torch.empty((rows,), dtype=torch.float32, device=logits.device)
+    decided = torch.empty((rows,), dtype=torch.bool, device=logits.device)
+    if rows == 0:
+        return floors, decided
+    unused = floors  # a pointer the kernel does not read when a filter is off
+    _floors_kernel[(rows,)](
+        logits,
+        logits.stride(0),
+        vals,
+        vals.stride(0),
+        temperatures,
+        temperatures.stride(0),
+        unused if top_ks is None else top_ks,
+        unused if top_ps is None else top_ps,
+        unused if min_ps is None else min_ps,
+        floors,
+        decided,
+        vocab,
+        k,
+        HAS_TOP_K=top_ks is not None,
+        HAS_TOP_P=top_ps is not None,
+        HAS_MIN_P=min_ps is not None,
+        TOP_P_INCLUSIVE=rule.top_p_inclusive,
+        TOP_P_OF_TOP_K_MASS=rule.top_p_of_top_k_mass,
+        BLOCK_K=triton.next_power_of_2(k),
+        BLOCK_V=min(_BLOCK_V, triton.next_power_of_2(vocab)),
+    )
+    return floors, decided
+
+
+@triton.jit
+def _floors_kernel(
+    logits_ptr,
+    stride_logits,
+    vals_ptr,
+    stride_vals,
+    temp_ptr,
+    stride_temp,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    floor_ptr,
+    decided_ptr,
+    vocab,
+    k,
+    HAS_TOP_K: tl.constexpr,
+    HAS_TOP_P: tl.constexpr,
+    HAS_MIN_P: tl.constexpr,
+    TOP_P_INCLUSIVE: tl.constexpr,
+    TOP_P_OF_TOP_K_MASS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_K)
+    live = offs < k
+    v = tl.load(vals_ptr + row * stride_vals + offs, mask=live, other=float("-inf"))
+    inv_t = 1.0 / tl.load(temp_ptr + row * stride_temp)
+    if HAS_TOP_K:
+        kk = tl.load(top_k_ptr + row).to(tl.int64)
+        kth = tl.sum(tl.where(offs == tl.minimum(tl.maximum(kk, 1), k) - 1, v, 0.0))
+    else:
+        kk = vocab
+        kth = float("-inf")
+    # The row's log-sum-exp of logits / T in one pass (and, for the top-k set's mass, the
+    # tokens tied with the k-th value: a tie may run past the candidates).
+    top = tl.max(v) * inv_t
+    top = tl.where(top == float("-inf"), 0.0, top)  # a row of -inf: no NaN from -inf - -inf
+    acc = tl.zeros((BLOCK_V,), tl.float32)
+    ties = tl.zeros((BLOCK_V,), tl.int32)
+    row_ptr = logits_ptr + row * stride_logits
+    for start in range(0, vocab, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        x = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
+        acc += tl.exp(x * inv_t - top)
+        if TOP_P_OF_TOP_K_MASS:
+            ties += (x == kth).to(tl.int32)
+    lse = top + tl.log(tl.maximum(tl.sum(acc), _TINY_C))  # a row of -inf: probabilities 0
+    p = tl.where(live, tl.exp(v * inv_t - lse), 0.0)
+    keep = live
+    active = kk < vocab
+    bounded = kk <= k
+    mass_unknown = False
+    limit_scale = 1.0
+    if HAS_TOP_K:
+        keep = keep & ((offs < kk) | (v >= kth))
+        if TOP_P_OF_TOP_K_MASS:
+            mass = tl.sum(tl.where(v > kth, p, 0.0)) + tl.sum(ties).to(tl.float32) * tl.exp(kth * inv_t - lse)
+            limit_scale = tl.where(active, mass, 1.0)
+            mass_unknown = active & (kk > k)
+    if HAS_TOP_P:
+        tp = tl.load(top_p_ptr + row)
+        on = tp < 1.0
+        active = active | on
+        before = tl.cumsum(p, 0) - p
+        limit = tl.where(on, tp * limit_scale, float("inf"))  # top_p 1: no cut
+        if TOP_P_INCLUSIVE:
+            keep = keep & (before <= limit)
+        else:
+            keep = keep & (before < limit)
+    if HAS_MIN_P:
+        mp = tl.load(min_p_ptr + row)
+        active = active | (mp > 0.0)
+        keep = keep & (p >= mp * tl.max(p))
+    # The filters keep a prefix of the sorted candidates: its length, at least one.
+    kept = tl.maximum(tl.min(tl.where(keep, BLOCK_K, offs)), 1)
+    kept = tl.minimum(kept, k)
+    floor = tl.sum(tl.where(offs == kept - 1, v, 0.0))
+    floor = tl.where(active, floor, float("-inf"))
+    decided = (active == 0) | bounded | ((kept < k) & (mass_unknown == 0)) | (k == vocab)
+    tl.store(floor_ptr + row, floor)
+    tl.store(decided_ptr + row, decided)
 
 
 def filtered_probs_reference(
