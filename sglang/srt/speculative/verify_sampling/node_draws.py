@@ -36,8 +36,9 @@ from sglang.srt.speculative.verify_sampling.gumbel_draw import gumbel_draw
 from sglang.srt.speculative.verify_sampling.sampling_filters import Candidates, FilterRule, logit_floors
 
 #: Bytes per logit a chunk's draw may allocate besides the logits, by path: the fused
-#: draw's floors scale the logits once for the log-sum-exp (a row cut deeper than its
-#: candidates is sorted, in chunks of its own: "sort"); the sampler's FlashInfer kernels
+#: draw's floors take the candidates' top-k (their torch reference also scales the logits
+#: once for the log-sum-exp; a row cut deeper than its candidates is sorted, in chunks of
+#: its own: "sort"); the sampler's FlashInfer kernels
 #: need the softmax's output and torch.multinomial's noise (plus the min-p path's two
 #: renormalised copies); the pytorch backend sorts (values and int64 indices), takes a
 #: cumulative sum and, seeded, float64 log-probs and hashed noise.
