@@ -38,13 +38,14 @@ import torch
 import triton
 import triton.language as tl
 
+# The smallest positive normal float32 (the Gumbel draw's clamp): here the floor of a row's
+# sum of exponentials.
+from sglang.srt.speculative.verify_sampling.gumbel_draw import _TINY, _TINY_C
+
 #: Candidates a row without top-k is cut within before it falls back to a full sort.
 TOP_P_CANDIDATES = 1024
 #: The most candidates the kernel holds per row; more (a full sort) take the torch path.
 KERNEL_CANDIDATES = 4096
-#: The smallest positive normal float32: the floor of a row's sum of exponentials.
-_TINY = 1.1754943508222875e-38
-_TINY_C: tl.constexpr = tl.constexpr(_TINY)
 
 
 @dataclass(frozen=True)
@@ -115,15 +116,19 @@ def logit_floors(
     return floors
 
 
+def _largest(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's ``k`` largest logits, descending (the whole row sorted when ``k`` is all)."""
+    if k < logits.shape[1]:
+        return torch.topk(logits, k, dim=-1, sorted=True).values
+    return logits.sort(dim=-1, descending=True).values
+
+
 def floors_among_reference(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule, k: int):
     """Floors from each row's ``k`` largest logits, and whether the candidates decided them
     (a row cut no deeper than the candidates, or bounded by its top-k)."""
     rows, vocab = logits.shape
     dev = logits.device
-    if k < vocab:
-        vals = torch.topk(logits, k, dim=-1, sorted=True).values
-    else:
-        vals = logits.sort(dim=-1, descending=True).values
+    vals = _largest(logits, k)
     t = temperatures.view(rows, 1)
     # A row of -inf has probabilities 0 (not NaN), as in the kernel.
     lse = torch.logsumexp(logits / t, dim=-1, keepdim=True).clamp(min=math.log(_TINY))
@@ -183,7 +188,7 @@ def _floors_among_triton(logits, temperatures, top_ks, top_ps, min_ps, rule: Fil
     rows, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    vals = torch.topk(logits, k, dim=-1, sorted=True).values if k < vocab else logits.sort(-1, descending=True).values
+    vals = _largest(logits, k)
     floors = torch.empty((rows,), dtype=torch.float32, device=logits.device)
     decided = torch.empty((rows,), dtype=torch.bool, device=logits.device)
     if rows == 0:
