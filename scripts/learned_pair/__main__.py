@@ -7,7 +7,10 @@
   pack   PAIR --to DIR [--part-mib 15.5]
   unpack DIR [DIR ...] --to PAIR
   show   PAIR
-  offline PAIR --sampling T[/top_k[/top_p[/min_p]]],... [--budgets 16,64] [--prompts 8]
+  add-drafter PAIR [--kind dflash|dflash2] [--name NAME] [--init-from DIR] [--soft-labels W]
+         [--temperatures 0,1] [--sequences N --new-tokens N --batch N --anchors N --lr X]
+         [--deadline-s 300]   one more drafter for the pair's target, in drafter-NAME/
+  offline PAIR [--drafter DIR] --sampling T[/top_k[/top_p[/min_p]]],... [--budgets 16,64] [--prompts 8]
          [--new-tokens 128] [--out FILE]   accept lengths replayed with the torch models
          [--oracle [--stride 8]]   instead: expected accept of the best tree from the target's own
                                    conditionals, of the drafter's tree and of its chain
@@ -69,6 +72,19 @@ def main(argv=None) -> int:
     a.add_argument("--device")
     a.add_argument("--drafter-steps", type=int)
     a.add_argument("--drafter-decay-start", type=int)
+    a.add_argument("--name", help="directory drafter-NAME and manifest key drafter_NAME (default: the kind)")
+    a.add_argument("--init-from", metavar="DIR", help="start from the weights of this drafter directory of the pair "
+                                                      "(e.g. drafter), of the same kind and shape")
+    a.add_argument("--soft-labels", type=float, default=0.0, metavar="W",
+                   help="share of the loss against the target's whole next-token distribution instead of the "
+                        "sequence's token (0: hard labels, as build; 1: distillation only)")
+    a.add_argument("--temperatures", default="0,1",
+                   help="temperatures the training sequences are generated at, row by row in turn (0 = greedy)")
+    a.add_argument("--sequences", type=int, help="training sequences (default: the pair profile's)")
+    a.add_argument("--new-tokens", type=int, help="generated tokens per training sequence (default: the profile's)")
+    a.add_argument("--batch", type=int, help="sequences per training step (default: the profile's)")
+    a.add_argument("--anchors", type=int, help="draft blocks per sequence per step (default: the profile's)")
+    a.add_argument("--lr", type=float, help="peak learning rate (default: the profile's)")
     p = sub.add_parser("pack", help="split a pair directory into transportable parts")
     p.add_argument("pair", type=Path)
     p.add_argument("--to", type=Path, required=True)
@@ -81,6 +97,8 @@ def main(argv=None) -> int:
     o = sub.add_parser("offline", help="accept lengths of DFLASH and DDTREE replayed on the target's own "
                                        "continuations, per sampling setting")
     o.add_argument("pair", type=Path)
+    o.add_argument("--drafter", default="drafter", metavar="DIR",
+                   help="the pair's drafter directory to replay (e.g. drafter-dflash2 from add-drafter)")
     o.add_argument("--sampling", default="0,1,0.7/20/0.8")
     o.add_argument("--budgets", default="16,64")
     o.add_argument("--prompts", type=int, default=8)
@@ -126,9 +144,16 @@ def main(argv=None) -> int:
 
         if args.drafter_decay_start is not None and args.drafter_steps is None:
             ap.error("--drafter-decay-start needs --drafter-steps")
+        try:
+            temperatures = tuple(float(t) for t in args.temperatures.split(","))
+        except ValueError:
+            ap.error(f"--temperatures takes numbers, e.g. 0,1; got {args.temperatures!r}")
         add_drafter(AddDrafterArgs(pair=args.pair, kind=args.kind, seed=args.seed, deadline_s=args.deadline_s,
                                    roots=_roots(args.root), exclude=args.exclude, device=args.device,
-                                   drafter_steps=args.drafter_steps, drafter_decay_start=args.drafter_decay_start))
+                                   drafter_steps=args.drafter_steps, drafter_decay_start=args.drafter_decay_start,
+                                   name=args.name, init_from=args.init_from, soft_labels=args.soft_labels,
+                                   temperatures=temperatures, sequences=args.sequences, new_tokens=args.new_tokens,
+                                   batch=args.batch, anchors=args.anchors, lr=args.lr))
     elif args.cmd == "pack":
         parts = checkpoint.pack(args.pair, args.to, args.part_mib)
         print(f"{len(parts)} parts in {args.to}")
@@ -146,12 +171,12 @@ def main(argv=None) -> int:
             raise SystemExit(f"--tree-temperatures takes numbers, e.g. 0.7,1,1.4; got {args.tree_temperatures!r}")
         if any(not t > 0 for t in tree_temperatures) or (tree_temperatures and not args.oracle):
             raise SystemExit("--tree-temperatures takes positive temperatures, with --oracle")
-        target, drafter = checkpoint.load_pair(args.pair)
+        target, drafter = checkpoint.load_pair(args.pair, drafter=args.drafter)
         target.eval(), drafter.eval()
         rows = [json.loads(line) for line in (args.pair / "prompts.jsonl").read_text().splitlines() if line.strip()]
         prompts = [r["prompt_ids"] for r in rows[: args.prompts]]
         budgets = [int(b) for b in args.budgets.split(",")]
-        result = {"pair": str(args.pair), "date": time.strftime("%Y-%m-%d"),
+        result = {"pair": str(args.pair), "drafter": args.drafter, "date": time.strftime("%Y-%m-%d"),
                   "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
                   "torch_threads": torch.get_num_threads(), "settings": []}
         if args.oracle:

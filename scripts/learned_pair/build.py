@@ -14,6 +14,7 @@ import gzip
 import json
 import os
 import platform
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -128,19 +129,25 @@ def _corpus(roots, prof: Profile, exclude: list, log):
     return corp
 
 
-def _drafter_data(target, train_tokens, prof: Profile, seed: int, dev):
-    """The target's own continuations of random training windows, half greedy, half at T=1:
-    a drafter learns what the target says, not what the corpus says."""
+#: The temperatures the drafter's training sequences are generated at, row by row in turn.
+DATA_TEMPERATURES = (0.0, 1.0)
+
+
+def _drafter_data(target, train_tokens, prof: Profile, seed: int, dev, temperatures=DATA_TEMPERATURES):
+    """The target's own continuations of random training windows, rows in turn at each of
+    ``temperatures`` (0 = greedy; by default half greedy, half at T=1): a drafter learns what
+    the target says, not what the corpus says."""
     import torch
 
     from . import train
 
     gen = torch.Generator(device=dev).manual_seed(seed + 3)
+    cycle = torch.tensor(temperatures, dtype=torch.float32, device=dev)
     seqs = []
     for i in range(0, prof.gen_sequences, prof.gen_chunk):
         n = min(prof.gen_chunk, prof.gen_sequences - i)
         p = train.random_windows(train_tokens, n, prof.gen_prompt_len, gen)
-        temps = (torch.arange(n, device=dev) % 2).float()  # 0 = greedy, 1 = T=1
+        temps = cycle[torch.arange(i, i + n, device=dev) % len(temperatures)]
         seqs.append(train.generate(target, p, prof.gen_new_tokens, temps, gen))
     return torch.cat(seqs)
 
@@ -152,19 +159,33 @@ def _drafter_config(prof: Profile, steps: Optional[int], decay_start: Optional[i
     return dcfg if steps is None else replace(dcfg, steps=steps, decay_start=decay_start)
 
 
-def _train_drafter(kind: str, target, seqs, prof: Profile, dcfg, seconds: float, seed: int, dev, log):
-    """One drafter of ``kind`` ("dflash" or "dflash2") for ``target``: (kind, shape, drafter,
-    training record), the drafter in the target's dtype."""
+def _drafter_shape(kind: str, prof: Profile, hidden_size: int):
+    from .model import DrafterShape, dflash2_shape
+
+    dshape = DrafterShape(**prof.drafter)
+    return dflash2_shape(dshape, hidden_size) if kind == "dflash2" else dshape
+
+
+def _train_drafter(kind: str, target, seqs, prof: Profile, dcfg, seconds: float, seed: int, dev, log,
+                   init: Optional[dict] = None):
+    """One drafter of ``kind`` ("dflash" or "dflash2") for ``target``, from random weights or
+    from ``init`` (a state dict of the same shape): (kind, shape, drafter, training record),
+    the drafter in the target's dtype."""
     import torch
 
     from . import tokenizer as tokmod, train
-    from .model import Drafter, DrafterShape, dflash2_shape
+    from .model import Drafter
 
-    dshape = DrafterShape(**prof.drafter)
-    if kind == "dflash2":
-        dshape = dflash2_shape(dshape, target.shape.hidden_size)
+    dshape = _drafter_shape(kind, prof, target.shape.hidden_size)
     drafter = Drafter(target.shape, dshape)
-    drafter.init_weights(torch.Generator().manual_seed(seed + 4))
+    if init is None:
+        drafter.init_weights(torch.Generator().manual_seed(seed + 4))
+    else:
+        missing, unexpected = drafter.load_state_dict(init, strict=False)
+        missing = [k for k in missing if not k.startswith("rope.")]
+        if missing or unexpected:
+            raise SystemExit(f"--init-from: not a {kind} drafter of this pair's shape (missing {missing[:4]}, "
+                             f"unexpected {unexpected[:4]})")
     drafter.to(dev)
     record = train.train_drafter(drafter, target, seqs, prof.gen_prompt_len, tokmod.MASK_ID, dcfg,
                                  seconds, seed + 5, log)
@@ -315,13 +336,36 @@ class AddDrafterArgs:
     drafter_steps: Optional[int] = None
     drafter_decay_start: Optional[int] = None
     device: Optional[str] = None
+    # The directory name is drafter-<name> (default: the kind), the manifest key drafter_<name>.
+    name: Optional[str] = None
+    # A drafter directory of the pair (e.g. "drafter") whose weights training starts from.
+    init_from: Optional[str] = None
+    soft_labels: float = 0.0
+    temperatures: tuple = DATA_TEMPERATURES
+    # Overrides of the pair profile's sizes (None: the profile's).
+    sequences: Optional[int] = None
+    new_tokens: Optional[int] = None
+    batch: Optional[int] = None
+    anchors: Optional[int] = None
+    lr: Optional[float] = None
+
+
+def _drafter_state(pair: Path, name: str) -> dict:
+    from safetensors.torch import load_file
+
+    path = pair / name / "model.safetensors"
+    if not path.is_file():
+        raise SystemExit(f"--init-from {name}: no {path}")
+    return load_file(str(path))
 
 
 def add_drafter(args: AddDrafterArgs, log=print) -> dict:
-    """Train one more drafter for a pair's existing target into ``drafter-<kind>/``, its record
-    in the manifest under ``drafter_<kind>``. The pair stays the reference it was: its target,
+    """Train one more drafter for a pair's existing target into ``drafter-<name>/``, its record
+    in the manifest under ``drafter_<name>``. The pair stays the reference it was: its target,
     tokenizer, drafter and prompts are not touched, so a new drafter is measured beside the old
-    one on the same target (training data as ``build`` makes it, from the same corpus roots)."""
+    one on the same target (training data as ``build`` makes it, from the same corpus roots,
+    unless the sizes, temperatures or loss are overridden; from random weights, or continuing
+    one of the pair's drafters with ``init_from``)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "true"
     import torch
 
@@ -336,10 +380,20 @@ def add_drafter(args: AddDrafterArgs, log=print) -> dict:
     if not manifest_path.is_file():
         raise SystemExit(f"{pair} is not a learned pair (no manifest.json)")
     manifest = json.loads(manifest_path.read_text())
-    out = pair / f"drafter-{args.kind}"
+    name = args.name or args.kind
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
+        raise SystemExit(f"--name {name!r}: lower-case letters, digits and '-' only")
+    out = pair / f"drafter-{name}"
     if out.exists():
         raise SystemExit(f"{out} exists: remove it to train that drafter again")
+    if not 0.0 <= args.soft_labels <= 1.0:
+        raise SystemExit(f"--soft-labels is a share of the loss in [0, 1], got {args.soft_labels}")
+    if not args.temperatures or any(t < 0 for t in args.temperatures):
+        raise SystemExit(f"--temperatures takes one or more temperatures >= 0 (0 = greedy), got {args.temperatures}")
+    init = _drafter_state(pair, args.init_from) if args.init_from else None
     prof = PROFILES[manifest["profile"]]
+    sizes = {k: v for k, v in (("gen_sequences", args.sequences), ("gen_new_tokens", args.new_tokens)) if v}
+    prof = replace(prof, **sizes, gen_chunk=min(prof.gen_chunk, sizes.get("gen_sequences", prof.gen_chunk)))
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.manual_seed(args.seed)
     if dev.type == "cuda":
@@ -353,19 +407,24 @@ def add_drafter(args: AddDrafterArgs, log=print) -> dict:
     corp = _corpus(args.roots, prof, [pair, *args.exclude], log)
     train_ids = tokmod.encode_docs(tok, [d.text for d in corp.train])
     train_tokens = torch.from_numpy(train_ids.astype(np.int32)).to(dev)
-    seqs = _drafter_data(target, train_tokens, prof, args.seed, dev)
-    log(f"[{time.monotonic() - t0:6.1f} s] drafter data: {tuple(seqs.shape)}")
+    seqs = _drafter_data(target, train_tokens, prof, args.seed, dev, args.temperatures)
+    log(f"[{time.monotonic() - t0:6.1f} s] drafter data: {tuple(seqs.shape)} at temperatures {args.temperatures}")
     left = args.deadline_s - (time.monotonic() - t0) - prof.final_reserve_s
     dcfg = _drafter_config(prof, args.drafter_steps, args.drafter_decay_start)
+    overrides = {k: v for k, v in (("batch", args.batch), ("anchors", args.anchors), ("lr", args.lr)) if v}
+    dcfg = replace(dcfg, **overrides, soft_labels=args.soft_labels)
     kind, dshape, drafter, record = _train_drafter(args.kind, target, seqs, prof, dcfg, max(1.0, left),
-                                                   args.seed, dev, log)
+                                                   args.seed, dev, log, init)
     prompts = [json.loads(line) for line in (pair / "prompts.jsonl").read_text().splitlines() if line.strip()]
     offline = evaluate.offline_accept(drafter, target, [p["prompt_ids"] for p in prompts[: prof.eval_prompts]],
                                       prof.eval_new_tokens, prof.budgets, tokmod.MASK_ID, args.seed + 6)
     log(f"offline accept length at T=0 (tree from marginals): {json.dumps(offline)}")
     checkpoint.save_drafter(drafter, json.loads((pair / "target" / "config.json").read_text()), out)
-    manifest[f"drafter_{kind}"] = {
-        "dir": out.name, "shape": shapes_dict(target.shape, dshape)["drafter"],
+    manifest[f"drafter_{name}"] = {
+        "dir": out.name, "kind": kind, "shape": shapes_dict(target.shape, dshape)["drafter"],
+        "init_from": args.init_from,
+        "data": {"sequences": int(seqs.shape[0]), "prompt_len": prof.gen_prompt_len,
+                 "new_tokens": prof.gen_new_tokens, "temperatures": list(args.temperatures)},
         "train": {**asdict(dcfg), **record}, "offline_accept_t0": offline,
         "added": {"date": time.strftime("%Y-%m-%d"),
                   "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else platform.processor() or "cpu",
@@ -373,4 +432,4 @@ def add_drafter(args: AddDrafterArgs, log=print) -> dict:
     }
     manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
     log(f"{out} written in {time.monotonic() - t0:.0f} s")
-    return manifest[f"drafter_{kind}"]
+    return manifest[f"drafter_{name}"]

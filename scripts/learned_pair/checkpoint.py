@@ -56,19 +56,34 @@ def save_drafter(drafter: Drafter, target_config: dict, out: Path) -> dict:
     return config
 
 
-def load_pair(pair: Path, device="cpu", dtype=torch.float32) -> tuple[Target, Drafter]:
-    """The torch models back from a pair directory (for evaluation and tests)."""
+def drafter_shape_of(manifest: dict, drafter: str = "drafter") -> DrafterShape:
+    """The shape of the pair's drafter in directory ``drafter``: the pair's own, or one that
+    ``build --drafter both`` or ``add-drafter`` recorded in the manifest."""
+    if drafter == "drafter":
+        d = manifest["shapes"]["drafter"]
+    else:
+        records = [r for k, r in manifest.items() if k.startswith("drafter_") and isinstance(r, dict)
+                   and r.get("dir") == drafter]
+        if not records:
+            known = ["drafter"] + [r["dir"] for k, r in manifest.items()
+                                   if k.startswith("drafter_") and isinstance(r, dict) and "dir" in r]
+            raise SystemExit(f"the pair has no drafter directory {drafter!r} in its manifest; it has {known}")
+        d = records[0]["shape"]
+    return DrafterShape(**{**d, "target_layer_ids": tuple(d["target_layer_ids"])})
+
+
+def load_pair(pair: Path, device="cpu", dtype=torch.float32, drafter: str = "drafter") -> tuple[Target, Drafter]:
+    """The torch models back from a pair directory (for evaluation and tests), with the
+    drafter in directory ``drafter``."""
     from safetensors.torch import load_file
 
     pair = Path(pair)
     manifest = json.loads((pair / "manifest.json").read_text())
     tshape = TargetShape(**manifest["shapes"]["target"])
-    d = dict(manifest["shapes"]["drafter"])
-    d["target_layer_ids"] = tuple(d["target_layer_ids"])
-    target, drafter = Target(tshape), Drafter(tshape, DrafterShape(**d))
+    target, draft = Target(tshape), Drafter(tshape, drafter_shape_of(manifest, drafter))
     target.load_state_dict(load_file(str(pair / "target" / "model.safetensors")), strict=False)
-    drafter.load_state_dict(load_file(str(pair / "drafter" / "model.safetensors")), strict=False)
-    return target.to(device, dtype).eval(), drafter.to(device, dtype).eval()
+    draft.load_state_dict(load_file(str(pair / drafter / "model.safetensors")), strict=False)
+    return target.to(device, dtype).eval(), draft.to(device, dtype).eval()
 
 
 #: Files of a pair that travel beside the parts, not in them (records, not needed to serve).

@@ -73,12 +73,30 @@ def block_mask(anchors: torch.Tensor, s: int, block_size: int) -> torch.Tensor:
     return torch.cat([ctx, own], dim=-1).unsqueeze(1)
 
 
-def weighted_loss(logits: torch.Tensor, blocks: Blocks) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, N * bs, V] -> (weighted mean cross-entropy, top-1 accuracy per block offset [bs])."""
+def soft_labels(target_logits: torch.Tensor, blocks: Blocks) -> torch.Tensor:
+    """The target's own next-token distribution (temperature 1) for every block slot: slot
+    ``a + k`` is predicted by the target at position ``a + k - 1``, whose context is the
+    sequence itself. target_logits [B, S, V] -> probabilities [B, N * bs, V]."""
+    s = target_logits.shape[1]
+    src = (blocks.pos - 1).clamp(0, s - 1)  # out-of-range slots weigh 0
+    picked = target_logits.gather(1, src.unsqueeze(-1).expand(-1, -1, target_logits.shape[-1]))
+    return torch.softmax(picked.float(), dim=-1)
+
+
+def weighted_loss(logits: torch.Tensor, blocks: Blocks, soft: torch.Tensor | None = None,
+                  soft_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, N * bs, V] -> (weighted mean cross-entropy, top-1 accuracy per block offset [bs]).
+
+    With ``soft`` (``soft_labels``), ``soft_weight`` of the cross-entropy is taken against the
+    target's whole distribution instead of the one token the sequence holds: the same optimum
+    (a sampled token is a draw from it), with far less variance, which is what a drafter that
+    serves sampled requests must match."""
     b, n, bs = blocks.labels.shape
-    ce = torch.nn.functional.cross_entropy(
-        logits.float().view(-1, logits.shape[-1]), blocks.labels.reshape(-1), reduction="none"
-    ).view(b, n, bs)
+    logp = torch.log_softmax(logits.float().view(-1, logits.shape[-1]), dim=-1)
+    ce = -logp.gather(-1, blocks.labels.reshape(-1, 1)).view(b, n, bs)
+    if soft is not None and soft_weight > 0:
+        soft_ce = -(soft.view_as(logp) * logp).sum(-1).view(b, n, bs)
+        ce = (1.0 - soft_weight) * ce + soft_weight * soft_ce
     w = blocks.weights
     loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
     with torch.no_grad():

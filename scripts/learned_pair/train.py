@@ -185,22 +185,26 @@ class DrafterTrainConfig:
     steps: Optional[int] = None
     decay_start: Optional[int] = None
     log_every: int = 100
+    # Share of the loss taken against the target's whole next-token distribution rather than
+    # the sequence's token (dflash_batch.weighted_loss); 0 is how the reference pair trained.
+    soft_labels: float = 0.0
 
 
 def drafter_step_loss(drafter: Drafter, target: Target, seqs: torch.Tensor, prompt_len: int, anchors: int,
-                      mask_token_id: int, gen: torch.Generator):
+                      mask_token_id: int, gen: torch.Generator, soft_labels: float = 0.0):
     """One DFlash training forward on ``seqs`` [B, S] (target-generated after ``prompt_len``)."""
     b, s = seqs.shape
     bs = drafter.shape.block_size
     with torch.no_grad():
-        _, captured = target(seqs, capture=drafter.shape.target_layer_ids, logits=False)
+        out, captured = target(seqs, capture=drafter.shape.target_layer_ids, logits=soft_labels > 0)
         anchor_pos = dflash_batch.sample_anchors(b, max(1, prompt_len - 1), s - bs, anchors, gen, seqs.device)
         blocks = dflash_batch.make_blocks(seqs, anchor_pos, bs, mask_token_id, drafter.shape.loss_decay_gamma)
+        soft = dflash_batch.soft_labels(out, blocks) if soft_labels > 0 else None
         embeds = target.model.embed_tokens(blocks.ids)
     ctx = drafter.context({i: h.to(embeds.dtype) for i, h in captured.items()})
     hidden = drafter(embeds, blocks.pos, ctx, torch.arange(s, device=seqs.device), blocks.mask)
     logits = F.linear(hidden, target.lm_head_weight.to(hidden.dtype))
-    loss, acc = dflash_batch.weighted_loss(logits, blocks)
+    loss, acc = dflash_batch.weighted_loss(logits, blocks, soft, soft_labels)
     if drafter.shape.dflash2:
         loss = loss + selector_loss(drafter, hidden, logits, blocks)
     return loss, acc
@@ -244,7 +248,8 @@ def train_drafter(drafter: Drafter, target: Target, seqs: torch.Tensor, prompt_l
     while step < cfg.max_steps and not sched.done(step):
         rows = torch.randint(0, seqs.shape[0], (cfg.batch,), generator=gen, device=dev)
         with _autocast(dev):
-            loss, acc = drafter_step_loss(drafter, target, seqs[rows], prompt_len, cfg.anchors, mask_token_id, gen)
+            loss, acc = drafter_step_loss(drafter, target, seqs[rows], prompt_len, cfg.anchors, mask_token_id, gen,
+                                          cfg.soft_labels)
         _optimizer_step(opt, params, loss, sched.lr(step), cfg.grad_clip)
         step += 1
         if step % 10 == 0 or step == 1:

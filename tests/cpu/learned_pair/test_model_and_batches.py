@@ -140,6 +140,53 @@ def test_weighted_loss_matches_manual():
     assert acc.shape == (16,) and acc[0] == 0
 
 
+def test_soft_labels_are_the_targets_distribution_before_each_slot():
+    """Slot ``a + k`` of a block is labelled with the target's softmax at ``a + k - 1`` (what the
+    target would sample that token from); a one-hot ``soft`` gives the hard loss back, and a
+    share mixes the two."""
+    seqs = torch.randint(3, 20, (2, 40))
+    anchors = torch.tensor([[3, 30], [9, 26]])
+    blk = dflash_batch.make_blocks(seqs, anchors, 16, MASK, 7.0)
+    target_logits = torch.randn(2, 40, 20)
+    soft = dflash_batch.soft_labels(target_logits, blk)
+    for b in range(2):
+        for i in range(2):
+            for k in range(1, 16):
+                pos = anchors[b, i].item() + k
+                if pos < 40:
+                    want = torch.softmax(target_logits[b, pos - 1], -1)
+                    torch.testing.assert_close(soft[b, i * 16 + k], want)
+    logits = torch.randn(2, 32, 20)
+    hard, _ = dflash_batch.weighted_loss(logits, blk)
+    one_hot = torch.nn.functional.one_hot(blk.labels.view(2, 32), 20).float()
+    same, _ = dflash_batch.weighted_loss(logits, blk, one_hot, 1.0)
+    assert same.item() == pytest.approx(hard.item(), rel=1e-6)
+    full, _ = dflash_batch.weighted_loss(logits, blk, soft, 1.0)
+    num = den = 0.0
+    for b in range(2):
+        for i in range(2):
+            for k in range(16):
+                w = blk.weights[b, i, k].item()
+                lp = torch.log_softmax(logits[b, i * 16 + k], -1)
+                num, den = num - w * float((soft[b, i * 16 + k] * lp).sum()), den + w
+    assert full.item() == pytest.approx(num / den, rel=1e-5)
+    assert full.item() != pytest.approx(hard.item(), rel=1e-3)
+    mixed, _ = dflash_batch.weighted_loss(logits, blk, soft, 0.25)
+    assert mixed.item() == pytest.approx(0.75 * hard.item() + 0.25 * full.item(), rel=1e-5)
+
+
+def test_a_soft_label_step_trains_toward_the_targets_distribution():
+    """``drafter_step_loss(soft_labels=1)`` is the cross-entropy against the target's own logits:
+    with the target's soft labels the loss is the distillation loss, above the target's entropy."""
+    m, d = _target(), _drafter()
+    seqs = torch.randint(3, SHAPE.vocab_size, (2, 48))
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        hard, _ = train.drafter_step_loss(d, m, seqs, 8, 3, MASK, g1)
+        soft, _ = train.drafter_step_loss(d, m, seqs, 8, 3, MASK, g2, soft_labels=1.0)
+    assert torch.isfinite(soft) and soft.item() != pytest.approx(hard.item(), rel=1e-3)
+
+
 def test_multi_anchor_forward_equals_one_forward_per_block():
     """Blocks in one forward must not see each other or context at or after their anchor."""
     m, d = _target(), _drafter()

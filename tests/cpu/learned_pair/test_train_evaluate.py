@@ -166,3 +166,56 @@ def test_offline_replay_at_a_sampling_setting(toy_pair):
     # T=0 replays the greedy continuation, where both scorings are the drafter's own
     g = evaluate.offline_accept_sampled(drafter, target, prompts, 24, [8], MASK_ID, 0, evaluate.Sampling())
     assert g["ddtree8"] == g["ddtree8_matched"]
+
+
+def test_add_drafter_continues_a_drafter_with_soft_labels(toy_pair, tmp_path):
+    """``add-drafter --init-from drafter --soft-labels 1 --name soft``: a drafter continued from the
+    pair's own (its weights moved a little, not re-initialised), recorded with its data and loss,
+    beside a pair that stays byte for byte; ``offline --drafter`` replays it. Bad options are
+    refused before any work."""
+    import hashlib
+    import shutil
+
+    from scripts.learned_pair import checkpoint
+    from scripts.learned_pair.__main__ import main as cli
+    from tests.cpu.learned_pair.conftest import stdlib_roots
+
+    pair = tmp_path / "pair"
+    shutil.copytree(toy_pair[0], pair)
+
+    def digests():
+        return {str(p.relative_to(pair)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(pair.rglob("*")) if p.is_file() and p.name != "manifest.json"}
+
+    before = digests()
+    roots = [a for label, path in stdlib_roots().items() for a in ("--root", f"{label}={path}")]
+    argv = ["add-drafter", str(pair), "--kind", "dflash", "--name", "soft", "--init-from", "drafter",
+            "--soft-labels", "1", "--temperatures", "1,0.7", "--sequences", "6", "--new-tokens", "32",
+            "--batch", "3", "--anchors", "3", "--lr", "1e-4", "--deadline-s", "600", *roots]
+    assert cli(argv) == 0
+    assert {k: v for k, v in digests().items() if not k.startswith("drafter-soft/")} == before
+    record = json.loads((pair / "manifest.json").read_text())["drafter_soft"]
+    assert record["dir"] == "drafter-soft" and record["kind"] == "dflash" and record["init_from"] == "drafter"
+    assert record["data"]["temperatures"] == [1.0, 0.7] and record["data"]["sequences"] == 6
+    assert record["data"]["new_tokens"] == 32
+    assert record["train"]["soft_labels"] == 1.0 and record["train"]["batch"] == 3 and record["train"]["lr"] == 1e-4
+    _, own = checkpoint.load_pair(pair)
+    _, soft = checkpoint.load_pair(pair, drafter="drafter-soft")
+    with torch.no_grad():
+        moved = [float((a - b).norm() / b.norm()) for a, b in zip(soft.parameters(), own.parameters()) if b.dim() >= 2]
+    assert 0 < max(moved) < 0.25  # continued, not started again
+
+    out = tmp_path / "offline.json"
+    assert cli(["offline", str(pair), "--drafter", "drafter-soft", "--sampling", "1", "--budgets", "4",
+                "--prompts", "2", "--new-tokens", "24", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["drafter"] == "drafter-soft" and 1.0 <= result["settings"][0]["ddtree4"] <= 16
+
+    for bad, message in ((["--name", "Soft_1"], "lower-case letters"), (["--soft-labels", "1.5"], "share of the loss"),
+                         (["--init-from", "nowhere"], "no .*nowhere"), (["--temperatures", "-1"], "temperatures >= 0"),
+                         ([], "drafter-soft exists")):
+        with pytest.raises(SystemExit, match=message):
+            cli(argv + (["--name", "other", *bad] if bad else []))
+    with pytest.raises(SystemExit, match="no drafter directory 'drafter-x'.*drafter-soft"):
+        cli(["offline", str(pair), "--drafter", "drafter-x", "--sampling", "1"])
+    assert {k: v for k, v in digests().items() if not k.startswith("drafter-soft/")} == before
