@@ -167,25 +167,21 @@ def _drafter_shape(kind: str, prof: Profile, hidden_size: int):
 
 
 def _train_drafter(kind: str, target, seqs, prof: Profile, dcfg, seconds: float, seed: int, dev, log,
-                   init: Optional[dict] = None):
+                   init=None):
     """One drafter of ``kind`` ("dflash" or "dflash2") for ``target``, from random weights or
-    from ``init`` (a state dict of the same shape): (kind, shape, drafter, training record),
-    the drafter in the target's dtype."""
+    continuing ``init`` (a drafter of that kind, ``_drafter_from``): (kind, shape, drafter,
+    training record), the drafter in the target's dtype."""
     import torch
 
     from . import tokenizer as tokmod, train
     from .model import Drafter
 
     dshape = _drafter_shape(kind, prof, target.shape.hidden_size)
-    drafter = Drafter(target.shape, dshape)
     if init is None:
+        drafter = Drafter(target.shape, dshape)
         drafter.init_weights(torch.Generator().manual_seed(seed + 4))
     else:
-        missing, unexpected = drafter.load_state_dict(init, strict=False)
-        missing = [k for k in missing if not k.startswith("rope.")]
-        if missing or unexpected:
-            raise SystemExit(f"--init-from: not a {kind} drafter of this pair's shape (missing {missing[:4]}, "
-                             f"unexpected {unexpected[:4]})")
+        drafter = init.float()
     drafter.to(dev)
     record = train.train_drafter(drafter, target, seqs, prof.gen_prompt_len, tokmod.MASK_ID, dcfg,
                                  seconds, seed + 5, log)
@@ -350,13 +346,26 @@ class AddDrafterArgs:
     lr: Optional[float] = None
 
 
-def _drafter_state(pair: Path, name: str) -> dict:
+def _drafter_from(pair: Path, name: str, kind: str, prof: Profile, target_shape):
+    """The pair's drafter in directory ``name`` as a ``kind`` drafter of the profile's shape,
+    to continue training from (refused unless its weights are exactly that shape's)."""
     from safetensors.torch import load_file
+
+    from .model import Drafter
 
     path = pair / name / "model.safetensors"
     if not path.is_file():
         raise SystemExit(f"--init-from {name}: no {path}")
-    return load_file(str(path))
+    drafter = Drafter(target_shape, _drafter_shape(kind, prof, target_shape.hidden_size))
+    try:
+        missing, unexpected = drafter.load_state_dict(load_file(str(path)), strict=False)
+    except RuntimeError as e:  # a tensor of another size
+        raise SystemExit(f"--init-from {name}: not a {kind} drafter of this pair's shape: {e}") from None
+    missing = [k for k in missing if not k.startswith("rope.")]
+    if missing or unexpected:
+        raise SystemExit(f"--init-from {name}: not a {kind} drafter of this pair's shape (missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]})")
+    return drafter
 
 
 def add_drafter(args: AddDrafterArgs, log=print) -> dict:
@@ -390,7 +399,11 @@ def add_drafter(args: AddDrafterArgs, log=print) -> dict:
         raise SystemExit(f"--soft-labels is a share of the loss in [0, 1], got {args.soft_labels}")
     if not args.temperatures or any(t < 0 for t in args.temperatures):
         raise SystemExit(f"--temperatures takes one or more temperatures >= 0 (0 = greedy), got {args.temperatures}")
-    init = _drafter_state(pair, args.init_from) if args.init_from else None
+    given = {"sequences": args.sequences, "new_tokens": args.new_tokens, "batch": args.batch,
+             "anchors": args.anchors, "lr": args.lr}
+    bad = [f"--{k.replace('_', '-')} {v}" for k, v in given.items() if v is not None and not v > 0]
+    if bad:
+        raise SystemExit(f"sizes and the learning rate must be positive: {', '.join(bad)}")
     prof = PROFILES[manifest["profile"]]
     sizes = {k: v for k, v in (("gen_sequences", args.sequences), ("gen_new_tokens", args.new_tokens)) if v}
     prof = replace(prof, **sizes, gen_chunk=min(prof.gen_chunk, sizes.get("gen_sequences", prof.gen_chunk)))
@@ -402,6 +415,7 @@ def add_drafter(args: AddDrafterArgs, log=print) -> dict:
     target, _ = checkpoint.load_pair(pair, dev, dtype)
     for p in target.parameters():
         p.requires_grad_(False)
+    init = _drafter_from(pair, args.init_from, args.kind, prof, target.shape) if args.init_from else None
     tok = tokmod.load(pair / "target")
 
     corp = _corpus(args.roots, prof, [pair, *args.exclude], log)

@@ -213,6 +213,8 @@ def test_add_drafter_continues_a_drafter_with_soft_labels(toy_pair, tmp_path):
 
     for bad, message in ((["--name", "Soft_1"], "lower-case letters"), (["--soft-labels", "1.5"], "share of the loss"),
                          (["--init-from", "nowhere"], "no .*nowhere"), (["--temperatures", "-1"], "temperatures >= 0"),
+                         (["--batch", "0"], "must be positive: --batch 0"),
+                         (["--kind", "dflash2"], "--init-from drafter: not a dflash2 drafter of this pair's shape"),
                          ([], "drafter-soft exists")):
         with pytest.raises(SystemExit, match=message):
             cli(argv + (["--name", "other", *bad] if bad else []))
