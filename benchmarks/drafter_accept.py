@@ -45,14 +45,14 @@ def _train_summary(train: dict) -> dict:
 
 
 def run(pair: Path, drafters: list[str], settings: list[str], budgets: list[int], seeds: list[int], prompts: int,
-        new_tokens: int, log=print) -> dict:
+        new_tokens: int, device: str = "cpu", log=print) -> dict:
     import torch
 
     from scripts.learned_pair import checkpoint, evaluate
     from scripts.learned_pair.tokenizer import MASK_ID
 
     manifest = json.loads((pair / "manifest.json").read_text())
-    models = {d: checkpoint.load_pair(pair, drafter=d) for d in drafters}
+    models = {d: checkpoint.load_pair(pair, device, drafter=d) for d in drafters}
     rows = [json.loads(line) for line in (pair / "prompts.jsonl").read_text().splitlines() if line.strip()]
     ids = [r["prompt_ids"] for r in rows[:prompts]]
     configs = ["dflash"] + [f"ddtree{b}" for b in budgets]
@@ -61,7 +61,7 @@ def run(pair: Path, drafters: list[str], settings: list[str], budgets: list[int]
                 "continuations; the first drafter is the reference",
         "pair": str(pair), "pair_date": manifest.get("date"), "date": time.strftime("%Y-%m-%d"),
         "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
-        "torch_threads": torch.get_num_threads(), "argv": sys.argv[1:],
+        "device": device, "torch_threads": torch.get_num_threads(), "argv": sys.argv[1:],
         "prompts": len(ids), "new_tokens": new_tokens, "seeds": seeds, "budgets": budgets,
         "drafters": {d: _manifest_record(manifest, d) for d in drafters}, "settings": [],
     }
@@ -122,6 +122,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0", help="continuation seeds (each a separate replay)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=192)
+    ap.add_argument("--device", default="cpu", help="torch device of the replay (float32 either way)")
     ap.add_argument("--tag", required=True)
     ap.add_argument("--out-dir", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -138,7 +139,8 @@ def main(argv=None) -> int:
         ap.error("--budgets and --seeds take comma-separated integers")
     if any(b < 1 for b in budgets):
         ap.error("--budgets must be >= 1")
-    result = run(args.pair, drafters, args.sampling.split(","), budgets, seeds, args.prompts, args.new_tokens)
+    result = run(args.pair, drafters, args.sampling.split(","), budgets, seeds, args.prompts, args.new_tokens,
+                 args.device)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"{args.tag}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
