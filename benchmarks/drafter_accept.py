@@ -55,7 +55,6 @@ def run(pair: Path, drafters: list[str], settings: list[str], budgets: list[int]
     models = {d: checkpoint.load_pair(pair, device, drafter=d) for d in drafters}
     rows = [json.loads(line) for line in (pair / "prompts.jsonl").read_text().splitlines() if line.strip()]
     ids = [r["prompt_ids"] for r in rows[:prompts]]
-    configs = ["dflash"] + [f"ddtree{b}" for b in budgets]
     result = {
         "what": "offline accept length (tokens per verify step) of a pair's drafters on the target's own "
                 "continuations; the first drafter is the reference",
@@ -67,27 +66,35 @@ def run(pair: Path, drafters: list[str], settings: list[str], budgets: list[int]
     }
     for spec in settings:
         sampling = evaluate.Sampling.parse(spec)
-        per = {d: {c: [] for c in configs} for d in drafters}
+        per: dict = {d: {} for d in drafters}
         for seed in seeds:
             for d in drafters:
                 target, drafter = models[d]
                 t0 = time.monotonic()
                 r = evaluate.offline_accept_sampled(drafter, target, ids, new_tokens, budgets, MASK_ID, seed, sampling,
                                                     scorings=("raw",))  # fmt: skip
+                configs = _configs(r)
                 for c in configs:
-                    per[d][c].append(r[c])
+                    per[d].setdefault(c, []).append(r[c])
                 log(json.dumps({"setting": spec, "seed": seed, "drafter": d, "s": round(time.monotonic() - t0, 1),
                                 **{c: round(r[c], 3) for c in configs}}))
         ref = drafters[0]
         row = {"sampling": spec, "accept": {}, "ratio_to_reference": {}}
         for d in drafters:
             row["accept"][d] = {c: {"median": statistics.median(v), "per_seed": v} for c, v in per[d].items()}
-            if d != ref:
+            if d != ref:  # the configurations both have (a DFlash 2 drafter adds its selector's)
                 row["ratio_to_reference"][d] = {
                     c: {"median": statistics.median(a / b for a, b in zip(per[d][c], per[ref][c])),
-                        "per_seed": [a / b for a, b in zip(per[d][c], per[ref][c])]} for c in configs}
+                        "per_seed": [a / b for a, b in zip(per[d][c], per[ref][c])]}
+                    for c in per[d] if c in per[ref]}
         result["settings"].append(row)
     return result
+
+
+def _configs(replay: dict) -> list[str]:
+    """The accept lengths in one replay's result: DFLASH's chain and DDTREE per budget (and a
+    DFlash 2 drafter's selector chain and transition trees)."""
+    return [k for k, v in replay.items() if k.startswith(("dflash", "ddtree")) and isinstance(v, float)]
 
 
 def plot(result: dict, path: Path) -> None:
@@ -96,14 +103,15 @@ def plot(result: dict, path: Path) -> None:
         return
     settings = result["settings"]
     drafters = list(result["drafters"])
-    configs = list(settings[0]["accept"][drafters[0]])
+    configs = list(dict.fromkeys(c for d in drafters for c in settings[0]["accept"][d]))
     fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 3.6), squeeze=False)
     width = 0.8 / len(drafters)
     for ax, row in zip(axes[0], settings):
         for i, d in enumerate(drafters):
-            vals = [row["accept"][d][c]["median"] for c in configs]
+            vals = [row["accept"][d].get(c, {}).get("median", 0.0) for c in configs]
             ax.bar([x + i * width for x in range(len(configs))], vals, width, label=d)
-        ax.set_xticks([x + width * (len(drafters) - 1) / 2 for x in range(len(configs))], configs)
+        ax.set_xticks([x + width * (len(drafters) - 1) / 2 for x in range(len(configs))], configs, rotation=30,
+                      ha="right", fontsize=7)
         ax.set_title(f"sampling {row['sampling']}")
         ax.set_ylabel("accept length (tokens / step)")
     axes[0][0].legend(fontsize=8)

@@ -346,9 +346,16 @@ class AddDrafterArgs:
     lr: Optional[float] = None
 
 
-def _drafter_from(pair: Path, name: str, kind: str, prof: Profile, target_shape):
+#: What a DFlash 2 drafter has beyond a DFlash drafter's layers (model.py's names).
+DFLASH2_ONLY = ("attention_conv.", "mlp_conv.", "candidate_selector.")
+
+
+def _drafter_from(pair: Path, name: str, kind: str, prof: Profile, target_shape, seed: int):
     """The pair's drafter in directory ``name`` as a ``kind`` drafter of the profile's shape,
-    to continue training from (refused unless its weights are exactly that shape's)."""
+    to continue training from (refused unless its weights are exactly that shape's). A DFlash 2
+    drafter may start from a DFlash one: its convolutions and selector start as ``build``
+    starts them (the convolutions near the identity), the rest is the DFlash drafter's."""
+    import torch
     from safetensors.torch import load_file
 
     from .model import Drafter
@@ -357,11 +364,14 @@ def _drafter_from(pair: Path, name: str, kind: str, prof: Profile, target_shape)
     if not path.is_file():
         raise SystemExit(f"--init-from {name}: no {path}")
     drafter = Drafter(target_shape, _drafter_shape(kind, prof, target_shape.hidden_size))
+    drafter.init_weights(torch.Generator().manual_seed(seed + 4))
     try:
         missing, unexpected = drafter.load_state_dict(load_file(str(path)), strict=False)
     except RuntimeError as e:  # a tensor of another size
         raise SystemExit(f"--init-from {name}: not a {kind} drafter of this pair's shape: {e}") from None
     missing = [k for k in missing if not k.startswith("rope.")]
+    if kind == "dflash2" and missing and all(any(part in k for part in DFLASH2_ONLY) for k in missing):
+        missing = []  # a DFlash drafter under a DFlash 2 one
     if missing or unexpected:
         raise SystemExit(f"--init-from {name}: not a {kind} drafter of this pair's shape (missing {missing[:4]}, "
                          f"unexpected {unexpected[:4]})")
@@ -415,7 +425,7 @@ def add_drafter(args: AddDrafterArgs, log=print) -> dict:
     target, _ = checkpoint.load_pair(pair, dev, dtype)
     for p in target.parameters():
         p.requires_grad_(False)
-    init = _drafter_from(pair, args.init_from, args.kind, prof, target.shape) if args.init_from else None
+    init = _drafter_from(pair, args.init_from, args.kind, prof, target.shape, args.seed) if args.init_from else None
     tok = tokmod.load(pair / "target")
 
     corp = _corpus(args.roots, prof, [pair, *args.exclude], log)

@@ -225,9 +225,10 @@ def tree_logprobs(logits: torch.Tensor, scoring: str, sampling: Sampling) -> tor
 
 
 @torch.no_grad()
-def draft_logits(drafter: Drafter, target: Target, seq: torch.Tensor, anchors: torch.Tensor,
-                 mask_token_id: int) -> torch.Tensor:
-    """Per anchor, the drafter's logits at depths 1..L. seq [1, S], anchors [1, N] -> [N, L, V]."""
+def draft_outputs(drafter: Drafter, target: Target, seq: torch.Tensor, anchors: torch.Tensor,
+                  mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per anchor, the drafter's logits and hidden states at depths 1..L.
+    seq [1, S], anchors [1, N] -> ([N, L, V] float32, [N, L, H])."""
     bs = drafter.shape.block_size
     s = seq.shape[1]
     _, captured = target(seq, capture=drafter.shape.target_layer_ids, logits=False)
@@ -236,7 +237,53 @@ def draft_logits(drafter: Drafter, target: Target, seq: torch.Tensor, anchors: t
     ctx = drafter.context(captured)
     hidden = drafter(embeds.to(ctx.dtype), blocks.pos, ctx, torch.arange(s, device=seq.device), blocks.mask)
     logits = torch.nn.functional.linear(hidden, target.lm_head_weight.to(hidden.dtype)).float()
-    return logits.view(anchors.shape[1], bs, -1)[:, 1:]
+    n = anchors.shape[1]
+    return logits.view(n, bs, -1)[:, 1:], hidden.view(n, bs, -1)[:, 1:]
+
+
+def draft_logits(drafter: Drafter, target: Target, seq: torch.Tensor, anchors: torch.Tensor,
+                 mask_token_id: int) -> torch.Tensor:
+    """Per anchor, the drafter's logits at depths 1..L. seq [1, S], anchors [1, N] -> [N, L, V]."""
+    return draft_outputs(drafter, target, seq, anchors, mask_token_id)[0]
+
+
+@torch.no_grad()
+def selector_lattice(drafter: Drafter, logits: torch.Tensor, hidden: torch.Tensor,
+                     anchor_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A DFlash 2 drafter's lattice per anchor, as the server's ``selector_lattice`` builds it:
+    each slot's top-K candidates by logit and ``scores[n, s, p, c]`` = candidate c's logit plus
+    the selector's pair term after candidate p of slot s - 1 (the anchor for s = 0).
+    logits [N, L, V], hidden [N, L, H], anchor_ids [N] -> ([N, L, K], [N, L, K, K] float32)."""
+    k = drafter.shape.selector_top_k
+    unary, ids = logits.float().topk(k, dim=-1)
+    n, slots, _ = ids.shape
+    previous = torch.cat([anchor_ids.view(n, 1, 1).expand(n, 1, k), ids[:, :-1]], dim=1)  # [N, L, K(p)]
+    pair = drafter.candidate_selector.pair(
+        previous, hidden.unsqueeze(2).expand(n, slots, k, hidden.shape[-1]), ids.unsqueeze(2).expand(n, slots, k, k)
+    )
+    return ids, unary.unsqueeze(2) + pair.float()
+
+
+def transition_tree(logprobs: np.ndarray, budget: int) -> list[Node]:
+    """The server's tree from a DFlash 2 lattice's transition log-probs ``[L, K, K]``
+    (``speculative/ddtree/selector_tree.py``'s reference); a node's rank is its candidate
+    index, so ``tree_accept`` reads its token from the lattice's candidate ids."""
+    # The server's own builder, so the tree is the server's; imported here, as only a DFlash 2
+    # replay needs the installed series.
+    from sglang.srt.speculative.ddtree.selector_tree import build_selector_tree_ref
+
+    ref = build_selector_tree_ref([[0] * logprobs.shape[1]] * logprobs.shape[0], logprobs, budget)
+    return [Node(r.parent - 1, r.depth, r.rank, float(r.score)) for r in ref]
+
+
+def selector_chain(logprobs: np.ndarray) -> list[int]:
+    """The candidate indices of the selector's greedy walk through the lattice (DFLASH with a
+    DFlash 2 drafter): the best first candidate, then the best transition from each."""
+    walk, row = [], 0
+    for slot in range(logprobs.shape[0]):
+        row = int(np.argmax(logprobs[slot, row]))
+        walk.append(row)
+    return walk
 
 
 @torch.no_grad()
@@ -245,7 +292,8 @@ def offline_accept_sampled(drafter: Drafter, target: Target, prompts: list[list[
                            scorings: Sequence[str] = SCORINGS) -> dict:
     """Mean accept length of the DFLASH chain (the drafter's argmax per depth; and how often it
     reaches each depth) and of DDTREE trees per budget and scoring, replayed on the target's
-    continuations under ``sampling``."""
+    continuations under ``sampling``. With a DFlash 2 drafter also the selector's chain
+    (``dflash_transitions``) and the trees from its transitions (``ddtree<B>_transitions``)."""
     bs = drafter.shape.block_size
     kmax = max(budgets)
     steps: dict = {}
@@ -254,11 +302,16 @@ def offline_accept_sampled(drafter: Drafter, target: Target, prompts: list[list[
         seq = seq.unsqueeze(0)
         plen, last = len(prompt), seq.shape[1] - bs
         anchors = torch.arange(plen, last + 1, device=seq.device).unsqueeze(0)
-        logits = draft_logits(drafter, target, seq, anchors, mask_token_id)
+        logits, hidden = draft_outputs(drafter, target, seq, anchors, mask_token_id)
         x = seq[0].tolist()
         tops = {sc: tree_logprobs(logits, sc, sampling).topk(kmax, dim=-1) for sc in scorings}
         argmax = logits.argmax(-1).tolist()
         names = ["dflash"] + [f"ddtree{b}" + ("" if sc == "raw" else f"_{sc}") for sc in scorings for b in budgets]
+        if drafter.shape.dflash2:
+            cand, scores = selector_lattice(drafter, logits, hidden, seq[0, anchors[0]])
+            transitions = torch.log_softmax(scores, dim=-1).cpu().numpy()
+            cand = cand.tolist()
+            names += ["dflash_transitions"] + [f"ddtree{b}_transitions" for b in budgets]
         for name in names:
             a = plen
             while a <= last:
@@ -267,6 +320,11 @@ def offline_accept_sampled(drafter: Drafter, target: Target, prompts: list[list[
                 if name == "dflash":
                     acc = chain_accept(argmax[i], truth)
                     depth_hits[:acc] += 1
+                elif name == "dflash_transitions":
+                    acc = chain_accept([cand[i][s][c] for s, c in enumerate(selector_chain(transitions[i]))], truth)
+                elif name.endswith("_transitions"):
+                    nodes = transition_tree(transitions[i], int(name[len("ddtree"):-len("_transitions")]))
+                    acc = tree_accept(nodes, cand[i], truth)
                 else:
                     b_str, _, sc = name[len("ddtree"):].partition("_")
                     b = int(b_str)

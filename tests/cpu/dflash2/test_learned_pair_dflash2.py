@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from scripts.learned_pair import checkpoint, train
+from scripts.learned_pair import checkpoint, evaluate, train
 from scripts.learned_pair.build import PROFILES, BuildArgs
 from scripts.learned_pair.model import Drafter, DrafterShape, Target, TargetShape, dflash2_shape
 from scripts.learned_pair.tokenizer import MASK_ID
@@ -103,6 +103,11 @@ def test_checkpoint_loads_and_matches_the_training_model(published, toy, tmp_pat
             pair = drafter.candidate_selector.pair(previous, slots[0, s].expand(len(previous), -1),
                                                    ids[0, s].expand(len(previous), -1))  # fmt: skip
             torch.testing.assert_close(scores[0, s], unary[s] + pair, atol=1e-4, rtol=1e-4)
+        # the offline replay's lattice (all anchors at once) is the server's
+        replay_ids, replay_scores = evaluate.selector_lattice(drafter, torch.matmul(slots, head.weight.T), slots,
+                                                              torch.tensor([anchor]))  # fmt: skip
+    assert torch.equal(replay_ids, ids.to(replay_ids.dtype))
+    torch.testing.assert_close(replay_scores, scores, atol=1e-4, rtol=1e-4)
 
 
 def test_toy_build_trains_both_drafters_on_one_target(published, tmp_path):

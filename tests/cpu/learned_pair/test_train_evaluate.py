@@ -176,6 +176,8 @@ def test_add_drafter_continues_a_drafter_with_soft_labels(toy_pair, tmp_path):
     import hashlib
     import shutil
 
+    from safetensors.torch import save_file
+
     from scripts.learned_pair import checkpoint
     from scripts.learned_pair.__main__ import main as cli
     from tests.cpu.learned_pair.conftest import stdlib_roots
@@ -214,10 +216,48 @@ def test_add_drafter_continues_a_drafter_with_soft_labels(toy_pair, tmp_path):
     for bad, message in ((["--name", "Soft_1"], "lower-case letters"), (["--soft-labels", "1.5"], "share of the loss"),
                          (["--init-from", "nowhere"], "no .*nowhere"), (["--temperatures", "-1"], "temperatures >= 0"),
                          (["--batch", "0"], "must be positive: --batch 0"),
-                         (["--kind", "dflash2"], "--init-from drafter: not a dflash2 drafter of this pair's shape"),
+                         (["--init-from", "drafter-bad"], "--init-from drafter-bad: not a dflash drafter"),
                          ([], "drafter-soft exists")):
-        with pytest.raises(SystemExit, match=message):
-            cli(argv + (["--name", "other", *bad] if bad else []))
+        (pair / "drafter-bad").mkdir()
+        save_file({"fc.weight": torch.zeros(3, 3)}, str(pair / "drafter-bad" / "model.safetensors"))
+        try:
+            with pytest.raises(SystemExit, match=message):
+                cli(argv + (["--name", "other", *bad] if bad else []))
+        finally:
+            shutil.rmtree(pair / "drafter-bad")
     with pytest.raises(SystemExit, match="no drafter directory 'drafter-x'.*drafter-soft"):
         cli(["offline", str(pair), "--drafter", "drafter-x", "--sampling", "1"])
     assert {k: v for k, v in digests().items() if not k.startswith("drafter-soft/")} == before
+
+
+def test_a_dflash2_drafter_grows_from_the_pairs_dflash_drafter(toy_pair, tmp_path):
+    """``add-drafter --kind dflash2 --init-from drafter``: the DFlash layers start as the pair's
+    drafter, the convolutions and the selector as ``build`` starts them; the DFlash 2 drafter's
+    offline replay adds the selector's chain and trees from its transitions."""
+    import shutil
+
+    from scripts.learned_pair import checkpoint
+    from scripts.learned_pair.__main__ import main as cli
+    from scripts.learned_pair.tokenizer import MASK_ID
+    from tests.cpu.learned_pair.conftest import stdlib_roots
+
+    pair = tmp_path / "pair"
+    shutil.copytree(toy_pair[0], pair)
+    roots = [a for label, path in stdlib_roots().items() for a in ("--root", f"{label}={path}")]
+    assert cli(["add-drafter", str(pair), "--kind", "dflash2", "--name", "d2", "--init-from", "drafter",
+                "--sequences", "6", "--new-tokens", "32", "--batch", "3", "--anchors", "3", "--lr", "1e-5",
+                "--deadline-s", "600", *roots]) == 0
+    record = json.loads((pair / "manifest.json").read_text())["drafter_d2"]
+    assert record["kind"] == "dflash2" and record["init_from"] == "drafter" and record["shape"]["selector_top_k"] == 8
+    target, own = checkpoint.load_pair(pair)
+    _, d2 = checkpoint.load_pair(pair, drafter="drafter-d2")
+    assert d2.shape.dflash2
+    mine = dict(d2.named_parameters())
+    with torch.no_grad():
+        for name, p in own.named_parameters():  # the DFlash part: continued at a tiny rate, so close
+            assert float((mine[name] - p).norm()) <= 0.05 * float(p.norm()) + 1e-6, name
+    prompts = [json.loads(line)["prompt_ids"][:24] for line in (pair / "prompts.jsonl").read_text().splitlines()[:2]]
+    r = evaluate.offline_accept_sampled(d2, target, prompts, 24, [4, 16], MASK_ID, 0, evaluate.Sampling(1.0),
+                                        scorings=("raw",))  # fmt: skip
+    for name in ("dflash", "dflash_transitions", "ddtree4", "ddtree16", "ddtree4_transitions", "ddtree16_transitions"):
+        assert 1.0 <= r[name] <= d2.shape.block_size, name
