@@ -30,13 +30,13 @@ from benchmarks.plotting import pyplot
 
 def _manifest_record(manifest: dict, drafter: str) -> dict:
     """What the pair's manifest says about how ``drafter`` was trained."""
+    from scripts.learned_pair.checkpoint import added_drafters
+
     if drafter == "drafter":
         return {"data": manifest.get("drafter_data"), "train": _train_summary(manifest.get("drafter_train", {}))}
-    for key, rec in manifest.items():
-        if key.startswith("drafter_") and isinstance(rec, dict) and rec.get("dir") == drafter:
-            return {"init_from": rec.get("init_from"), "data": rec.get("data"),
-                    "train": _train_summary(rec.get("train", {})), "added": rec.get("added", {}).get("date")}
-    return {}
+    rec = added_drafters(manifest).get(drafter, {})
+    return {"init_from": rec.get("init_from"), "data": rec.get("data"), "train": _train_summary(rec.get("train", {})),
+            "added": rec.get("added", {}).get("date")}
 
 
 def _train_summary(train: dict) -> dict:

@@ -56,19 +56,22 @@ def save_drafter(drafter: Drafter, target_config: dict, out: Path) -> dict:
     return config
 
 
+def added_drafters(manifest: dict) -> dict:
+    """The drafters ``build --drafter both`` or ``add-drafter`` recorded beside the pair's own,
+    by directory: {dir: record}."""
+    return {r["dir"]: r for k, r in manifest.items() if k.startswith("drafter_") and isinstance(r, dict) and "dir" in r}
+
+
 def drafter_shape_of(manifest: dict, drafter: str = "drafter") -> DrafterShape:
-    """The shape of the pair's drafter in directory ``drafter``: the pair's own, or one that
-    ``build --drafter both`` or ``add-drafter`` recorded in the manifest."""
+    """The shape of the pair's drafter in directory ``drafter``: the pair's own, or an added one."""
     if drafter == "drafter":
         d = manifest["shapes"]["drafter"]
     else:
-        records = [r for k, r in manifest.items() if k.startswith("drafter_") and isinstance(r, dict)
-                   and r.get("dir") == drafter]
-        if not records:
-            known = ["drafter"] + [r["dir"] for k, r in manifest.items()
-                                   if k.startswith("drafter_") and isinstance(r, dict) and "dir" in r]
-            raise SystemExit(f"the pair has no drafter directory {drafter!r} in its manifest; it has {known}")
-        d = records[0]["shape"]
+        added = added_drafters(manifest)
+        if drafter not in added:
+            raise SystemExit(f"the pair has no drafter directory {drafter!r} in its manifest; it has "
+                             f"{['drafter', *added]}")
+        d = added[drafter]["shape"]
     return DrafterShape(**{**d, "target_layer_ids": tuple(d["target_layer_ids"])})
 
 
