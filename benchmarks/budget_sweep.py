@@ -717,6 +717,11 @@ def main(argv=None) -> int:
                     help="continuations in flight per server in the sampling check (the batch the servers decode)")
     lg.add_argument("--sampling-ddtree", default="ddtree16", help="the DDTREE server the sampling check uses")
     lg.add_argument("--sampling-max-s", type=float, default=120.0, help="time the sampling check may take (0 leaves it out)")
+    lg.add_argument("--sampling-boundary-delta", type=float, default=0.0625,
+                    help="the sampling check's verdict only where no change of the target's logits by this much moves "
+                    "a filter's cut (benchmarks/sampling_boundaries.py); 0 compares every context")
+    lg.add_argument("--sampling-boundary-mass", type=float, default=0.02,
+                    help="top-p's cumulative masses must stay this far from top_p for its cut to count as decided")
     lg.add_argument("--py-spy", default="", help="configs whose scheduler py-spy samples during the first batch's "
                     "points (host time per step), e.g. dflash,ddtree16")
     args = ap.parse_args(argv)
@@ -752,6 +757,16 @@ def main(argv=None) -> int:
             ap.error(f"--sampling-settings: {e}")
         if args.sampling_positions < 1 or args.sampling_concurrency < 1:
             ap.error("--sampling-positions and --sampling-concurrency take positive numbers")
+        if args.sampling_boundary_delta < 0 or args.sampling_boundary_mass < 0:
+            ap.error("--sampling-boundary-delta and --sampling-boundary-mass take numbers >= 0")
+        if args.sampling_boundary_delta > 0:
+            sb = _sibling("sampling_boundaries", REPO / "benchmarks" / "sampling_boundaries.py")
+            try:
+                for setting in args.sampling_settings:
+                    sb.has_cut(setting, 1 << 30)
+            except ValueError as e:
+                ap.error(f"--sampling-settings with --sampling-boundary-delta: {e} (--sampling-boundary-delta 0 "
+                         "compares every context)")
     prompts = load_prompts(args.prompts)
     if args.launch == bool(args.server):
         ap.error("give running servers (--server) or --launch, not both or neither")
@@ -925,16 +940,30 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
                 result["skipped"].append({"what": "sampling check",
                                           "reason": f"{deadline.left():.0f} s left" if budget < 30 else "no nospec"})
             else:
+                sampling_ids = [p["prompt_ids"] for p in sprompts]
                 result["sampling_check"] = sc.run_check(
                     {c: Server(c, procs[c].base_url, None, args.timeout_s) for c in chosen},
-                    [p["prompt_ids"] for p in sprompts], samples=args.sampling_samples,
+                    sampling_ids, samples=args.sampling_samples,
                     positions=args.sampling_positions, settings=args.sampling_settings,
-                    deadline_s=budget, concurrency=args.sampling_concurrency)
+                    deadline_s=budget, concurrency=args.sampling_concurrency,
+                    decided=boundary_test(args, sampling_ids))
                 write(_public(finish(result)), out)
         check_lossless(servers, result, out)
     finally:
         for p in procs.values():
             p.stop()
+
+
+def boundary_test(args, prompts: list[list[int]]):
+    """The sampling check's ``decided`` (sampling_boundaries.DecidedContexts) for the launched
+    target, or None with --sampling-boundary-delta 0. The filters' order is the servers'
+    sampling backend's (FlashInfer unless --server-args names another)."""
+    if args.sampling_boundary_delta <= 0:
+        return None
+    sb = _sibling("sampling_boundaries", REPO / "benchmarks" / "sampling_boundaries.py")
+    backend = "pytorch" if re.search(r"--sampling-backend[= ]pytorch\b", args.server_args) else "flashinfer"
+    return sb.DecidedContexts(sb.load_target(args.model_path), prompts, args.sampling_positions,
+                              args.sampling_boundary_delta, args.sampling_boundary_mass, backend)
 
 
 def report(paths: list[Path], out: Path) -> int:

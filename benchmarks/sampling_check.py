@@ -33,7 +33,9 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
+
+from benchmarks import sampling_boundaries as sb
 
 MIN_TOTAL = 10
 #: The sampling settings checked: what chat clients send (Qwen's recommended top-k with top-p,
@@ -161,6 +163,13 @@ def family_verdict(tests: list[dict], alpha: float) -> dict:
 # Drawing samples from a server
 
 
+def _cutter(decided_at: dict, positions: int):
+    """Samples cut at their first undecided context; the first token is drawn from the
+    prefill's logits in every server, so its context counts as decided whatever its margins."""
+    decided_at = {**decided_at, (): True}
+    return lambda samples: sb.truncate_undecided(samples, decided_at, positions)
+
+
 def draw(server, prompt_ids: list[int], n: int, new_tokens: int, setting: dict, chunk: int = 250,
          threads: int = 4) -> list[list[int]]:
     """``n`` continuations of ``new_tokens`` tokens, as batched native /generate requests."""
@@ -179,9 +188,13 @@ def draw(server, prompt_ids: list[int], n: int, new_tokens: int, setting: dict, 
 
 def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, positions: int = 8,
               alpha: float = 0.01, settings: Optional[list[dict]] = None, deadline_s: Optional[float] = None,
-              log=print, concurrency: int = 1000) -> dict:
+              log=print, concurrency: int = 1000, decided: Optional[Callable] = None) -> dict:
     """``servers``: label -> object with ``post(path, body)``; must include ``nospec``.
-    ``concurrency``: continuations in flight per server (the batch the servers decode)."""
+    ``concurrency``: continuations in flight per server (the batch the servers decode).
+    ``decided(prompt_index, samples, setting)``: ``prefix -> bool``, whether the target's logits
+    decide the setting's filters at that context (``sampling_boundaries``); when given, every
+    sample is cut at its first undecided context after the first token and the verdict rests on
+    those tests, the tests over every context kept beside them (``tests_all_contexts``)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be positive, got {concurrency}")
     chunk = min(250, concurrency)
@@ -214,11 +227,19 @@ def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, posi
                      (BIASED_LABEL, draw_from(servers["nospec"], prompt, biased))]
             for label in others:
                 pairs.append((label, draw_from(servers[label], prompt, setting)))
+            cut = (lambda x: x) if decided is None else _cutter(decided(pi, [base] + [o for _, o in pairs], setting),
+                                                                  positions)
             for label, other in pairs:
-                tests = compare(base, other, positions)
-                out["comparisons"].append({"setting": setting["name"], "prompt": pi, "server": label,
-                                           "tests": tests, "distinct_first_tokens": len({s[0] for s in other}),
-                                           "top_counts": top_counts(base, other, min(3, positions))})
+                entry = {"setting": setting["name"], "prompt": pi, "server": label,
+                         "tests": compare(cut(base), cut(other), positions),
+                         "distinct_first_tokens": len({s[0] for s in other}),
+                         "top_counts": top_counts(base, other, min(3, positions))}
+                if decided is not None:
+                    entry["tests_all_contexts"] = compare(base, other, positions)
+                    entry["decided_share"] = {"nospec": sb.decided_share(cut(base), positions),
+                                              label: sb.decided_share(cut(other), positions)}
+                out["comparisons"].append(entry)
+                tests = entry["tests"]
                 worst = min(tests, key=lambda x: x["p"])
                 log(f"[sampling] {setting['name']} prompt {pi} {label}: min p {worst['p']:.3g} ({worst['what']})")
     all_tests = [t for c in out["comparisons"] for t in c["tests"] if c["server"] != BIASED_LABEL]
@@ -248,6 +269,12 @@ def main(argv=None) -> int:
     ap.add_argument("--settings", default="default", help="KEY=VALUE[:KEY=VALUE...] per setting, comma-separated "
                     "(keys: " + ", ".join(SETTING_KEYS) + "); default: " + ", ".join(s["name"] for s in SETTINGS))
     ap.add_argument("--concurrency", type=int, default=1000, help="continuations in flight per server")
+    ap.add_argument("--target", help="the target's checkpoint (transformers): test only where its logits decide the "
+                    "filters (benchmarks/sampling_boundaries.py)")
+    ap.add_argument("--boundary-delta", type=float, default=0.0625, help="with --target: logit tolerance")
+    ap.add_argument("--boundary-mass", type=float, default=0.02, help="with --target: top-p mass tolerance")
+    ap.add_argument("--sampling-backend", default="flashinfer", help="with --target: the servers' sampling backend "
+                    "(the order of the filters)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.concurrency < 1:
@@ -273,8 +300,17 @@ def main(argv=None) -> int:
     prompts = [p["prompt_ids"] if isinstance(p, dict) else p for p in raw]
     if not prompts or not all(isinstance(p, list) and p and all(isinstance(i, int) for i in p) for p in prompts):
         ap.error(f"{args.prompt_ids}: expected a list of token-id lists (or objects with prompt_ids)")
+    decided = None
+    if args.target:
+        try:
+            for setting in settings:
+                sb.has_cut(setting, 1 << 30)
+            decided = sb.DecidedContexts(sb.load_target(args.target), prompts, args.positions, args.boundary_delta,
+                                         args.boundary_mass, args.sampling_backend)
+        except ValueError as e:
+            ap.error(f"--target: {e}")
     result = run_check(servers, prompts, args.samples, args.positions, args.alpha, settings,
-                       concurrency=args.concurrency)
+                       concurrency=args.concurrency, decided=decided)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 1 if result["verdict"]["reject"] or not result["biased_rejected"] else 0
 

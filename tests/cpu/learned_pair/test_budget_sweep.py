@@ -5,6 +5,8 @@ diagnosis, the deadline, the JSON and PNG, and bad input."""
 
 from __future__ import annotations
 
+import argparse
+
 import json
 import math
 import statistics
@@ -511,7 +513,7 @@ def test_launch_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, pro
             "--configs", "nospec,dflash,ddtree4,ddtree16", "--prompts", str(prompts), "--batch", "1,2",
             "--temperature", "0,1", "--num-prompts", "3", "--max-new-tokens", "24", "--step-ctx", "64",
             "--sampling-check", "--sampling-prompts", str(sp), "--sampling-samples", "300",
-            "--deadline-s", "900", "--start-timeout-s", "240", "--log-dir", str(tmp_path / "logs"),
+            "--sampling-boundary-delta", "0", "--deadline-s", "900", "--start-timeout-s", "240", "--log-dir", str(tmp_path / "logs"),
             "--tag", "launch", "--out-dir", str(tmp_path)]
     assert bs.main(argv) == 0
     r = json.loads((tmp_path / "budget_sweep_launch.json").read_text())
@@ -548,3 +550,32 @@ def test_launch_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, pro
     assert {(o["config"], o["batch"], o["temperature"]) for o in own} == {
         (c, b, t) for c in ("nospec", "dflash", "ddtree4", "ddtree16") for b in (1, 2) for t in (0.0, 1.0)}
 
+
+
+def test_the_sampling_checks_boundary_test_reads_the_target(tmp_path, prompts, capsys):
+    """--sampling-boundary-delta: the check's ``decided`` comes from the target as transformers
+    loads it, the filters in the order of the servers' sampling backend; settings it cannot
+    judge are refused before any server starts."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    Qwen3ForCausalLM(config).save_pretrained(tmp_path / "target")
+    args = argparse.Namespace(model_path=str(tmp_path / "target"), sampling_positions=3, server_args="",
+                              sampling_boundary_delta=0.0625, sampling_boundary_mass=0.02)
+    decided = bs.boundary_test(args, [[1, 2, 3]])
+    assert decided.backend == "flashinfer" and decided.delta == 0.0625 and decided.mass == 0.02
+    samples = [[[5, 6, 7], [5, 8, 9]], [[5, 6, 1]]]
+    flags = decided(0, samples, {"name": "x", "temperature": 0.7, "top_k": 5, "min_p": 0.05})
+    assert set(flags) == {(), (5,), (5, 6), (5, 8)} and all(isinstance(v, bool) for v in flags.values())
+    assert all(decided(0, samples, {"name": "y", "temperature": 1.0, "repetition_penalty": 1.1}).values())
+    args.server_args = "--sampling-backend pytorch --mem-fraction-static 0.2"
+    assert bs.boundary_test(args, [[1, 2, 3]]).backend == "pytorch"
+    args.sampling_boundary_delta = 0
+    assert bs.boundary_test(args, [[1]]) is None
+    with pytest.raises(SystemExit):
+        bs.main(["--launch", "--model-path", str(tmp_path / "target"), "--draft-model-path", "/d", "--sampling-check",
+                 "--prompts", str(prompts), "--sampling-settings", "temperature=1:top_p=0.9:frequency_penalty=0.5"])
+    assert "penalised logits" in capsys.readouterr().err

@@ -118,8 +118,8 @@ class FakeServer:
     generator (the server's seed and the call's number), so a run's samples, as counts, do not
     depend on the threads' order and a run's p-values are reproducible."""
 
-    def __init__(self, logits, seed, ignore_top_p=False):
-        self.logits, self.seed, self.ignore_top_p = logits, seed, ignore_top_p
+    def __init__(self, logits, seed, ignore_top_p=False, ignore_top_k=False):
+        self.logits, self.seed, self.ignore_top_p, self.ignore_top_k = logits, seed, ignore_top_p, ignore_top_k
         self.calls = 0
         self._lock = threading.Lock()
 
@@ -133,7 +133,8 @@ class FakeServer:
         n = len(body["input_ids"])
         rng = np.random.default_rng((self.seed, call))
         top_p = 1.0 if self.ignore_top_p else p.get("top_p", 1.0)
-        out = sample(self.logits, n, rng, p["temperature"], top_p, p.get("top_k", -1))
+        top_k = -1 if self.ignore_top_k else p.get("top_k", -1)
+        out = sample(self.logits, n, rng, p["temperature"], top_p, top_k)
         return [{"output_ids": o} for o in out]
 
 
