@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -106,6 +107,27 @@ def filtered_set(logits: np.ndarray, setting: dict, order: str) -> frozenset:
     if m > 0:
         kept = [tok for tok in kept if prob[tok] >= m * prob.max()]
     return frozenset(kept)
+
+
+def filtered_probs(logits: torch.Tensor, setting: dict, order: str) -> torch.Tensor:
+    """``filtered_set``'s distribution for every row of ``logits [n, V]`` (float64): the kept
+    tokens' probabilities at the setting's temperature, renormalised; what a server samples."""
+    n, vocab = logits.shape
+    t, k, p, m = _filters(setting, vocab)
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    z = logits.double() / t
+    prob = torch.softmax(z, dim=-1)
+    sorted_p, idx = torch.sort(prob, dim=-1, descending=True, stable=True)
+    keep = (torch.arange(vocab, device=logits.device) < k).expand(n, vocab).clone()
+    if p < 1:
+        mass = torch.where(keep, sorted_p, 0.0) if order == "sequential" else sorted_p
+        mass = mass / mass.sum(-1, keepdim=True)
+        keep &= (torch.cumsum(mass, dim=-1) - mass) < p
+    if m > 0:
+        keep &= sorted_p >= m * sorted_p[:, :1]
+    kept = torch.zeros_like(prob).scatter(1, idx, torch.where(keep, sorted_p, 0.0))
+    return kept / kept.sum(-1, keepdim=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,3 +286,131 @@ class DecidedContexts:
         return decided_contexts(self._contexts[prompt_index], (s for group in samples for s in group),
                                 self.positions, setting, self.delta, self.mass,
                                 orders=(backend_order(self.backend, setting),))
+
+
+# ---------------------------------------------------------------------------------------------
+# Which prompts a sampling check can judge
+
+
+def sample_continuations(contexts: TargetContexts, setting: dict, order: str, samples: int, positions: int,
+                         generator: torch.Generator) -> Tuple[List[Tuple[int, ...]], List[List[int]]]:
+    """``samples`` continuations of ``positions`` tokens drawn from the target's filtered
+    distribution (``filtered_probs``), and how many tokens each draw had to choose from."""
+    seqs: List[Tuple[int, ...]] = [()] * samples
+    choices: List[List[int]] = [[] for _ in range(samples)]
+    for _ in range(positions):
+        probs = filtered_probs(contexts(seqs)[:, -1], setting, order).float().cpu()
+        nxt = torch.multinomial(probs, 1, generator=generator)[:, 0].tolist()
+        for c, n in zip(choices, (probs > 0).sum(-1).tolist()):
+            c.append(n)
+        seqs = [s + (t,) for s, t in zip(seqs, nxt)]
+    return seqs, choices
+
+
+def rank_prompts(model, prompts: List[dict], settings: List[dict], samples: int, positions: int, delta: float,
+                 mass: Optional[float], backend: str, seed: int = 0) -> List[dict]:
+    """Per prompt and setting, over the target's own continuations: the share still decided at
+    each position (after ``truncate_undecided``, the first token decided as in the check) and the
+    share decided there with a choice of two tokens or more (``informative_share``: a context
+    with one token left tells no sampler from another). Prompts ordered by the mean informative
+    share over the positions and the settings that cut."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for pr in prompts:
+        contexts = TargetContexts(model, pr["prompt_ids"])
+        decided_by, informative_by = {}, {}
+        for setting in settings:
+            if not has_cut(setting, model.config.vocab_size):
+                continue
+            order = backend_order(backend, setting)
+            seqs, choices = sample_continuations(contexts, setting, order, samples, positions, gen)
+            flags = {**decided_contexts(contexts, seqs, positions, setting, delta, mass, (order,)), (): True}
+            cut = truncate_undecided(seqs, flags, positions)
+            decided_by[setting["name"]] = [round(x, 4) for x in decided_share(cut, positions)]
+            informative_by[setting["name"]] = [
+                round(sum(1 for s, c in zip(cut, choices) if s[j] != UNDECIDED and c[j] > 1) / samples, 4)
+                for j in range(positions)]
+        score = float(np.mean([x for v in informative_by.values() for x in v] or [0.0]))
+        out.append({**pr, "decided_share": decided_by, "informative_share": informative_by,
+                    "score": round(score, 4)})
+    out.sort(key=lambda r: -r["score"])
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    import platform
+    import time
+    from pathlib import Path
+
+    from benchmarks import sampling_check as sc
+    from benchmarks.plotting import pyplot
+
+    ap = argparse.ArgumentParser(description="The prompts on which a sampling check can judge a setting: per position, "
+                                 "the share of the target's own continuations whose contexts decide the filters' cut "
+                                 "and leave a choice (benchmarks/sampling_boundaries.py rank_prompts).")
+    ap.add_argument("target", help="the target's checkpoint (transformers)")
+    ap.add_argument("--prompts", type=Path, required=True, help="JSON list or JSON lines of objects with prompt_ids")
+    ap.add_argument("--settings", default="default", help="sampling_check.py --settings")
+    ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--positions", type=int, default=4)
+    ap.add_argument("--delta", type=float, default=0.0625)
+    ap.add_argument("--mass", type=float, default=0.02)
+    ap.add_argument("--backend", default="flashinfer")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--best", type=int, default=2, help="how many prompts --write keeps")
+    ap.add_argument("--write", type=Path, help="the best prompts as a sampling-prompts file")
+    ap.add_argument("--tag", required=True)
+    ap.add_argument("--out-dir", type=Path, required=True)
+    args = ap.parse_args(argv)
+    try:
+        settings = sc.parse_settings(args.settings)
+        for setting in settings:
+            has_cut(setting, 1 << 30)
+        backend_order(args.backend, {})
+    except ValueError as e:
+        ap.error(str(e))
+    if min(args.samples, args.positions, args.best) < 1 or args.delta <= 0 or args.mass < 0:
+        ap.error("--samples, --positions and --best take positive numbers, --delta a positive one, --mass >= 0")
+    text = args.prompts.read_text()
+    try:
+        prompts = json.loads(text)
+    except json.JSONDecodeError:
+        prompts = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if not prompts or not all(isinstance(p, dict) and p.get("prompt_ids") for p in prompts):
+        ap.error(f"{args.prompts}: expected objects with prompt_ids")
+    t0 = time.monotonic()
+    ranked = rank_prompts(load_target(args.target, args.device), prompts, settings, args.samples, args.positions,
+                          args.delta, args.mass, args.backend)
+    result = {"what": "decided share of the target's continuations per prompt (benchmarks/sampling_boundaries.py)",
+              "date": time.strftime("%Y-%m-%d"), "host": platform.node(), "argv": sys.argv[1:] if argv is None else argv,
+              "delta": args.delta, "mass": args.mass, "backend": args.backend, "samples": args.samples,
+              "settings": settings, "wall_s": round(time.monotonic() - t0, 1),
+              "prompts": [{k: v for k, v in r.items() if k not in ("prompt_ids", "prompt")} for r in ranked]}
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    path = args.out_dir / f"sampling_boundaries_{args.tag}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(settings), figsize=(5 * len(settings), 3.6), squeeze=False)
+    for ax, setting in zip(axes[0], settings):
+        for i, r in enumerate(ranked):
+            if setting["name"] in r["informative_share"]:
+                ax.plot(range(1, args.positions + 1), r["informative_share"][setting["name"]],
+                        color="C0" if i < args.best else "0.75", lw=1.5 if i < args.best else 0.8)
+        ax.set(title=setting["name"], xlabel="position", ylabel="decided, 2+ tokens to choose from", ylim=(0, 1.02))
+    fig.suptitle(f"delta {args.delta}, mass {args.mass}; best {args.best} of {len(ranked)} in colour", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=120)
+    print(f"wrote {path} and its plot")
+    for r in ranked[: args.best]:
+        print(f"  {r.get('source', '?')}: score {r['score']}, informative {r['informative_share']}, "
+              f"decided {r['decided_share']}")
+    if args.write:
+        args.write.write_text(json.dumps(ranked[: args.best], indent=1) + "\n")
+        print(f"wrote the best {args.best} prompts to {args.write}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

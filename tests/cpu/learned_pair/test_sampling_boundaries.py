@@ -146,3 +146,50 @@ def test_decided_contexts_reads_each_prefix_once_per_sample_set():
     flags = sb.decided_contexts(counting, samples, 3, {"temperature": 1.0, "top_k": 5}, 0.05, batch=1)
     assert set(flags) == {(), (1,), (1, 2)} and calls == [1]  # one distinct sequence of positions - 1 tokens
     assert flags[(1,)] == bool(sb.decided(torch.tensor(logits[[1]]), {"temperature": 1.0, "top_k": 5}, 0.05)[0])
+
+
+@pytest.mark.parametrize("order", sb.ORDERS)
+def test_filtered_probs_is_the_filtered_set_renormalised(order):
+    logits = np.random.default_rng(1).standard_normal((40, 9)) * 1.5
+    for setting in SINGLE + COMBINED:
+        probs = sb.filtered_probs(torch.tensor(logits), setting, order).numpy()
+        for row, got in zip(logits, probs):
+            kept = sorted(sb.filtered_set(row, setting, order))
+            assert list(np.flatnonzero(got)) == kept
+            z = row / setting["temperature"]
+            want = np.zeros_like(z)
+            want[kept] = np.exp(z[kept] - z.max())
+            np.testing.assert_allclose(got, want / want.sum(), rtol=1e-9)
+
+
+def test_prompts_ranked_by_what_a_check_can_judge(tmp_path):
+    """The ranking CLI on a small transformers target: every prompt gets its decided share per
+    position (the first always decided), the best go to --write, JSON and plot written."""
+    import json
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    Qwen3ForCausalLM(config).save_pretrained(tmp_path / "target")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"source": f"p{i}", "prompt_ids": [1 + i, 2, 3]}) + "\n" for i in range(3)))
+    best = tmp_path / "best.json"
+    assert sb.main([str(tmp_path / "target"), "--prompts", str(prompts), "--settings", "temperature=1:top_k=4,default",
+                    "--samples", "40", "--positions", "3", "--best", "2", "--write", str(best), "--delta", "0.02",
+                    "--tag", "t", "--out-dir", str(tmp_path), "--device", "cpu"]) == 0
+    r = json.loads((tmp_path / "sampling_boundaries_t.json").read_text())
+    assert (tmp_path / "sampling_boundaries_t.png").stat().st_size > 0
+    scores = [p["score"] for p in r["prompts"]]
+    assert scores == sorted(scores, reverse=True) and len(scores) == 3
+    for p in r["prompts"]:
+        decided, informative = p["decided_share"], p["informative_share"]
+        assert set(decided) == set(informative) == {"temperature1.0-top_k4", "T0.7-top_k20-top_p0.8-min_p0.05"}
+        assert all(s[0] == 1.0 and s == sorted(s, reverse=True) for s in decided.values())
+        assert all(i <= d for name in decided for i, d in zip(informative[name], decided[name]))
+        assert informative["temperature1.0-top_k4"][0] == 1.0  # four tokens to choose from, always
+    assert [p["source"] for p in json.loads(best.read_text())] == [p["source"] for p in r["prompts"][:2]]
+    with pytest.raises(SystemExit):
+        sb.main([str(tmp_path / "target"), "--prompts", str(prompts), "--settings",
+                 "temperature=1:top_k=4:presence_penalty=1", "--tag", "t", "--out-dir", str(tmp_path)])
