@@ -40,7 +40,8 @@ In ``--launch`` mode, ``--step-ctx C`` also measures each server's decode step t
 ``benchmarks/e2e_step.py`` does (random prompts of C tokens, median gap between streamed
 chunks), the input of ``benchmarks/cost_model.py``; ``--sampling-check`` runs
 ``benchmarks/sampling_check.py`` on the same servers. Output: ``budget_sweep_<tag>.json``
-and ``.png`` (accept length and tokens/s against the budget). The JSON is rewritten after
+and ``.png`` (accept length and tokens/s against the budget), and the sampling check's samples
+(``budget_sweep_<tag>_sampling_samples.npz``, for ``sampling_check.py --replay``). The JSON is rewritten after
 every point; ``--deadline-s`` skips what would not fit and lists it under ``skipped``. A run
 that measures no point (every server down, or nothing fits the deadline) exits 1.
 
@@ -946,7 +947,8 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
                     sampling_ids, samples=args.sampling_samples,
                     positions=args.sampling_positions, settings=args.sampling_settings,
                     deadline_s=budget, concurrency=args.sampling_concurrency,
-                    decided=boundary_test(args, sampling_ids))
+                    decided=boundary_test(args, sampling_ids),
+                    samples_out=out.with_name(out.stem + "_sampling_samples.npz"))
                 write(_public(finish(result)), out)
         check_lossless(servers, result, out)
     finally:

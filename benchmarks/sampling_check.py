@@ -22,6 +22,8 @@ Against running servers (native ``/generate`` with token ids):
       --server ddtree16=http://127.0.0.1:30002 --prompt-ids prompts.json --samples 3000 --out results/x.json
 ``prompts.json``: a JSON list of token-id lists, or of objects with ``prompt_ids``.
 ``benchmarks/budget_sweep.py --launch --sampling-check`` runs it on the servers it started.
+``--samples-out FILE`` keeps the drawn samples; ``--replay FILE`` judges them again (with
+``--target``, where the target's logits decide the filters: ``sampling_boundaries``).
 """
 
 from __future__ import annotations
@@ -188,13 +190,12 @@ def draw(server, prompt_ids: list[int], n: int, new_tokens: int, setting: dict, 
 
 def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, positions: int = 8,
               alpha: float = 0.01, settings: Optional[list[dict]] = None, deadline_s: Optional[float] = None,
-              log=print, concurrency: int = 1000, decided: Optional[Callable] = None) -> dict:
+              log=print, concurrency: int = 1000, decided: Optional[Callable] = None,
+              samples_out: Optional[Path] = None) -> dict:
     """``servers``: label -> object with ``post(path, body)``; must include ``nospec``.
     ``concurrency``: continuations in flight per server (the batch the servers decode).
-    ``decided(prompt_index, samples, setting)``: ``prefix -> bool``, whether the target's logits
-    decide the setting's filters at that context (``sampling_boundaries``); when given, every
-    sample is cut at its first undecided context after the first token and the verdict rests on
-    those tests, the tests over every context kept beside them (``tests_all_contexts``)."""
+    ``decided``: see ``judge``. ``samples_out``: where the drawn samples are kept
+    (``save_samples``), so that ``main --replay`` can judge them again."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be positive, got {concurrency}")
     chunk = min(250, concurrency)
@@ -208,15 +209,13 @@ def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, posi
     t0 = time.monotonic()
     settings = settings or SETTINGS
     others = [label for label in servers if label != "nospec"]
-    out = {"samples": samples, "positions": positions, "alpha": alpha, "prompts": len(prompts),
-           "concurrency": chunk * threads,
-           "settings": settings, "comparisons": [], "skipped": []}
+    drawn, skipped = [], []
     per_draw = None
     for setting in settings:
         for pi, prompt in enumerate(prompts):
             need = (2 + len(others)) * (per_draw or 0)
             if deadline_s is not None and time.monotonic() - t0 + need > deadline_s:
-                out["skipped"].append({"setting": setting["name"], "prompt": pi, "reason": "deadline"})
+                skipped.append({"setting": setting["name"], "prompt": pi, "reason": "deadline"})
                 continue
             t = time.monotonic()
             base = draw_from(servers["nospec"], prompt, setting)
@@ -227,21 +226,42 @@ def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, posi
                      (BIASED_LABEL, draw_from(servers["nospec"], prompt, biased))]
             for label in others:
                 pairs.append((label, draw_from(servers[label], prompt, setting)))
-            cut = (lambda x: x) if decided is None else _cutter(decided(pi, [base] + [o for _, o in pairs], setting),
-                                                                  positions)
-            for label, other in pairs:
-                entry = {"setting": setting["name"], "prompt": pi, "server": label,
-                         "tests": compare(cut(base), cut(other), positions),
-                         "distinct_first_tokens": len({s[0] for s in other}),
-                         "top_counts": top_counts(base, other, min(3, positions))}
-                if decided is not None:
-                    entry["tests_all_contexts"] = compare(base, other, positions)
-                    entry["decided_share"] = {"nospec": sb.decided_share(cut(base), positions),
-                                              label: sb.decided_share(cut(other), positions)}
-                out["comparisons"].append(entry)
-                tests = entry["tests"]
-                worst = min(tests, key=lambda x: x["p"])
-                log(f"[sampling] {setting['name']} prompt {pi} {label}: min p {worst['p']:.3g} ({worst['what']})")
+            drawn.append({"setting": setting, "prompt": pi, "base": base, "pairs": pairs})
+    if samples_out is not None:
+        save_samples(drawn, samples_out, positions)
+    out = {"samples": samples, "positions": positions, "alpha": alpha, "prompts": len(prompts),
+           "concurrency": chunk * threads, "settings": settings,
+           **judge(drawn, samples, positions, alpha, decided, log), "skipped": skipped}
+    out["wall_s"] = time.monotonic() - t0
+    return out
+
+
+def judge(drawn: list[dict], samples: int, positions: int, alpha: float, decided: Optional[Callable] = None,
+          log=print) -> dict:
+    """The tests, the verdict and its power from drawn samples: ``drawn`` holds, per setting and
+    prompt, the no-speculation sample (``base``) and the ``(label, sample)`` pairs compared with it.
+
+    ``decided(prompt_index, samples, setting)``: ``prefix -> bool``, whether the target's logits
+    decide the setting's filters at that context (``sampling_boundaries``); when given, every
+    sample is cut at its first undecided context after the first token and the verdict rests on
+    those tests, the tests over every context kept beside them (``tests_all_contexts``)."""
+    out = {"comparisons": []}
+    for rec in drawn:
+        setting, pi, base, pairs = rec["setting"], rec["prompt"], rec["base"], rec["pairs"]
+        cut = (lambda x: x) if decided is None else _cutter(decided(pi, [base] + [o for _, o in pairs], setting),
+                                                              positions)
+        for label, other in pairs:
+            entry = {"setting": setting["name"], "prompt": pi, "server": label,
+                     "tests": compare(cut(base), cut(other), positions),
+                     "distinct_first_tokens": len({s[0] for s in other}),
+                     "top_counts": top_counts(base, other, min(3, positions))}
+            if decided is not None:
+                entry["tests_all_contexts"] = compare(base, other, positions)
+                entry["decided_share"] = {"nospec": sb.decided_share(cut(base), positions),
+                                          label: sb.decided_share(cut(other), positions)}
+            out["comparisons"].append(entry)
+            worst = min(entry["tests"], key=lambda x: x["p"])
+            log(f"[sampling] {setting['name']} prompt {pi} {label}: min p {worst['p']:.3g} ({worst['what']})")
     all_tests = [t for c in out["comparisons"] for t in c["tests"] if c["server"] != BIASED_LABEL]
     out["verdict"] = family_verdict(all_tests, alpha)
     out["detectable_shift"] = detectable_shift(samples, len(all_tests), alpha)
@@ -249,7 +269,6 @@ def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, posi
     # Power: every biased sample is told apart at the family's own per-test level.
     out["biased_rejected"] = bool(controls) and all(
         min(t["p"] for t in c["tests"]) < out["verdict"]["per_test_alpha"] for c in controls)
-    out["wall_s"] = time.monotonic() - t0
     rejected = [(c["setting"], c["prompt"], c["server"], t["what"], t["p"]) for c in out["comparisons"]
                 for t in c["tests"] if t["p"] < out["verdict"]["per_test_alpha"] and c["server"] != BIASED_LABEL]
     out["rejected"] = [dict(zip(("setting", "prompt", "server", "test", "p"), r)) for r in rejected]
@@ -259,9 +278,43 @@ def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, posi
     return out
 
 
+def save_samples(drawn: list[dict], path: Path, positions: int) -> None:
+    """The drawn samples as one compressed NumPy archive (token ids, int32 ``[n, positions]``,
+    -1 past a short continuation) with what ``load_samples`` needs to put them back."""
+    import numpy as np
+
+    arrays, index = {}, []
+    for r, rec in enumerate(drawn):
+        labels = ["nospec"] + [label for label, _ in rec["pairs"]]
+        for j, sample in enumerate([rec["base"]] + [s for _, s in rec["pairs"]]):
+            a = np.full((len(sample), positions), -1, dtype=np.int32)
+            for i, s in enumerate(sample):
+                a[i, : min(len(s), positions)] = s[:positions]
+            arrays[f"r{r}_{j}"] = a
+        index.append({"setting": rec["setting"], "prompt": rec["prompt"], "labels": labels})
+    meta = json.dumps({"positions": positions, "records": index})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, meta=np.array(meta), **arrays)
+
+
+def load_samples(path: Path) -> tuple[list[dict], int]:
+    """``save_samples``'s records and positions."""
+    import numpy as np
+
+    with np.load(path) as z:
+        meta = json.loads(str(z["meta"]))
+        drawn = []
+        for r, rec in enumerate(meta["records"]):
+            samples = [[[int(t) for t in row if t >= 0] for row in z[f"r{r}_{j}"]] for j in range(len(rec["labels"]))]
+            drawn.append({"setting": rec["setting"], "prompt": rec["prompt"], "base": samples[0],
+                          "pairs": list(zip(rec["labels"][1:], samples[1:]))})
+    return drawn, meta["positions"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--server", action="append", required=True, help="LABEL=URL; one must be nospec")
+    ap.add_argument("--server", action="append", help="LABEL=URL; one must be nospec")
+    ap.add_argument("--replay", type=Path, help="judge the samples a run kept (--samples-out) instead of drawing")
     ap.add_argument("--prompt-ids", type=Path, required=True)
     ap.add_argument("--samples", type=int, default=3000)
     ap.add_argument("--positions", type=int, default=8)
@@ -275,27 +328,24 @@ def main(argv=None) -> int:
     ap.add_argument("--boundary-mass", type=float, default=0.02, help="with --target: top-p mass tolerance")
     ap.add_argument("--sampling-backend", default="flashinfer", help="with --target: the servers' sampling backend "
                     "(the order of the filters)")
+    ap.add_argument("--samples-out", type=Path, help="keep the drawn samples here (.npz) for --replay")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    if bool(args.server) == bool(args.replay):
+        ap.error("give the servers to draw from (--server) or a kept run to judge (--replay), not both or neither")
     if args.concurrency < 1:
         ap.error("--concurrency takes a positive number")
     try:
         settings = parse_settings(args.settings)
     except ValueError as e:
         ap.error(str(e))
-    budget_sweep = sys.modules.get("budget_sweep")
-    if budget_sweep is None:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("budget_sweep", Path(__file__).with_name("budget_sweep.py"))
-        budget_sweep = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(budget_sweep)
-    servers = {}
-    for item in args.server:
-        label, sep, url = item.partition("=")
-        if not sep:
-            ap.error(f"--server {item!r}: expected LABEL=URL")
-        servers[label] = budget_sweep.Server(label, url)
+    drawn = None
+    if args.replay:
+        try:
+            drawn, args.positions = load_samples(args.replay)
+        except (OSError, ValueError, KeyError) as e:
+            ap.error(f"--replay {args.replay}: not a kept sampling check ({e})")
+        settings = [r["setting"] for r in drawn]
     raw = json.loads(args.prompt_ids.read_text())
     prompts = [p["prompt_ids"] if isinstance(p, dict) else p for p in raw]
     if not prompts or not all(isinstance(p, list) and p and all(isinstance(i, int) for i in p) for p in prompts):
@@ -309,8 +359,29 @@ def main(argv=None) -> int:
                                          args.boundary_mass, args.sampling_backend)
         except ValueError as e:
             ap.error(f"--target: {e}")
-    result = run_check(servers, prompts, args.samples, args.positions, args.alpha, settings,
-                       concurrency=args.concurrency, decided=decided)
+    if drawn is not None:
+        if max(r["prompt"] for r in drawn) >= len(prompts):
+            ap.error(f"--replay {args.replay} holds prompts {args.prompt_ids} does not have")
+        samples = len(drawn[0]["base"]) if drawn else 0
+        result = {"samples": samples, "positions": args.positions, "alpha": args.alpha, "prompts": len(prompts),
+                  "replayed": str(args.replay), "settings": settings,
+                  **judge(drawn, samples, args.positions, args.alpha, decided)}
+    else:
+        budget_sweep = sys.modules.get("budget_sweep")
+        if budget_sweep is None:
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("budget_sweep", Path(__file__).with_name("budget_sweep.py"))
+            budget_sweep = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(budget_sweep)
+        servers = {}
+        for item in args.server:
+            label, sep, url = item.partition("=")
+            if not sep:
+                ap.error(f"--server {item!r}: expected LABEL=URL")
+            servers[label] = budget_sweep.Server(label, url)
+        result = run_check(servers, prompts, args.samples, args.positions, args.alpha, settings,
+                           concurrency=args.concurrency, decided=decided, samples_out=args.samples_out)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 1 if result["verdict"]["reject"] or not result["biased_rejected"] else 0
 

@@ -539,6 +539,7 @@ def test_launch_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, pro
     sc = r["sampling_check"]
     assert not sc["verdict"]["reject"] and {c["server"] for c in sc["comparisons"]} == {
         "nospec (second sample)", "nospec at 1.1x temperature (must differ)", "dflash", "ddtree16"}
+    assert (tmp_path / "budget_sweep_launch_sampling_samples.npz").stat().st_size > 0  # kept for --replay
     assert all(e["identical"] == 3 for e in r["lossless"])
     # batch 1 came first (and its lossless check), then the step times, batch 2, the sampling check
     order = [(x["batch"], x["temperature"]) for x in r["rows"]]

@@ -193,3 +193,35 @@ def test_prompts_ranked_by_what_a_check_can_judge(tmp_path):
     with pytest.raises(SystemExit):
         sb.main([str(tmp_path / "target"), "--prompts", str(prompts), "--settings",
                  "temperature=1:top_k=4:presence_penalty=1", "--tag", "t", "--out-dir", str(tmp_path)])
+
+
+def test_kept_samples_judged_again_with_the_boundary_cut(tmp_path):
+    """A check's samples kept (--samples-out) and replayed: the same verdict over every context,
+    and, with the cut, the one the run would have given."""
+    import json
+
+    logits = _chain(3)
+    setting = sc.parse_settings("temperature=1:top_k=5")
+    npz = tmp_path / "kept.npz"
+    run = sc.run_check({"nospec": FakeServer(logits, 1), "dflash": FakeServer(logits, 2, ignore_top_k=True)}, [[5]],
+                       samples=2000, settings=setting, log=lambda m: None, samples_out=npz)
+    drawn, positions = sc.load_samples(npz)
+    assert positions == POSITIONS and drawn[0]["setting"] == setting[0]
+    assert [label for label, _ in drawn[0]["pairs"]] == ["nospec (second sample)", sc.BIASED_LABEL, "dflash"]
+    again = sc.judge(drawn, 2000, positions, 0.01, log=lambda m: None)
+    assert again["comparisons"] == run["comparisons"] and again["verdict"] == run["verdict"]
+    contexts = _markov_contexts(logits)
+    cut = sc.judge(drawn, 2000, positions, 0.01, log=lambda m: None,
+                   decided=lambda pi, samples, s: sb.decided_contexts(contexts, (x for g in samples for x in g),
+                                                                      positions, s, delta=0.05))
+    assert all("tests_all_contexts" in c for c in cut["comparisons"])
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps([[5]]))
+    out = tmp_path / "replayed.json"
+    assert sc.main(["--replay", str(npz), "--prompt-ids", str(prompts), "--out", str(out)]) == 1  # dflash ignores top-k
+    assert json.loads(out.read_text())["comparisons"] == run["comparisons"]
+    for bad in (["--out", str(out), "--prompt-ids", str(prompts)],
+                ["--replay", str(npz), "--server", "nospec=http://x", "--prompt-ids", str(prompts), "--out", str(out)],
+                ["--replay", str(prompts), "--prompt-ids", str(prompts), "--out", str(out)]):
+        with pytest.raises(SystemExit):
+            sc.main(bad)
