@@ -222,6 +222,18 @@ def ddtree_sources():
                       BLOCK_K=block_k, BLOCK_V=sampling_filters._BLOCK_V)
         sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
         yield (f"verify_sampling_floors candidates={block_k}", ASTSource(fn, sig, constexprs=consts), {"num_warps": 4})
+    # ... and the search over the whole row for a row whose cut lies beyond its candidates.
+    fn = sampling_filters._whole_row_floors_kernel
+    types = {n: "i32" for n in fn.arg_names if not n.endswith("_ptr")}
+    types.update(logits_ptr="*fp32", temp_ptr="*fp32", top_k_ptr="*i32", top_p_ptr="*fp32", min_p_ptr="*fp32",
+                 floor_ptr="*fp32", decided_ptr="*i1")
+    for min_p_path in (False, True):
+        consts = dict(HAS_TOP_K=True, HAS_TOP_P=True, HAS_MIN_P=True, TOP_P_INCLUSIVE=False,
+                      TOP_P_OF_TOP_K_MASS=min_p_path, SPLIT=sampling_filters._SPLIT,
+                      PASSES=sampling_filters._SEARCH_PASSES, BLOCK_V=sampling_filters._SEARCH_BLOCK_V)
+        sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
+        yield (f"verify_sampling_whole_row_floors top_k_mass={min_p_path}", ASTSource(fn, sig, constexprs=consts),
+               {"num_warps": sampling_filters._SEARCH_WARPS})
 
 
 def compile_triton(names: list, cap: tuple[int, int], results: list) -> None:

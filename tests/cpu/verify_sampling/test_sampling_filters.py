@@ -116,7 +116,30 @@ def test_a_row_without_filters_is_not_cut():
     assert bool(torch.isneginf(floors).all())
 
 
-def test_rows_sorted_in_chunks_give_the_same_floors():
+@pytest.mark.parametrize("rule", sorted(RULES))
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+def test_the_whole_row_search_and_the_full_sort_agree(rule, ties):
+    """Rows the candidates leave undecided: the Triton search over the whole row (interpreted)
+    gives the floor the sorted row gives, top-k beyond the candidates, ties and a row of -inf
+    included; decided rows keep their floors."""
+    gen = torch.Generator().manual_seed(41 + ties)
+    logits, temps, top_ks, top_ps, min_ps = _rows(gen, 48, ties)
+    logits[2] = float("-inf")
+    top_ps[3], min_ps[3], top_ks[3] = 0.999, 0.0, 1 << 30  # deep in the row
+    floors, decided = sf._floors_among_triton(logits, temps, top_ks, top_ps, min_ps, RULES[rule], 2)
+    assert 10 < int((~decided).sum()) < 48
+    want = floors.clone()
+    redo = torch.nonzero(~decided).view(-1)
+    want[redo], _ = sf.floors_among_reference(logits[redo], temps[redo], top_ks[redo], top_ps[redo], min_ps[redo],
+                                              RULES[rule], V)
+    got = floors.clone()
+    sf._whole_row_floors_triton(logits, temps, top_ks, top_ps, min_ps, RULES[rule], got, decided)
+    assert torch.equal(got, want)
+
+
+def test_rows_sorted_in_chunks_give_the_same_floors(monkeypatch):
+    """The torch path (no GPU, no interpreter) sorts undecided rows, a few at a time."""
+    monkeypatch.setattr(sf, "_interpreted", lambda: False)
     gen = torch.Generator().manual_seed(9)
     logits, temps, _, top_ps, min_ps = _rows(gen, 40, ties=False)
     rule = RULES["pytorch"]

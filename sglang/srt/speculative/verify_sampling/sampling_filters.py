@@ -19,11 +19,14 @@ The filters follow SGLang's sampler on the configured backend:
 
 The floor is found among the row's largest logits (``torch.topk``, as many as the batch's
 largest top-k: ``Candidates``); where a row filters by top-p or min-p without a top-k, more
-candidates are taken and a row whose cut is not decided among them is recomputed from its
-fully sorted row (the only case that synchronises with the host). From the candidates, one
-Triton launch per chunk of rows (a program per row: the row's log-sum-exp in one pass over
-the vocabulary, then the three filters over the candidates) gives the floors;
-``floors_among_reference`` is the same computation in torch (and the full-sort path).
+candidates are taken. From the candidates, one Triton launch per chunk of rows (a program per
+row: the row's log-sum-exp in one pass over the vocabulary, then the three filters over the
+candidates) gives the floors; ``floors_among_reference`` is the same computation in torch. A
+row whose cut lies beyond its candidates is then found by a search over the whole row
+(``_whole_row_floors_kernel``, one launch for every row, the decided ones leave at once, no host
+sync): every filter keeps a logit if it keeps every larger one, so the floor is a threshold
+on the logits, found 16-way over the ordered float32 bit patterns, nine passes of the row. The torch path sorts
+such rows instead (``floors_among_reference`` over the whole row, with a host sync).
 ``filtered_probs_reference`` builds the filtered distribution itself, token by token, for
 tests.
 """
@@ -97,14 +100,17 @@ def logit_floors(
 
     ``logits`` ``[rows, V]`` float32 (read only), ``temperatures`` ``[rows, 1]``;
     ``top_ks`` int ``[rows]`` (``>= V``: none), ``top_ps`` / ``min_ps`` float ``[rows]``, each
-    None when no row uses it. Rows that need a full sort are sorted ``max_sorted_rows`` at a
-    time (default: all at once)."""
+    None when no row uses it. A row the candidates leave undecided is searched over its whole
+    vocabulary by ``_whole_row_floors_kernel`` on the GPU; the torch path sorts such rows,
+    ``max_sorted_rows`` at a time (default: all at once)."""
     rows, vocab = logits.shape
     k = max(1, min(int(candidates.k), vocab))
     use_kernel = k <= KERNEL_CANDIDATES and (logits.is_cuda or _interpreted())
     floors_among = _floors_among_triton if use_kernel else floors_among_reference
     floors, decided = floors_among(logits, temperatures, top_ks, top_ps, min_ps, rule, k)
-    if candidates.deep and k < vocab:
+    if candidates.deep and k < vocab and use_kernel:
+        _whole_row_floors_triton(logits, temperatures, top_ks, top_ps, min_ps, rule, floors, decided)
+    elif candidates.deep and k < vocab:
         redo = torch.nonzero(~decided).view(-1)
         step = max(1, int(max_sorted_rows or rows))
         for start in range(0, redo.numel(), step):  # a host sync, only where a row cut deeper
@@ -301,6 +307,175 @@ def _floors_kernel(
     decided = (active == 0) | bounded | ((kept < k) & (mass_unknown == 0)) | (k == vocab)
     tl.store(floor_ptr + row, floor)
     tl.store(decided_ptr + row, decided)
+
+
+#: Thresholds one pass of the whole-row search tests; nine passes narrow 2**32 keys to one.
+_SPLIT = 16
+_SEARCH_PASSES = 9
+#: Vocabulary elements per loop step of the whole-row search (a [block, SPLIT] tile per step).
+_SEARCH_BLOCK_V = 512
+_SEARCH_WARPS = 8
+
+
+def _whole_row_floors_triton(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule, floors, decided) -> None:
+    """The floors of the rows ``decided`` says are not, searched over their whole row, in place."""
+    rows, vocab = logits.shape
+    if rows == 0:
+        return
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    unused = floors
+    _whole_row_floors_kernel[(rows,)](
+        logits,
+        logits.stride(0),
+        temperatures,
+        temperatures.stride(0),
+        unused if top_ks is None else top_ks,
+        unused if top_ps is None else top_ps,
+        unused if min_ps is None else min_ps,
+        floors,
+        decided,
+        vocab,
+        HAS_TOP_K=top_ks is not None,
+        HAS_TOP_P=top_ps is not None,
+        HAS_MIN_P=min_ps is not None,
+        TOP_P_INCLUSIVE=rule.top_p_inclusive,
+        TOP_P_OF_TOP_K_MASS=rule.top_p_of_top_k_mass,
+        SPLIT=_SPLIT,
+        PASSES=_SEARCH_PASSES,
+        BLOCK_V=min(_SEARCH_BLOCK_V, triton.next_power_of_2(vocab)),
+        num_warps=_SEARCH_WARPS,
+    )
+
+
+@triton.jit
+def _order_key(x):
+    """float32 -> int32 in the same order (its own inverse on the bit pattern)."""
+    b = x.to(tl.int32, bitcast=True)
+    return b ^ ((b >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _key_value(key):
+    return (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _first_kept_key(
+    row_ptr, vocab, span, inv_t, lse, top_logit, kk, limit, min_prob,
+    TOP_P_INCLUSIVE: tl.constexpr, SPLIT: tl.constexpr, PASSES: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """The smallest float32 key whose value the filters keep: fewer than ``kk`` logits strictly
+    above it, their probability mass below ``limit`` (at most, inclusive), its probability at
+    least ``min_prob``. Each of these holds for every larger value too, so the keys from
+    -inf (not kept) to the row's largest logit (kept) are searched SPLIT-way, one pass over the
+    row per step."""
+    lo = _order_key(tl.full((), float("-inf"), tl.float32)).to(tl.int64)
+    hi = _order_key(top_logit).to(tl.int64)
+    lane = tl.arange(0, SPLIT)
+    for _ in range(PASSES):
+        keys = lo + ((hi - lo) * lane) // SPLIT
+        at = _key_value(keys.to(tl.int32))
+        mass = tl.zeros((SPLIT,), tl.float32)  # of the logits strictly above each key
+        count = tl.zeros((SPLIT,), tl.int32)
+        for start in range(0, tl.where(hi - lo > 1, span, 0), BLOCK_V):
+            cols = start + tl.arange(0, BLOCK_V)
+            x = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
+            p = tl.exp(x * inv_t - lse)
+            above = x[:, None] > at[None, :]
+            mass += tl.sum(tl.where(above, p[:, None], 0.0), axis=0)
+            count += tl.sum(above.to(tl.int32), axis=0)
+        if TOP_P_INCLUSIVE:
+            keep = mass <= limit
+        else:
+            keep = mass < limit
+        # (keys near -inf would overflow x / T: their probability is 0 either way)
+        prob_at = tl.exp(tl.maximum(at, -1e30) * inv_t - lse)
+        keep = keep & (count < kk) & (prob_at >= min_prob) & (lane > 0)
+        first = tl.min(tl.where(keep, lane, SPLIT))
+        last = tl.sum(tl.where(lane == SPLIT - 1, keys, 0))
+        new_lo = tl.where(first == SPLIT, last, tl.sum(tl.where(lane == first - 1, keys, 0)))
+        hi = tl.where(first == SPLIT, hi, tl.sum(tl.where(lane == first, keys, 0)))
+        lo = new_lo
+    return hi
+
+
+@triton.jit
+def _whole_row_floors_kernel(
+    logits_ptr,
+    stride_logits,
+    temp_ptr,
+    stride_temp,
+    top_k_ptr,
+    top_p_ptr,
+    min_p_ptr,
+    floor_ptr,
+    decided_ptr,
+    vocab,
+    HAS_TOP_K: tl.constexpr,
+    HAS_TOP_P: tl.constexpr,
+    HAS_MIN_P: tl.constexpr,
+    TOP_P_INCLUSIVE: tl.constexpr,
+    TOP_P_OF_TOP_K_MASS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PASSES: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    # The floor is the smallest logit every filter keeps (``_first_kept_key``), as in
+    # ``floors_among_reference`` over the whole row.
+    row = tl.program_id(0).to(tl.int64)
+    todo = tl.load(decided_ptr + row).to(tl.int32) == 0
+    span = tl.where(todo, vocab, 0)  # a decided row runs no pass
+    row_ptr = logits_ptr + row * stride_logits
+    inv_t = 1.0 / tl.load(temp_ptr + row * stride_temp)
+    best = tl.full((BLOCK_V,), float("-inf"), tl.float32)
+    for start in range(0, span, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        best = tl.maximum(best, tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf")))
+    top_logit = tl.max(best)
+    top = top_logit * inv_t
+    top = tl.where(top == float("-inf"), 0.0, top)  # a row of -inf: no NaN from -inf - -inf
+    acc = tl.zeros((BLOCK_V,), tl.float32)
+    for start in range(0, span, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        x = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
+        acc += tl.exp(x * inv_t - top)
+    lse = top + tl.log(tl.maximum(tl.sum(acc), _TINY_C))
+    if HAS_TOP_K:
+        kk = tl.minimum(tl.maximum(tl.load(top_k_ptr + row).to(tl.int64), 1), vocab).to(tl.int32)
+    else:
+        kk = vocab
+    limit = float("inf")
+    if HAS_TOP_P:
+        tp = tl.load(top_p_ptr + row)
+        scale = 1.0
+        if HAS_TOP_K and TOP_P_OF_TOP_K_MASS:
+            # FlashInfer's min-p path: top-p of the renormalised top-k set, whose mass is that
+            # of every logit at or above the k-th largest (ties included).
+            kth = _key_value(_first_kept_key(row_ptr, vocab, tl.where(kk < vocab, span, 0), inv_t, lse, top_logit,
+                                             kk, float("inf"), 0.0, TOP_P_INCLUSIVE, SPLIT, PASSES,
+                                             BLOCK_V).to(tl.int32))
+            mass = tl.zeros((BLOCK_V,), tl.float32)
+            for start in range(0, tl.where(kk < vocab, span, 0), BLOCK_V):
+                cols = start + tl.arange(0, BLOCK_V)
+                x = tl.load(row_ptr + cols, mask=cols < vocab, other=float("-inf"))
+                mass += tl.where(x >= kth, tl.exp(x * inv_t - lse), 0.0)
+            scale = tl.where(kk < vocab, tl.sum(mass), 1.0)
+        limit = tl.where(tp < 1.0, tp * scale, float("inf"))  # top_p 1: no cut
+    if HAS_MIN_P:
+        min_prob = tl.load(min_p_ptr + row) * tl.exp(top_logit * inv_t - lse)
+    else:
+        min_prob = 0.0
+    hi = _first_kept_key(row_ptr, vocab, span, inv_t, lse, top_logit, kk, limit, min_prob, TOP_P_INCLUSIVE, SPLIT,
+                         PASSES, BLOCK_V)
+    # The floor: the smallest logit at or above the first kept key.
+    at_hi = _key_value(hi.to(tl.int32))
+    low = tl.full((BLOCK_V,), float("inf"), tl.float32)
+    for start in range(0, span, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        x = tl.load(row_ptr + cols, mask=cols < vocab, other=float("inf"))
+        low = tl.minimum(low, tl.where(x >= at_hi, x, float("inf")))
+    tl.store(floor_ptr + row, tl.min(low), mask=todo)
 
 
 def filtered_probs_reference(
