@@ -12,10 +12,10 @@ A context is *decided* at ``delta`` when no change of its logits by at most ``de
 changes the set of tokens the request's filters keep, in the order the server's sampling backend
 applies them (``backend_order``). Top-p's cumulative masses can be held to a tolerance of their
 own (``mass``): a change of every logit at once by ``delta`` in the worst direction is far more
-than rounding does to a sum. ``truncate_undecided`` ends every continuation at its first undecided context, a
-function of the continuation's own prefix: if two servers sample alike wherever the cut is
-decided, their truncated samples have one distribution, so the sampling check can test
-exactness there and report how much of each sample it had to leave out.
+than rounding does to a sum. ``truncate_undecided`` ends every continuation at its first
+undecided context, a function of the continuation's own prefix: if two servers sample alike
+wherever the cut is decided, their truncated samples have one distribution, so the sampling
+check can test exactness there and report how much of each sample it had to leave out.
 
 ``decided`` is the vectorised test; ``filtered_set`` the plain definition it is tested against.
 """
@@ -43,7 +43,8 @@ ORDERS = ("sequential", "joint")
 
 
 def backend_order(backend: str, setting: dict) -> str:
-    """The order ``backend`` (SGLang's ``--sampling-backend``) applies ``setting``'s filters in."""
+    """The order ``backend`` (SGLang's ``--sampling-backend``) applies ``setting``'s filters in,
+    for a batch of requests that all use ``setting`` (as the sampling check sends them)."""
     if backend not in ("flashinfer", "pytorch"):
         raise ValueError(f"sampling backend must be flashinfer or pytorch, got {backend!r}")
     return "sequential" if backend == "flashinfer" and float(setting.get("min_p", 0.0) or 0.0) > 0 else "joint"
