@@ -430,6 +430,25 @@ def path_probs(cond: Cond, paths: Sequence[tuple]) -> list[float]:
     return [probs[p] for p in paths]
 
 
+def speculative_chain_accept(cond: Cond, draft: Sequence[int], proposal: Sequence[np.ndarray | None]) -> float:
+    """Expected accepted tokens of one drawn chain under speculative sampling: depth ``d`` is kept
+    with probability ``min(1, p_d(x_d) / q_d(x_d))`` once every shallower depth was, where ``p_d``
+    is the target's sampling distribution after ``x_<d`` and ``q_d`` the distribution ``x_d`` was
+    drawn from (``None``: a fixed token, kept with ``p_d(x_d)``). On a rejection the step draws
+    its token from the residual ``max(p_d - q_d, 0)``, so the step is lossless whatever the
+    ``q_d``; a block drafter's ``q_d`` depends on the context alone, not on ``x_<d``."""
+    prefixes = [tuple(draft[:d]) for d in range(len(draft))]
+    total, run = 0.0, 1.0
+    for d, dist in enumerate(cond(prefixes)):
+        x, q = int(draft[d]), proposal[d]
+        p = float(dist[x])
+        run *= p if q is None else min(1.0, p / max(float(q[x]), 1e-300))
+        if run == 0.0:
+            break
+        total += run
+    return total
+
+
 def tree_paths(nodes: list[Node], tokens: Sequence[Sequence[int]]) -> list[tuple]:
     """Each node's token path from the root (``tokens[d][r]`` as in ``tree_accept``)."""
     out: list[tuple] = []
@@ -499,7 +518,7 @@ class TargetCond:
 @torch.no_grad()
 def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], new_tokens: int,
                   budgets: Sequence[int], mask_token_id: int, seed: int, sampling: Sampling,
-                  stride: int = 8, tree_temperatures: Sequence[float] = ()) -> dict:
+                  stride: int = 8, tree_temperatures: Sequence[float] = (), drawn_chains: int = 0) -> dict:
     """Expected tokens per verify step (accepted + 1) under ``sampling`` at every ``stride``-th
     position of the target's own continuations (those of ``offline_accept_sampled``): of the
     best tree of B nodes built from the target's true conditionals (the bound no drafter can
@@ -507,11 +526,18 @@ def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], ne
     Depth is capped at ``block_size - 1`` as the server caps it. Also the target's mean
     next-token entropy (nats) and top-1 probability under ``sampling`` over the continuations.
     ``tree_temperatures``: also the drafter's tree built from its distribution at each of these
-    temperatures (the server builds it at 1, whatever the request's)."""
+    temperatures (the server builds it at 1, whatever the request's).
+    ``drawn_chains`` (at T > 0): also chains *drawn* from the drafter's distribution put through
+    the request's sampling and verified by speculative sampling (``speculative_chain_accept``),
+    the mean over that many draws per anchor, with every depth drawn, and with depth 1 drawn
+    and the deeper ones the argmax."""
     bs = drafter.shape.block_size
+    drawn = drawn_chains if sampling.temperature > 0 else 0
+    draws = torch.Generator().manual_seed(seed + 1)
     cap, kmax = bs - 1, max(budgets)
     sums = {("chain", 0): 0.0, **{(w, b): 0.0 for w in ("oracle", "ddtree") for b in budgets},
-            **{(t, b): 0.0 for t in tree_temperatures for b in budgets}}
+            **{(t, b): 0.0 for t in tree_temperatures for b in budgets},
+            ("drawn", 0): 0.0, ("drawn_first", 0): 0.0}
     anchors_n, forwards, ent, top1 = 0, 0, [], []
     for prompt, seq in zip(prompts, sampled_continuations(target, prompts, new_tokens, sampling, seed)):
         plen, s = len(prompt), seq.numel()
@@ -529,6 +555,16 @@ def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], ne
             cond = TargetCond(target, full.k, full.v, a + 1, logits[0, a].float(), sampling)
             chain = [tuple(d_logits[i, :d].argmax(-1).tolist()) for d in range(1, cap + 1)]
             sums[("chain", 0)] += 1 + sum(path_probs(cond, chain))
+            if drawn:
+                q = sampling.probs(d_logits[i, :cap]).double()
+                xs = torch.multinomial(q, drawn, replacement=True, generator=draws).T.tolist()  # [drawn, cap]
+                qs = list(q.numpy())
+                argmax = list(chain[-1])
+                cond([tuple(x[:d]) for x in xs for d in range(cap)])  # every draw's contexts in one forward
+                for x in xs:
+                    sums[("drawn", 0)] += (1 + speculative_chain_accept(cond, x, qs)) / drawn
+                    sums[("drawn_first", 0)] += (
+                        1 + speculative_chain_accept(cond, x[:1] + argmax[1:], qs[:1] + [None] * (cap - 1))) / drawn
             best = best_first_tree(cond, kmax, cap)
             for b in budgets:
                 sums[("oracle", b)] += 1 + sum(q for _, q in best[:b])
@@ -546,6 +582,10 @@ def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], ne
              "drafter_tree_expected_accept": round(sums[("ddtree", b)] / n, 4),
              "drafter_chain_expected_accept": round(chain, 4), "anchors": anchors_n} for b in budgets]
     for row in rows:
+        if drawn:
+            row["drawn_chain_expected_accept"] = round(sums[("drawn", 0)] / n, 4)
+            row["first_drawn_chain_expected_accept"] = round(sums[("drawn_first", 0)] / n, 4)
+            row["drawn_chains_per_anchor"] = drawn
         if tree_temperatures:
             row["drafter_tree_expected_accept_at_temperature"] = {
                 str(t): round(sums[(t, row["budget"])] / n, 4) for t in tree_temperatures}

@@ -197,3 +197,67 @@ def test_offline_oracle_command_writes_its_run(toy_pair, tmp_path):
     (setting,) = r["settings"]
     (row,) = setting["budgets"]
     assert set(row["drafter_tree_expected_accept_at_temperature"]) == {"0.8", "1.25"}
+
+
+def test_speculative_chain_accept_against_fixed_tokens_and_a_matching_proposal():
+    cond, dist, _ = _synthetic_cond(5, zeros=True)
+    draft = (1, 3, 0, 2)
+    fixed = evaluate.speculative_chain_accept(cond, draft, [None] * 4)
+    assert fixed == pytest.approx(sum(evaluate.path_probs(cond, [draft[:d] for d in range(1, 5)])))
+    # Proposing each depth from the target's own conditional keeps every depth that has mass.
+    proposal = [dist(draft[:d]) for d in range(4)]
+    kept = 0
+    for d in range(4):
+        if proposal[d][draft[d]] == 0:
+            break
+        kept += 1
+    assert evaluate.speculative_chain_accept(cond, draft, proposal) == pytest.approx(kept)
+
+
+def test_speculative_chain_accept_is_the_mean_of_the_verify_it_describes():
+    """Draw chains from per-depth proposals that ignore the drawn prefix (a block drafter), run
+    speculative sampling's keep/reject coin per depth: the mean kept length is the exact value's
+    mean, and the tokens the steps emit first follow the target's distribution (lossless)."""
+    cond, dist, _ = _synthetic_cond(4, zeros=False)
+    rng = np.random.default_rng(3)
+    proposal = [w / w.sum() for w in rng.random((3, 4)) ** 2]
+    n, kept, exact, first = 20000, [], [], np.zeros(4)
+    for _ in range(n):
+        draft = tuple(int(rng.choice(4, p=q)) for q in proposal)
+        exact.append(evaluate.speculative_chain_accept(cond, draft, proposal))
+        k = 0
+        for d in range(3):
+            p, q = dist(draft[:d]), proposal[d]
+            if rng.random() < min(1.0, p[draft[d]] / q[draft[d]]):
+                k += 1
+                continue
+            if d == 0:  # rejected at the root: the step's token from the residual
+                r = np.maximum(p - q, 0.0)
+                first[rng.choice(4, p=r / r.sum())] += 1
+            break
+        if k:
+            first[draft[0]] += 1
+        kept.append(k)
+    se = np.std(kept) / np.sqrt(n)
+    assert abs(np.mean(kept) - np.mean(exact)) < 4 * se
+    np.testing.assert_allclose(first / n, dist(()), atol=0.012)
+
+
+def test_drawn_chains_in_the_oracle(toy_pair, tmp_path):
+    from scripts.learned_pair.__main__ import main as cli
+    from scripts.learned_pair.tokenizer import MASK_ID
+
+    target, drafter, prompts = _toy(toy_pair)
+    cap = drafter.shape.block_size - 1
+    r = evaluate.oracle_accept(drafter, target, prompts, 24, [4], MASK_ID, 0, evaluate.Sampling(0.7, 20, 0.8),
+                               stride=6, drawn_chains=3)
+    (row,) = r["budgets"]
+    assert row["drawn_chains_per_anchor"] == 3
+    for key in ("drawn_chain_expected_accept", "first_drawn_chain_expected_accept"):
+        assert 1.0 <= row[key] <= cap + 1
+    greedy = evaluate.oracle_accept(drafter, target, prompts, 24, [4], MASK_ID, 0, evaluate.Sampling(),
+                                    stride=6, drawn_chains=3)
+    assert "drawn_chain_expected_accept" not in greedy["budgets"][0]  # nothing to draw at T=0
+    pair, _ = toy_pair
+    with pytest.raises(SystemExit, match="with --oracle"):
+        cli(["offline", str(pair), "--sampling", "1", "--drawn-chains", "2"])
