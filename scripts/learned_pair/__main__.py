@@ -12,10 +12,10 @@
          [--deadline-s 300]   one more drafter for the pair's target, in drafter-NAME/
   offline PAIR [--drafter DIR] --sampling T[/top_k[/top_p[/min_p]]],... [--budgets 16,64] [--prompts 8]
          [--new-tokens 128] [--out FILE]   accept lengths replayed with the torch models
-         [--oracle [--stride 8] [--tree-temperatures T,...] [--drawn-chains M]]   instead: expected
+         [--oracle [--stride 8] [--tree-temperatures T,...] [--draws M]]   instead: expected
                                    accept of the best tree from the target's own conditionals, of the
-                                   drafter's tree and of its chain (and of chains drawn from the drafter,
-                                   verified by speculative sampling)
+                                   drafter's tree and of its chain (and of drafts drawn from the drafter,
+                                   verified by speculative / recursive rejection sampling)
 """
 
 from __future__ import annotations
@@ -115,9 +115,10 @@ def main(argv=None) -> int:
     o.add_argument("--tree-temperatures", default="",
                    help="with --oracle: also the drafter's tree built from its distribution at these "
                         "temperatures (comma-separated; the server builds it at 1)")
-    o.add_argument("--drawn-chains", type=int, default=0, metavar="M",
-                   help="with --oracle, at T > 0: also chains drawn from the drafter's distribution (put "
-                        "through the request's sampling) and verified by speculative sampling, M draws per anchor")
+    o.add_argument("--draws", type=int, default=0, metavar="M",
+                   help="with --oracle, at T > 0: also drafts drawn from the drafter's distribution (put through "
+                        "the request's sampling), M per anchor: chains verified by speculative sampling, trees "
+                        "of DDTree's shape by recursive rejection sampling")
     args = ap.parse_args(argv)
 
     from . import checkpoint
@@ -176,8 +177,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"--tree-temperatures takes numbers, e.g. 0.7,1,1.4; got {args.tree_temperatures!r}")
         if any(not t > 0 for t in tree_temperatures) or (tree_temperatures and not args.oracle):
             raise SystemExit("--tree-temperatures takes positive temperatures, with --oracle")
-        if args.drawn_chains < 0 or (args.drawn_chains and not args.oracle):
-            raise SystemExit("--drawn-chains takes a count of draws per anchor, with --oracle")
+        if args.draws < 0 or (args.draws and not args.oracle):
+            raise SystemExit("--draws takes a count of draws per anchor, with --oracle")
         target, drafter = checkpoint.load_pair(args.pair, drafter=args.drafter)
         target.eval(), drafter.eval()
         rows = [json.loads(line) for line in (args.pair / "prompts.jsonl").read_text().splitlines() if line.strip()]
@@ -192,7 +193,7 @@ def main(argv=None) -> int:
             if args.oracle:
                 r = evaluate.oracle_accept(drafter, target, prompts, args.new_tokens, budgets, MASK_ID, args.seed,
                                            evaluate.Sampling.parse(spec), args.stride, tree_temperatures,
-                                           args.drawn_chains)
+                                           args.draws)
             else:
                 r = evaluate.offline_accept_sampled(drafter, target, prompts, args.new_tokens, budgets, MASK_ID,
                                                     args.seed, evaluate.Sampling.parse(spec))

@@ -449,6 +449,84 @@ def speculative_chain_accept(cond: Cond, draft: Sequence[int], proposal: Sequenc
     return total
 
 
+def recursive_rejection_probs(p: np.ndarray, children: Sequence[int], drawn: np.ndarray | None,
+                              fixed_after: int | None = None) -> list[float]:
+    """P(the verify keeps each child) at one node under recursive rejection sampling, ``p`` the
+    target's distribution there. Child ``i`` is kept with ``min(1, p_i(c_i) / q_i(c_i))`` once the
+    earlier ones were rejected: ``q_i`` is what ``c_i`` was drawn from (``drawn`` without
+    ``c_1 .. c_{i-1}``, renormalised: draws without replacement) or a point mass for a fixed child,
+    and ``p_i`` the residual ``max(p_{i-1} - q_{i-1}, 0)`` renormalised. After the last rejection
+    the step draws from the residual, so the node's token follows ``p`` whatever the children.
+    ``drawn`` None: every child fixed, each kept with ``p(c_i)`` (the server's walk); else the
+    first ``fixed_after`` children (default all) were drawn and the rest are fixed."""
+    p = np.asarray(p, dtype=np.float64).copy()
+    q = None if drawn is None else np.asarray(drawn, dtype=np.float64).copy()
+    n_drawn = 0 if q is None else (len(children) if fixed_after is None else fixed_after)
+    out, left = [], 1.0
+    for i, c in enumerate(children):
+        if i < n_drawn:
+            qi = q.copy()
+        else:
+            qi = np.zeros_like(p)
+            qi[c] = 1.0
+        keep = min(1.0, p[c] / max(qi[c], 1e-300))
+        out.append(left * keep)
+        left *= 1.0 - keep
+        residual = np.maximum(p - qi, 0.0)
+        z = residual.sum()
+        if left <= 0.0 or z <= 0.0:
+            out.extend([0.0] * (len(children) - i - 1))
+            break
+        p = residual / z
+        if i < n_drawn:
+            q[c] = 0.0
+            q /= max(q.sum(), 1e-300)
+    return out
+
+
+def drawn_tree_accept(cond: Cond, nodes: list[Node], tokens: Sequence[Sequence[int]],
+                      proposal: Sequence[np.ndarray], drawn_depths: Sequence[int], rng: np.random.Generator) -> float:
+    """Expected accepted tokens of one step over DDTree's tree shape ``nodes`` whose children at
+    ``drawn_depths`` are drawn: each parent's, as many as the shape gives it, without replacement
+    from ``proposal[d - 1]`` (Gumbel top-k; the first draw takes the lowest rank), verified by
+    recursive rejection sampling (``recursive_rejection_probs``). Children at other depths, and any
+    beyond the proposal's support, are the shape's own tokens (``tokens[d - 1][rank]``)."""
+    children: dict[int, list[int]] = {}
+    for i, n in enumerate(nodes):
+        children.setdefault(n.parent, []).append(i)
+    tok: list[int] = [0] * len(nodes)
+    n_drawn: dict[int, int] = {}
+    for parent, kids in children.items():
+        kids.sort(key=lambda i: nodes[i].rank)
+        d = nodes[kids[0]].depth
+        picked: list[int] = []
+        if d in drawn_depths:
+            q = np.asarray(proposal[d - 1], dtype=np.float64)
+            support = int((q > 0).sum())
+            keys = np.where(q > 0, np.log(np.maximum(q, 1e-300)) + rng.gumbel(size=q.size), -np.inf)
+            picked = [int(t) for t in np.argsort(-keys, kind="stable")[: min(len(kids), support)]]
+        n_drawn[parent] = len(picked)
+        rest = (t for t in tokens[d - 1] if t not in picked)
+        for j, i in enumerate(kids):
+            tok[i] = picked[j] if j < len(picked) else next(rest)
+    paths: list[tuple] = []
+    for i, n in enumerate(nodes):  # pop order: a parent before its children
+        paths.append((paths[n.parent] if n.parent >= 0 else ()) + (tok[i],))
+    parents = sorted(children, reverse=True)  # children before their parents; the root (-1) last
+    dists = dict(zip(parents, cond([paths[i] if i >= 0 else () for i in parents])))
+    gain = [0.0] * len(nodes)
+    for parent in parents:
+        kids = children[parent]
+        d = nodes[kids[0]].depth
+        drawn = proposal[d - 1] if n_drawn[parent] else None
+        probs = recursive_rejection_probs(dists[parent], [tok[i] for i in kids], drawn, n_drawn[parent])
+        total = sum(pk * (1.0 + gain[i]) for pk, i in zip(probs, kids))
+        if parent < 0:
+            return total
+        gain[parent] = total
+    return 0.0
+
+
 def tree_paths(nodes: list[Node], tokens: Sequence[Sequence[int]]) -> list[tuple]:
     """Each node's token path from the root (``tokens[d][r]`` as in ``tree_accept``)."""
     out: list[tuple] = []
@@ -518,7 +596,7 @@ class TargetCond:
 @torch.no_grad()
 def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], new_tokens: int,
                   budgets: Sequence[int], mask_token_id: int, seed: int, sampling: Sampling,
-                  stride: int = 8, tree_temperatures: Sequence[float] = (), drawn_chains: int = 0) -> dict:
+                  stride: int = 8, tree_temperatures: Sequence[float] = (), draws: int = 0) -> dict:
     """Expected tokens per verify step (accepted + 1) under ``sampling`` at every ``stride``-th
     position of the target's own continuations (those of ``offline_accept_sampled``): of the
     best tree of B nodes built from the target's true conditionals (the bound no drafter can
@@ -527,17 +605,20 @@ def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], ne
     next-token entropy (nats) and top-1 probability under ``sampling`` over the continuations.
     ``tree_temperatures``: also the drafter's tree built from its distribution at each of these
     temperatures (the server builds it at 1, whatever the request's).
-    ``drawn_chains`` (at T > 0): also chains *drawn* from the drafter's distribution put through
-    the request's sampling and verified by speculative sampling (``speculative_chain_accept``),
-    the mean over that many draws per anchor, with every depth drawn, and with depth 1 drawn
-    and the deeper ones the argmax."""
+    ``draws`` (at T > 0): also drafts *drawn* from the drafter's distribution put through the
+    request's sampling, the mean over that many draws per anchor: chains verified by speculative
+    sampling (``speculative_chain_accept``; every depth drawn, or depth 1 drawn and the deeper
+    ones the argmax), and DDTree's tree shape with every depth's children drawn, or the root's
+    children only, verified by recursive rejection sampling (``drawn_tree_accept``)."""
     bs = drafter.shape.block_size
-    drawn = drawn_chains if sampling.temperature > 0 else 0
-    draws = torch.Generator().manual_seed(seed + 1)
+    drawn = draws if sampling.temperature > 0 else 0
+    chain_gen = torch.Generator().manual_seed(seed + 1)
+    tree_rng = np.random.default_rng(seed + 1)
     cap, kmax = bs - 1, max(budgets)
     sums = {("chain", 0): 0.0, **{(w, b): 0.0 for w in ("oracle", "ddtree") for b in budgets},
             **{(t, b): 0.0 for t in tree_temperatures for b in budgets},
-            ("drawn", 0): 0.0, ("drawn_first", 0): 0.0}
+            ("drawn", 0): 0.0, ("drawn_first", 0): 0.0,
+            **{(w, b): 0.0 for w in ("drawn_tree", "root_drawn_tree") for b in budgets}}
     anchors_n, forwards, ent, top1 = 0, 0, [], []
     for prompt, seq in zip(prompts, sampled_continuations(target, prompts, new_tokens, sampling, seed)):
         plen, s = len(prompt), seq.numel()
@@ -557,7 +638,7 @@ def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], ne
             sums[("chain", 0)] += 1 + sum(path_probs(cond, chain))
             if drawn:
                 q = sampling.probs(d_logits[i, :cap]).double()
-                xs = torch.multinomial(q, drawn, replacement=True, generator=draws).T.tolist()  # [drawn, cap]
+                xs = torch.multinomial(q, drawn, replacement=True, generator=chain_gen).T.tolist()  # [drawn, cap]
                 qs = list(q.numpy())
                 argmax = list(chain[-1])
                 cond([tuple(x[:d]) for x in xs for d in range(cap)])  # every draw's contexts in one forward
@@ -571,6 +652,10 @@ def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], ne
                 depth, k = min(cap, b), min(b, kmax)
                 nodes = build_tree(vals[i, :depth, :k].tolist(), b)
                 sums[("ddtree", b)] += 1 + sum(path_probs(cond, tree_paths(nodes, ids[i, :depth, :k].tolist())))
+                for _ in range(drawn):
+                    top = ids[i, :depth, :k].tolist()
+                    for name, at in (("drawn_tree", range(1, depth + 1)), ("root_drawn_tree", (1,))):
+                        sums[(name, b)] += (1 + drawn_tree_accept(cond, nodes, top, qs, at, tree_rng)) / drawn
                 for t, (t_vals, t_ids) in tempered.items():
                     nodes = build_tree(t_vals[i, :depth, :k].tolist(), b)
                     sums[(t, b)] += 1 + sum(path_probs(cond, tree_paths(nodes, t_ids[i, :depth, :k].tolist())))
@@ -585,7 +670,9 @@ def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], ne
         if drawn:
             row["drawn_chain_expected_accept"] = round(sums[("drawn", 0)] / n, 4)
             row["first_drawn_chain_expected_accept"] = round(sums[("drawn_first", 0)] / n, 4)
-            row["drawn_chains_per_anchor"] = drawn
+            row["drawn_tree_expected_accept"] = round(sums[("drawn_tree", row["budget"])] / n, 4)
+            row["root_drawn_tree_expected_accept"] = round(sums[("root_drawn_tree", row["budget"])] / n, 4)
+            row["draws_per_anchor"] = drawn
         if tree_temperatures:
             row["drafter_tree_expected_accept_at_temperature"] = {
                 str(t): round(sums[(t, row["budget"])] / n, 4) for t in tree_temperatures}

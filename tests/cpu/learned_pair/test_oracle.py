@@ -243,21 +243,121 @@ def test_speculative_chain_accept_is_the_mean_of_the_verify_it_describes():
     np.testing.assert_allclose(first / n, dist(()), atol=0.012)
 
 
-def test_drawn_chains_in_the_oracle(toy_pair, tmp_path):
+def _simulate_rrs(rng, p, q, k):
+    """One node's verify as the server would run it: k children drawn from q without replacement,
+    each kept with min(1, p_i / q_i), the residual after each rejection; the emitted token."""
+    p, q = p.copy(), q.copy()
+    children = []
+    for _ in range(k):
+        c = int(rng.choice(len(q), p=q / q.sum()))
+        children.append(c)
+        qi = q / q.sum()
+        if rng.random() < min(1.0, p[c] / qi[c]):
+            return children, c, True
+        r = np.maximum(p - qi, 0.0)
+        p = r / r.sum()
+        q[c] = 0.0
+    return children, int(rng.choice(len(p), p=p)), False
+
+
+def test_recursive_rejection_sampling_is_lossless_and_its_probabilities_are_the_mean():
+    rng = np.random.default_rng(5)
+    p = rng.random(6) ** 2
+    p /= p.sum()
+    q = rng.random(6) ** 3
+    q /= q.sum()
+    assert evaluate.recursive_rejection_probs(p, [4, 1], None) == pytest.approx([p[4], p[1]])
+    n, emitted = 30000, np.zeros(6)
+    for _ in range(n):
+        emitted[_simulate_rrs(rng, p, q, 3)[1]] += 1
+    np.testing.assert_allclose(emitted / n, p, atol=0.01)  # the node's token follows p
+    # the keep probability of a fixed set of draws, against the coins alone
+    draws = [2, 5, 0]
+    probs = evaluate.recursive_rejection_probs(p, draws, q)
+    hits = np.zeros(3)
+    for _ in range(n):
+        pp, qq = p.copy(), q.copy()
+        for i, c in enumerate(draws):
+            qi = qq / qq.sum()
+            if rng.random() < min(1.0, pp[c] / qi[c]):
+                hits[i] += 1
+                break
+            r = np.maximum(pp - qi, 0.0)
+            pp = r / r.sum()
+            qq[c] = 0.0
+    np.testing.assert_allclose(hits / n, probs, atol=0.01)
+    # drawing the children beats fixing the most likely ones when q is close to a flat p
+    flat = np.full(6, 1 / 6)
+    assert sum(evaluate.recursive_rejection_probs(flat, [0, 1], flat)) == pytest.approx(1.0)
+    assert sum(evaluate.recursive_rejection_probs(flat, [0, 1], None)) == pytest.approx(2 / 6)
+
+
+def test_drawn_tree_without_drawn_depths_is_the_servers_tree():
+    cond, dist, _ = _synthetic_cond(5, zeros=True)
+    logp = np.log(np.array([[0.5, 0.3, 0.2], [0.6, 0.3, 0.1], [0.7, 0.2, 0.1]]))
+    tokens = [[3, 1, 0], [2, 4, 1], [0, 2, 3]]
+    nodes = evaluate.build_tree(logp.tolist(), 7)
+    want = sum(evaluate.path_probs(cond, evaluate.tree_paths(nodes, tokens)))
+    rng = np.random.default_rng(0)
+    proposal = [np.full(5, 0.2)] * 3
+    assert evaluate.drawn_tree_accept(cond, nodes, tokens, proposal, (), rng) == pytest.approx(want)
+
+
+def test_drawn_tree_accept_is_the_mean_of_simulating_its_verify():
+    """Children drawn at every depth from skewed proposals: the mean of the exact values over
+    draws equals walking the tree with the verify's coins (draws and coins both simulated)."""
+    cond, dist, _ = _synthetic_cond(5, zeros=False)
+    logp = np.log(np.array([[0.5, 0.3, 0.2], [0.6, 0.3, 0.1], [0.7, 0.2, 0.1]]))
+    tokens = [[3, 1, 0], [2, 4, 1], [0, 2, 3]]
+    nodes = evaluate.build_tree(logp.tolist(), 7)
+    rng = np.random.default_rng(2)
+    proposal = [w / w.sum() for w in rng.random((3, 5)) ** 2]
+    n = 6000
+    exact = [evaluate.drawn_tree_accept(cond, nodes, tokens, proposal, (1, 2, 3), rng) for _ in range(n)]
+    children: dict = {}
+    for i, node in enumerate(nodes):
+        children.setdefault(node.parent, []).append(i)
+    walked = []
+    for _ in range(n):
+        at, path, depth = -1, (), 0
+        while at in children:
+            kids = sorted(children[at], key=lambda i: nodes[i].rank)
+            p, q = dist(path), proposal[nodes[kids[0]].depth - 1].copy()
+            nxt = None
+            for i in kids:  # draw the next child without replacement, then its coin
+                qi = q / q.sum()
+                c = int(rng.choice(5, p=qi))
+                if rng.random() < min(1.0, p[c] / qi[c]):
+                    nxt = (i, c)
+                    break
+                r = np.maximum(p - qi, 0.0)
+                p = r / r.sum()
+                q[c] = 0.0
+            if nxt is None:
+                break
+            at, path, depth = nxt[0], path + (nxt[1],), depth + 1
+        walked.append(depth)
+    se = np.hypot(np.std(exact), np.std(walked)) / np.sqrt(n)
+    assert abs(np.mean(exact) - np.mean(walked)) < 4 * se, (np.mean(exact), np.mean(walked), se)
+
+
+def test_draws_in_the_oracle(toy_pair):
     from scripts.learned_pair.__main__ import main as cli
     from scripts.learned_pair.tokenizer import MASK_ID
 
     target, drafter, prompts = _toy(toy_pair)
     cap = drafter.shape.block_size - 1
     r = evaluate.oracle_accept(drafter, target, prompts, 24, [4], MASK_ID, 0, evaluate.Sampling(0.7, 20, 0.8),
-                               stride=6, drawn_chains=3)
+                               stride=6, draws=3)
     (row,) = r["budgets"]
-    assert row["drawn_chains_per_anchor"] == 3
+    assert row["draws_per_anchor"] == 3
     for key in ("drawn_chain_expected_accept", "first_drawn_chain_expected_accept"):
         assert 1.0 <= row[key] <= cap + 1
+    for key in ("drawn_tree_expected_accept", "root_drawn_tree_expected_accept"):
+        assert 1.0 <= row[key] <= min(4, cap) + 1
     greedy = evaluate.oracle_accept(drafter, target, prompts, 24, [4], MASK_ID, 0, evaluate.Sampling(),
-                                    stride=6, drawn_chains=3)
+                                    stride=6, draws=3)
     assert "drawn_chain_expected_accept" not in greedy["budgets"][0]  # nothing to draw at T=0
     pair, _ = toy_pair
     with pytest.raises(SystemExit, match="with --oracle"):
-        cli(["offline", str(pair), "--sampling", "1", "--drawn-chains", "2"])
+        cli(["offline", str(pair), "--sampling", "1", "--draws", "2"])
