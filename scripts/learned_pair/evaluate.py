@@ -449,23 +449,23 @@ def speculative_chain_accept(cond: Cond, draft: Sequence[int], proposal: Sequenc
     return total
 
 
-def recursive_rejection_probs(p: np.ndarray, children: Sequence[int], drawn: np.ndarray | None,
-                              fixed_after: int | None = None) -> list[float]:
+def recursive_rejection_probs(p: np.ndarray, children: Sequence[int], proposal: np.ndarray | None = None,
+                              drawn: Sequence[bool] | None = None) -> list[float]:
     """P(the verify keeps each child) at one node under recursive rejection sampling, ``p`` the
     target's distribution there. Child ``i`` is kept with ``min(1, p_i(c_i) / q_i(c_i))`` once the
-    earlier ones were rejected: ``q_i`` is what ``c_i`` was drawn from (``drawn`` without
-    ``c_1 .. c_{i-1}``, renormalised: draws without replacement) or a point mass for a fixed child,
-    and ``p_i`` the residual ``max(p_{i-1} - q_{i-1}, 0)`` renormalised. After the last rejection
-    the step draws from the residual, so the node's token follows ``p`` whatever the children.
-    ``drawn`` None: every child fixed, each kept with ``p(c_i)`` (the server's walk); else the
-    first ``fixed_after`` children (default all) were drawn and the rest are fixed."""
+    earlier ones were rejected, ``p_i`` the residual ``max(p_{i-1} - q_{i-1}, 0)`` renormalised.
+    A drawn child (``drawn[i]``) was drawn from ``q_i`` = ``proposal`` without the earlier
+    children, renormalised (draws without replacement); a fixed one is its own point mass, kept
+    with ``p_i(c_i)``. After the last rejection the step draws from the residual, so the node's
+    token follows ``p`` whatever the children. Every child fixed (the default) is the server's
+    walk: child ``i`` kept with ``p(c_i)``."""
     p = np.asarray(p, dtype=np.float64).copy()
-    q = None if drawn is None else np.asarray(drawn, dtype=np.float64).copy()
-    n_drawn = 0 if q is None else (len(children) if fixed_after is None else fixed_after)
+    q = None if proposal is None else np.asarray(proposal, dtype=np.float64).copy()
+    drawn = [False] * len(children) if drawn is None else list(drawn)
     out, left = [], 1.0
     for i, c in enumerate(children):
-        if i < n_drawn:
-            qi = q.copy()
+        if drawn[i]:
+            qi = q / max(q.sum(), 1e-300)
         else:
             qi = np.zeros_like(p)
             qi[c] = 1.0
@@ -478,37 +478,40 @@ def recursive_rejection_probs(p: np.ndarray, children: Sequence[int], drawn: np.
             out.extend([0.0] * (len(children) - i - 1))
             break
         p = residual / z
-        if i < n_drawn:
+        if q is not None:
             q[c] = 0.0
-            q /= max(q.sum(), 1e-300)
     return out
 
 
 def drawn_tree_accept(cond: Cond, nodes: list[Node], tokens: Sequence[Sequence[int]],
-                      proposal: Sequence[np.ndarray], drawn_depths: Sequence[int], rng: np.random.Generator) -> float:
+                      proposal: Sequence[np.ndarray], drawn_depths: Sequence[int], rng: np.random.Generator,
+                      fixed_first: int = 0) -> float:
     """Expected accepted tokens of one step over DDTree's tree shape ``nodes`` whose children at
-    ``drawn_depths`` are drawn: each parent's, as many as the shape gives it, without replacement
-    from ``proposal[d - 1]`` (Gumbel top-k; the first draw takes the lowest rank), verified by
-    recursive rejection sampling (``recursive_rejection_probs``). Children at other depths, and any
-    beyond the proposal's support, are the shape's own tokens (``tokens[d - 1][rank]``)."""
+    ``drawn_depths`` are drawn: each parent's, as many as the shape gives it, past its first
+    ``fixed_first`` (which keep the shape's tokens), without replacement from ``proposal[d - 1]``
+    less those (Gumbel top-k; the first draw takes the lowest free rank), verified by recursive
+    rejection sampling (``recursive_rejection_probs``). Children at other depths, and any beyond
+    the proposal's support, are the shape's own tokens (``tokens[d - 1][rank]``)."""
     children: dict[int, list[int]] = {}
     for i, n in enumerate(nodes):
         children.setdefault(n.parent, []).append(i)
     tok: list[int] = [0] * len(nodes)
-    n_drawn: dict[int, int] = {}
+    flags: dict[int, list[bool]] = {}
     for parent, kids in children.items():
         kids.sort(key=lambda i: nodes[i].rank)
         d = nodes[kids[0]].depth
+        fixed = [int(t) for t in tokens[d - 1][: min(fixed_first, len(kids))]] if d in drawn_depths else []
         picked: list[int] = []
         if d in drawn_depths:
-            q = np.asarray(proposal[d - 1], dtype=np.float64)
-            support = int((q > 0).sum())
+            q = np.asarray(proposal[d - 1], dtype=np.float64).copy()
+            q[fixed] = 0.0
             keys = np.where(q > 0, np.log(np.maximum(q, 1e-300)) + rng.gumbel(size=q.size), -np.inf)
-            picked = [int(t) for t in np.argsort(-keys, kind="stable")[: min(len(kids), support)]]
-        n_drawn[parent] = len(picked)
-        rest = (t for t in tokens[d - 1] if t not in picked)
+            picked = [int(t) for t in np.argsort(-keys, kind="stable")[: min(len(kids) - len(fixed), int((q > 0).sum()))]]
+        rest = (int(t) for t in tokens[d - 1] if t not in fixed and t not in picked)
+        order = fixed + picked
+        flags[parent] = [False] * len(fixed) + [True] * len(picked) + [False] * (len(kids) - len(order))
         for j, i in enumerate(kids):
-            tok[i] = picked[j] if j < len(picked) else next(rest)
+            tok[i] = order[j] if j < len(order) else next(rest)
     paths: list[tuple] = []
     for i, n in enumerate(nodes):  # pop order: a parent before its children
         paths.append((paths[n.parent] if n.parent >= 0 else ()) + (tok[i],))
@@ -518,8 +521,9 @@ def drawn_tree_accept(cond: Cond, nodes: list[Node], tokens: Sequence[Sequence[i
     for parent in parents:
         kids = children[parent]
         d = nodes[kids[0]].depth
-        drawn = proposal[d - 1] if n_drawn[parent] else None
-        probs = recursive_rejection_probs(dists[parent], [tok[i] for i in kids], drawn, n_drawn[parent])
+        drawn = any(flags[parent])
+        probs = recursive_rejection_probs(dists[parent], [tok[i] for i in kids],
+                                          proposal[d - 1] if drawn else None, flags[parent])
         total = sum(pk * (1.0 + gain[i]) for pk, i in zip(probs, kids))
         if parent < 0:
             return total
@@ -593,6 +597,11 @@ class TargetCond:
             self.dist[p] = dists[j]
 
 
+#: Drawn-tree variants of ``oracle_accept``: (name, drawn depths (None: all), fixed first children).
+DRAWN_TREES = (("drawn_tree", None, 0), ("root_drawn_tree", (1,), 0),
+               ("top1_drawn_tree", None, 1), ("root_top1_drawn_tree", (1,), 1))
+
+
 @torch.no_grad()
 def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], new_tokens: int,
                   budgets: Sequence[int], mask_token_id: int, seed: int, sampling: Sampling,
@@ -609,7 +618,8 @@ def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], ne
     request's sampling, the mean over that many draws per anchor: chains verified by speculative
     sampling (``speculative_chain_accept``; every depth drawn, or depth 1 drawn and the deeper
     ones the argmax), and DDTree's tree shape with every depth's children drawn, or the root's
-    children only, verified by recursive rejection sampling (``drawn_tree_accept``)."""
+    children only, all of them or all but the most likely one (``DRAWN_TREES``), verified by
+    recursive rejection sampling (``drawn_tree_accept``)."""
     bs = drafter.shape.block_size
     drawn = draws if sampling.temperature > 0 else 0
     chain_gen = torch.Generator().manual_seed(seed + 1)
@@ -618,7 +628,7 @@ def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], ne
     sums = {("chain", 0): 0.0, **{(w, b): 0.0 for w in ("oracle", "ddtree") for b in budgets},
             **{(t, b): 0.0 for t in tree_temperatures for b in budgets},
             ("drawn", 0): 0.0, ("drawn_first", 0): 0.0,
-            **{(w, b): 0.0 for w in ("drawn_tree", "root_drawn_tree") for b in budgets}}
+            **{(w, b): 0.0 for w, _, _ in DRAWN_TREES for b in budgets}}
     anchors_n, forwards, ent, top1 = 0, 0, [], []
     for prompt, seq in zip(prompts, sampled_continuations(target, prompts, new_tokens, sampling, seed)):
         plen, s = len(prompt), seq.numel()
@@ -654,8 +664,9 @@ def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], ne
                 sums[("ddtree", b)] += 1 + sum(path_probs(cond, tree_paths(nodes, ids[i, :depth, :k].tolist())))
                 for _ in range(drawn):
                     top = ids[i, :depth, :k].tolist()
-                    for name, at in (("drawn_tree", range(1, depth + 1)), ("root_drawn_tree", (1,))):
-                        sums[(name, b)] += (1 + drawn_tree_accept(cond, nodes, top, qs, at, tree_rng)) / drawn
+                    for name, at, fixed in DRAWN_TREES:
+                        at = range(1, depth + 1) if at is None else at
+                        sums[(name, b)] += (1 + drawn_tree_accept(cond, nodes, top, qs, at, tree_rng, fixed)) / drawn
                 for t, (t_vals, t_ids) in tempered.items():
                     nodes = build_tree(t_vals[i, :depth, :k].tolist(), b)
                     sums[(t, b)] += 1 + sum(path_probs(cond, tree_paths(nodes, t_ids[i, :depth, :k].tolist())))
@@ -670,8 +681,8 @@ def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], ne
         if drawn:
             row["drawn_chain_expected_accept"] = round(sums[("drawn", 0)] / n, 4)
             row["first_drawn_chain_expected_accept"] = round(sums[("drawn_first", 0)] / n, 4)
-            row["drawn_tree_expected_accept"] = round(sums[("drawn_tree", row["budget"])] / n, 4)
-            row["root_drawn_tree_expected_accept"] = round(sums[("root_drawn_tree", row["budget"])] / n, 4)
+            for name, _, _ in DRAWN_TREES:
+                row[f"{name}_expected_accept"] = round(sums[(name, row["budget"])] / n, 4)
             row["draws_per_anchor"] = drawn
         if tree_temperatures:
             row["drafter_tree_expected_accept_at_temperature"] = {

@@ -266,14 +266,14 @@ def test_recursive_rejection_sampling_is_lossless_and_its_probabilities_are_the_
     p /= p.sum()
     q = rng.random(6) ** 3
     q /= q.sum()
-    assert evaluate.recursive_rejection_probs(p, [4, 1], None) == pytest.approx([p[4], p[1]])
+    assert evaluate.recursive_rejection_probs(p, [4, 1]) == pytest.approx([p[4], p[1]])
     n, emitted = 30000, np.zeros(6)
     for _ in range(n):
         emitted[_simulate_rrs(rng, p, q, 3)[1]] += 1
     np.testing.assert_allclose(emitted / n, p, atol=0.01)  # the node's token follows p
     # the keep probability of a fixed set of draws, against the coins alone
     draws = [2, 5, 0]
-    probs = evaluate.recursive_rejection_probs(p, draws, q)
+    probs = evaluate.recursive_rejection_probs(p, draws, q, [True] * 3)
     hits = np.zeros(3)
     for _ in range(n):
         pp, qq = p.copy(), q.copy()
@@ -288,8 +288,8 @@ def test_recursive_rejection_sampling_is_lossless_and_its_probabilities_are_the_
     np.testing.assert_allclose(hits / n, probs, atol=0.01)
     # drawing the children beats fixing the most likely ones when q is close to a flat p
     flat = np.full(6, 1 / 6)
-    assert sum(evaluate.recursive_rejection_probs(flat, [0, 1], flat)) == pytest.approx(1.0)
-    assert sum(evaluate.recursive_rejection_probs(flat, [0, 1], None)) == pytest.approx(2 / 6)
+    assert sum(evaluate.recursive_rejection_probs(flat, [0, 1], flat, [True, True])) == pytest.approx(1.0)
+    assert sum(evaluate.recursive_rejection_probs(flat, [0, 1])) == pytest.approx(2 / 6)
 
 
 def test_drawn_tree_without_drawn_depths_is_the_servers_tree():
@@ -303,9 +303,11 @@ def test_drawn_tree_without_drawn_depths_is_the_servers_tree():
     assert evaluate.drawn_tree_accept(cond, nodes, tokens, proposal, (), rng) == pytest.approx(want)
 
 
-def test_drawn_tree_accept_is_the_mean_of_simulating_its_verify():
-    """Children drawn at every depth from skewed proposals: the mean of the exact values over
-    draws equals walking the tree with the verify's coins (draws and coins both simulated)."""
+@pytest.mark.parametrize("fixed_first", [0, 1])
+def test_drawn_tree_accept_is_the_mean_of_simulating_its_verify(fixed_first):
+    """Children drawn at every depth from skewed proposals (past the first ``fixed_first``, the
+    shape's own tokens): the mean of the exact values over draws equals walking the tree with the
+    verify's coins (draws and coins both simulated); the root's token follows the target's."""
     cond, dist, _ = _synthetic_cond(5, zeros=False)
     logp = np.log(np.array([[0.5, 0.3, 0.2], [0.6, 0.3, 0.1], [0.7, 0.2, 0.1]]))
     tokens = [[3, 1, 0], [2, 4, 1], [0, 2, 3]]
@@ -313,32 +315,41 @@ def test_drawn_tree_accept_is_the_mean_of_simulating_its_verify():
     rng = np.random.default_rng(2)
     proposal = [w / w.sum() for w in rng.random((3, 5)) ** 2]
     n = 6000
-    exact = [evaluate.drawn_tree_accept(cond, nodes, tokens, proposal, (1, 2, 3), rng) for _ in range(n)]
+    exact = [evaluate.drawn_tree_accept(cond, nodes, tokens, proposal, (1, 2, 3), rng, fixed_first)
+             for _ in range(n)]
     children: dict = {}
     for i, node in enumerate(nodes):
         children.setdefault(node.parent, []).append(i)
-    walked = []
+    walked, root_tokens = [], np.zeros(5)
     for _ in range(n):
         at, path, depth = -1, (), 0
         while at in children:
             kids = sorted(children[at], key=lambda i: nodes[i].rank)
-            p, q = dist(path), proposal[nodes[kids[0]].depth - 1].copy()
+            d = nodes[kids[0]].depth
+            p, q = dist(path), proposal[d - 1].copy()
             nxt = None
-            for i in kids:  # draw the next child without replacement, then its coin
-                qi = q / q.sum()
-                c = int(rng.choice(5, p=qi))
+            for j, i in enumerate(kids):  # the next child (fixed, or drawn without replacement), its coin
+                if j < fixed_first:
+                    c = tokens[d - 1][j]
+                    qi = np.eye(5)[c]
+                else:
+                    qi = q / q.sum()
+                    c = int(rng.choice(5, p=qi))
                 if rng.random() < min(1.0, p[c] / qi[c]):
                     nxt = (i, c)
                     break
                 r = np.maximum(p - qi, 0.0)
                 p = r / r.sum()
                 q[c] = 0.0
+            if at == -1:
+                root_tokens[nxt[1] if nxt else int(rng.choice(5, p=p))] += 1
             if nxt is None:
                 break
             at, path, depth = nxt[0], path + (nxt[1],), depth + 1
         walked.append(depth)
     se = np.hypot(np.std(exact), np.std(walked)) / np.sqrt(n)
     assert abs(np.mean(exact) - np.mean(walked)) < 4 * se, (np.mean(exact), np.mean(walked), se)
+    np.testing.assert_allclose(root_tokens / n, dist(()), atol=0.02)
 
 
 def test_draws_in_the_oracle(toy_pair):
@@ -353,7 +364,7 @@ def test_draws_in_the_oracle(toy_pair):
     assert row["draws_per_anchor"] == 3
     for key in ("drawn_chain_expected_accept", "first_drawn_chain_expected_accept"):
         assert 1.0 <= row[key] <= cap + 1
-    for key in ("drawn_tree_expected_accept", "root_drawn_tree_expected_accept"):
+    for key in [f"{name}_expected_accept" for name, _, _ in evaluate.DRAWN_TREES]:
         assert 1.0 <= row[key] <= min(4, cap) + 1
     greedy = evaluate.oracle_accept(drafter, target, prompts, 24, [4], MASK_ID, 0, evaluate.Sampling(),
                                     stride=6, draws=3)
