@@ -190,6 +190,22 @@ def _interpreted() -> bool:
 _BLOCK_V = 2048
 
 
+def _filter_params(top_ks, top_ps, min_ps, unused: torch.Tensor) -> tuple:
+    """The filters' parameter pointers; ``unused`` stands in for a filter that is off (never read)."""
+    return tuple(unused if t is None else t for t in (top_ks, top_ps, min_ps))
+
+
+def _filter_flags(top_ks, top_ps, min_ps, rule: FilterRule) -> dict:
+    """The kernels' compile-time switches for the filters in use and the backend's rule."""
+    return dict(
+        HAS_TOP_K=top_ks is not None,
+        HAS_TOP_P=top_ps is not None,
+        HAS_MIN_P=min_ps is not None,
+        TOP_P_INCLUSIVE=rule.top_p_inclusive,
+        TOP_P_OF_TOP_K_MASS=rule.top_p_of_top_k_mass,
+    )
+
+
 def _floors_among_triton(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule, k: int):
     rows, vocab = logits.shape
     if logits.stride(1) != 1:
@@ -199,7 +215,6 @@ def _floors_among_triton(logits, temperatures, top_ks, top_ps, min_ps, rule: Fil
     decided = torch.empty((rows,), dtype=torch.bool, device=logits.device)
     if rows == 0:
         return floors, decided
-    unused = floors  # a pointer the kernel does not read when a filter is off
     _floors_kernel[(rows,)](
         logits,
         logits.stride(0),
@@ -207,18 +222,12 @@ def _floors_among_triton(logits, temperatures, top_ks, top_ps, min_ps, rule: Fil
         vals.stride(0),
         temperatures,
         temperatures.stride(0),
-        unused if top_ks is None else top_ks,
-        unused if top_ps is None else top_ps,
-        unused if min_ps is None else min_ps,
+        *_filter_params(top_ks, top_ps, min_ps, unused=floors),
         floors,
         decided,
         vocab,
         k,
-        HAS_TOP_K=top_ks is not None,
-        HAS_TOP_P=top_ps is not None,
-        HAS_MIN_P=min_ps is not None,
-        TOP_P_INCLUSIVE=rule.top_p_inclusive,
-        TOP_P_OF_TOP_K_MASS=rule.top_p_of_top_k_mass,
+        **_filter_flags(top_ks, top_ps, min_ps, rule),
         BLOCK_K=triton.next_power_of_2(k),
         BLOCK_V=min(_BLOCK_V, triton.next_power_of_2(vocab)),
     )
@@ -324,23 +333,16 @@ def _whole_row_floors_triton(logits, temperatures, top_ks, top_ps, min_ps, rule:
         return
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    unused = floors
     _whole_row_floors_kernel[(rows,)](
         logits,
         logits.stride(0),
         temperatures,
         temperatures.stride(0),
-        unused if top_ks is None else top_ks,
-        unused if top_ps is None else top_ps,
-        unused if min_ps is None else min_ps,
+        *_filter_params(top_ks, top_ps, min_ps, unused=floors),
         floors,
         decided,
         vocab,
-        HAS_TOP_K=top_ks is not None,
-        HAS_TOP_P=top_ps is not None,
-        HAS_MIN_P=min_ps is not None,
-        TOP_P_INCLUSIVE=rule.top_p_inclusive,
-        TOP_P_OF_TOP_K_MASS=rule.top_p_of_top_k_mass,
+        **_filter_flags(top_ks, top_ps, min_ps, rule),
         SPLIT=_SPLIT,
         PASSES=_SEARCH_PASSES,
         BLOCK_V=min(_SEARCH_BLOCK_V, triton.next_power_of_2(vocab)),
