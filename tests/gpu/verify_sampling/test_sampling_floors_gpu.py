@@ -1,0 +1,49 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The filters' floors on the GPU at a real vocabulary: rows whose top-p or min-p cut lies
+beyond the candidates are searched over the whole row (``_whole_row_floors_kernel``, compiled
+for this GPU, not interpreted); every floor must equal the one a full sort of the row gives.
+No server. GPU host only."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("GPU tier: needs a CUDA device", allow_module_level=True)
+
+from sglang.srt.speculative.verify_sampling import sampling_filters as sf  # noqa: E402
+
+VOCAB = 151936  # Qwen's
+ROWS = 272  # 16 requests x (B=16 + 1)
+
+
+def _rows(seed: int, ties: bool) -> torch.Tensor:
+    """Flat rows (the cut deep in the row) and peaked ones; with ``ties``, values on a coarse grid."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    logits = torch.randn(ROWS, VOCAB, generator=gen) * 1.5
+    logits[1::2, :8] += 10.0
+    if ties:
+        logits = (logits * 4).round() / 4
+    logits[3] = float("-inf")
+    return logits.cuda()
+
+
+@pytest.mark.parametrize("backend", ["flashinfer", "pytorch"])
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("top_k,top_p,min_p", [(0, 0.95, 0.0), (0, 1.0, 0.005), (0, 0.9, 0.01), (3000, 0.97, 0.0)])
+def test_whole_row_floors_equal_the_full_sort(backend, ties, top_k, top_p, min_p):
+    logits = _rows(7 + ties, ties)
+    temps = torch.full((ROWS, 1), 0.8, device="cuda")
+    top_ks = torch.full((ROWS,), top_k, dtype=torch.int32, device="cuda") if top_k else None
+    top_ps = torch.full((ROWS,), top_p, device="cuda") if top_p < 1.0 else None
+    min_ps = torch.full((ROWS,), min_p, device="cuda") if min_p > 0 else None
+    rule = sf.FilterRule.for_backend(backend, need_min_p=min_p > 0)
+    cand = sf.Candidates.for_requests([top_k] * ROWS, [top_p] * ROWS, [min_p] * ROWS, VOCAB)
+    _, decided = sf._floors_among_triton(logits, temps, top_ks, top_ps, min_ps, rule, cand.k)
+    if top_k == 0:
+        assert int((~decided).sum()) >= ROWS // 4, "the whole-row search was not exercised"
+    got = sf.logit_floors(logits, temps, top_ks, top_ps, min_ps, rule, cand)
+    want, _ = sf.floors_among_reference(logits, temps, top_ks, top_ps, min_ps, rule, VOCAB)
+    bad = torch.nonzero(got != want).view(-1)
+    assert bad.numel() == 0, f"rows {bad[:8].tolist()}: {got[bad[:8]].tolist()} != {want[bad[:8]].tolist()}"
