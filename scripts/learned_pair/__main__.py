@@ -11,7 +11,8 @@
          [--temperatures 0,1] [--sequences N --new-tokens N --batch N --anchors N --lr X]
          [--deadline-s 300]   one more drafter for the pair's target, in drafter-NAME/
   offline PAIR [--drafter DIR] --sampling T[/top_k[/top_p[/min_p]]],... [--budgets 16,64] [--prompts 8]
-         [--new-tokens 128] [--out FILE]   accept lengths replayed with the torch models
+         [--new-tokens 128] [--seed 0] [--dtype float32|bfloat16] [--out FILE]   accept lengths
+                                   replayed with the torch models
          [--oracle [--stride 8] [--tree-temperatures T,...] [--draws M]]   instead: expected
                                    accept of the best tree from the target's own conditionals, of the
                                    drafter's tree and of its chain (and of drafts drawn from the drafter,
@@ -107,6 +108,8 @@ def main(argv=None) -> int:
     o.add_argument("--new-tokens", type=int, default=128)
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--out", type=Path)
+    o.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the models' dtype (the server runs bfloat16 on a GPU)")
     o.add_argument("--oracle", action="store_true",
                    help="the oracle bound: expected accept (exact, per setting and budget) of the best tree "
                         "built from the target's own conditionals, of the drafter's tree and of its chain, at "
@@ -179,16 +182,17 @@ def main(argv=None) -> int:
             raise SystemExit("--tree-temperatures takes positive temperatures, with --oracle")
         if args.draws < 0 or (args.draws and not args.oracle):
             raise SystemExit("--draws takes a count of draws per anchor, with --oracle")
-        target, drafter = checkpoint.load_pair(args.pair, drafter=args.drafter)
+        target, drafter = checkpoint.load_pair(args.pair, dtype=getattr(torch, args.dtype), drafter=args.drafter)
         target.eval(), drafter.eval()
         rows = [json.loads(line) for line in (args.pair / "prompts.jsonl").read_text().splitlines() if line.strip()]
         prompts = [r["prompt_ids"] for r in rows[: args.prompts]]
         budgets = [int(b) for b in args.budgets.split(",")]
-        result = {"pair": str(args.pair), "drafter": args.drafter, "date": time.strftime("%Y-%m-%d"),
+        result = {"pair": str(args.pair), "drafter": args.drafter, "dtype": args.dtype,
+                  "seed": args.seed, "date": time.strftime("%Y-%m-%d"),
                   "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
-                  "torch_threads": torch.get_num_threads(), "settings": []}
+                  "torch_threads": torch.get_num_threads(), "argv": sys.argv[1:] if argv is None else list(argv), "settings": []}
         if args.oracle:
-            result.update(oracle=True, argv=sys.argv[1:] if argv is None else list(argv))
+            result.update(oracle=True)
         for spec in args.sampling.split(","):
             if args.oracle:
                 r = evaluate.oracle_accept(drafter, target, prompts, args.new_tokens, budgets, MASK_ID, args.seed,

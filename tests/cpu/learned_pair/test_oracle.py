@@ -372,3 +372,22 @@ def test_draws_in_the_oracle(toy_pair):
     pair, _ = toy_pair
     with pytest.raises(SystemExit, match="with --oracle"):
         cli(["offline", str(pair), "--sampling", "1", "--draws", "2"])
+
+
+def test_offline_replay_in_bfloat16_records_its_run(toy_pair, tmp_path):
+    """``--dtype bfloat16`` (the server's dtype on a GPU) replays with bf16 models; the JSON records
+    the dtype, the seed and the argv."""
+    from scripts.learned_pair.__main__ import main as cli
+
+    pair, _ = toy_pair
+    runs = {}
+    for dtype in ("float32", "bfloat16"):
+        out = tmp_path / f"{dtype}.json"
+        argv = ["offline", str(pair), "--sampling", "1", "--budgets", "4", "--prompts", "1", "--new-tokens", "24",
+                "--seed", "3", "--dtype", dtype, "--out", str(out)]
+        assert cli(argv) == 0
+        runs[dtype] = json.loads(out.read_text())
+        assert runs[dtype]["dtype"] == dtype and runs[dtype]["seed"] == 3 and runs[dtype]["argv"] == argv
+        assert runs[dtype]["settings"][0]["ddtree4"] >= 1.0
+    with pytest.raises(SystemExit):
+        cli(["offline", str(pair), "--sampling", "1", "--dtype", "float16"])
