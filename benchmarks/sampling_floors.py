@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.gpu_timing import bench
 from benchmarks.plotting import pyplot
 from sglang.srt.speculative.verify_sampling import sampling_filters as sf
 
@@ -76,34 +76,16 @@ def paths(logits, setting: str):
     def full_sort():
         return sf.floors_among_reference(logits, temps, top_ks, top_ps, min_ps, rule, vocab)[0]
 
-    return {"search": search, "sort_undecided": sort_undecided, "full_sort": full_sort}, cand
-
-
-def _undecided(logits, setting: str) -> int:
-    rows, vocab = logits.shape
-    temps, top_ks, top_ps, min_ps, rule, cand = _inputs(rows, vocab, setting, logits.device)
     _, decided = sf._floors_among_triton(logits, temps, top_ks, top_ps, min_ps, rule, cand.k)
-    return int((~decided).sum()) if cand.deep else 0
+    undecided = int((~decided).sum()) if cand.deep else 0
+    return {"search": search, "sort_undecided": sort_undecided, "full_sort": full_sort}, cand, undecided
 
 
-def _median_ms(fn, repeats: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def measure(rows: int, vocab: int, setting: str, repeats: int, seed: int = 0) -> dict:
+def measure(rows: int, vocab: int, setting: str, seed: int = 0) -> dict:
+    """Median ms of each path (eager: the sort path syncs the host) and whether its floors are the full sort's."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     logits = make_rows(rows, vocab, seed, device)
-    fns, cand = paths(logits, setting)
+    fns, cand, undecided = paths(logits, setting)
     want = fns["full_sort"]()
     got = fns["search"]()
     row = {
@@ -111,13 +93,13 @@ def measure(rows: int, vocab: int, setting: str, repeats: int, seed: int = 0) ->
         "vocab": vocab,
         "setting": setting,
         "candidates": cand.k,
-        "undecided_rows": _undecided(logits, setting),
+        "undecided_rows": undecided,
         "search_equals_full_sort": bool(torch.equal(got, want)),
         "sort_undecided_equals_full_sort": bool(torch.equal(fns["sort_undecided"](), want)),
     }
     if device == "cuda":
         for name, fn in fns.items():
-            row[f"{name}_ms"] = round(_median_ms(fn, repeats), 4)
+            row[f"{name}_ms"] = round(bench(fn, graph=False), 4)
         row["sort_undecided_over_search"] = round(row["sort_undecided_ms"] / row["search_ms"], 2)
     return row
 
@@ -150,7 +132,6 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--rows", default="17,272,1088")
     ap.add_argument("--settings", default=";".join(SETTINGS), help="';'-separated")
-    ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--tag", default="sampling_floors")
     ap.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--replot", type=Path, help="only draw the PNG of a result JSON (beside it)")
@@ -166,7 +147,7 @@ def main(argv=None) -> int:
     result = {"date": time.strftime("%Y-%m-%d"), "device": device, "rows": []}
     for setting in settings:
         for rows in (int(r) for r in args.rows.split(",")):
-            row = measure(rows, args.vocab, setting, args.repeats)
+            row = measure(rows, args.vocab, setting)
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
     args.out_dir.mkdir(parents=True, exist_ok=True)

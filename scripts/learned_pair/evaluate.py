@@ -520,10 +520,8 @@ def drawn_tree_accept(cond: Cond, nodes: list[Node], tokens: Sequence[Sequence[i
     gain = [0.0] * len(nodes)
     for parent in parents:
         kids = children[parent]
-        d = nodes[kids[0]].depth
-        drawn = any(flags[parent])
         probs = recursive_rejection_probs(dists[parent], [tok[i] for i in kids],
-                                          proposal[d - 1] if drawn else None, flags[parent])
+                                          proposal[nodes[kids[0]].depth - 1], flags[parent])
         total = sum(pk * (1.0 + gain[i]) for pk, i in zip(probs, kids))
         if parent < 0:
             return total
@@ -661,9 +659,9 @@ def oracle_accept(drafter: Drafter, target: Target, prompts: list[list[int]], ne
                 sums[("oracle", b)] += 1 + sum(q for _, q in best[:b])
                 depth, k = min(cap, b), min(b, kmax)
                 nodes = build_tree(vals[i, :depth, :k].tolist(), b)
-                sums[("ddtree", b)] += 1 + sum(path_probs(cond, tree_paths(nodes, ids[i, :depth, :k].tolist())))
+                top = ids[i, :depth, :k].tolist()
+                sums[("ddtree", b)] += 1 + sum(path_probs(cond, tree_paths(nodes, top)))
                 for _ in range(drawn):
-                    top = ids[i, :depth, :k].tolist()
                     for name, at, fixed in DRAWN_TREES:
                         at = range(1, depth + 1) if at is None else at
                         sums[(name, b)] += (1 + drawn_tree_accept(cond, nodes, top, qs, at, tree_rng, fixed)) / drawn

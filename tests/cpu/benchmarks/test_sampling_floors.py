@@ -8,14 +8,14 @@ from benchmarks import sampling_floors as bench
 
 
 def test_the_three_paths_agree_and_the_search_is_exercised():
-    row = bench.measure(rows=6, vocab=4096, setting="top_p=0.95", repeats=1)
+    row = bench.measure(rows=6, vocab=4096, setting="top_p=0.95")
     assert row["undecided_rows"] == 3  # the flat half
     assert row["search_equals_full_sort"] and row["sort_undecided_equals_full_sort"]
     assert "search_ms" not in row  # no timings without CUDA
 
 
 def test_bounded_rows_skip_the_search():
-    row = bench.measure(rows=4, vocab=3000, setting="top_k=20,top_p=0.8", repeats=1)
+    row = bench.measure(rows=4, vocab=3000, setting="top_k=20,top_p=0.8")
     assert row["candidates"] == 20 and row["undecided_rows"] == 0
     assert row["search_equals_full_sort"]
 

@@ -247,17 +247,15 @@ def _simulate_rrs(rng, p, q, k):
     """One node's verify as the server would run it: k children drawn from q without replacement,
     each kept with min(1, p_i / q_i), the residual after each rejection; the emitted token."""
     p, q = p.copy(), q.copy()
-    children = []
     for _ in range(k):
-        c = int(rng.choice(len(q), p=q / q.sum()))
-        children.append(c)
         qi = q / q.sum()
+        c = int(rng.choice(len(q), p=qi))
         if rng.random() < min(1.0, p[c] / qi[c]):
-            return children, c, True
+            return c
         r = np.maximum(p - qi, 0.0)
         p = r / r.sum()
         q[c] = 0.0
-    return children, int(rng.choice(len(p), p=p)), False
+    return int(rng.choice(len(p), p=p))
 
 
 def test_recursive_rejection_sampling_is_lossless_and_its_probabilities_are_the_mean():
@@ -269,7 +267,7 @@ def test_recursive_rejection_sampling_is_lossless_and_its_probabilities_are_the_
     assert evaluate.recursive_rejection_probs(p, [4, 1]) == pytest.approx([p[4], p[1]])
     n, emitted = 30000, np.zeros(6)
     for _ in range(n):
-        emitted[_simulate_rrs(rng, p, q, 3)[1]] += 1
+        emitted[_simulate_rrs(rng, p, q, 3)] += 1
     np.testing.assert_allclose(emitted / n, p, atol=0.01)  # the node's token follows p
     # the keep probability of a fixed set of draws, against the coins alone
     draws = [2, 5, 0]
