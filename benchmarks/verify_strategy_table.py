@@ -18,7 +18,10 @@ shape, and how that compares with the fused kernel, the route before the table.
 ``--attn gqa`` measures MHA/GQA targets instead (``fused`` and ``flashinfer_split``): query
 heads 32 and 64 over 8 KV heads of 64, 128 and 256 (Qwen3, Llama, gpt-oss and Gemma
 layouts), N 17/65/129, P 1K/16K/64K, bs 1/8; its rows carry their layout (``Hkv``, ``D``),
-and the policy takes the rows of the layout nearest a target's.
+and the policy takes the rows of the layout nearest a target's. ``--strategies
+fused,flashinfer_split,xqa`` also times FlashInfer's XQA kernel over the same KV in
+pages of 16 (``benchmarks/xqa_verify.py``): a candidate, reported per row
+(``candidates_ms``, and against the policy's choice) but never written into the table.
 
 ``--sm120-proxy`` measures the sm_12x family on another GPU (SGLANG_DDTREE_SM120_PROXY=1:
 sm_120 tiles, FlashInfer's fa2 kernels, no FlashMLA). ``--table PATH`` writes the run's
@@ -51,6 +54,10 @@ SHIPPED_TABLE = REPO / "sglang" / "srt" / "layers" / "attention" / "tree_verify"
 #: The targets the sm_12x route is held to (H, N, P, bs) -> ms, measured as the proxy.
 SM12X_TARGETS = {(16, 65, 16384, 1): 0.22, (128, 65, 65536, 1): 4.6}
 PLAN_CALLS = 50
+#: Kernels measured beside the serving strategies, never written into the table.
+CANDIDATES = ("xqa",)
+#: The page size the XQA candidate reads (its smallest).
+XQA_PAGE_SIZE = 16
 #: MHA/GQA layouts of the table: (query heads, KV heads, head dim).
 GQA_HEADS = (32, 64)
 GQA_LAYOUTS = ((8, 64), (8, 128), (8, 256))
@@ -132,6 +139,8 @@ def apply_policy(rows: list[dict], family: str, arch) -> list[dict]:
                "chosen_ms": r["ms"].get(served), "fused_ms": r["ms"]["fused"], "fastest": best}  # fmt: skip
         if rec["chosen_ms"] is not None:
             rec["chosen_over_fused"] = rec["chosen_ms"] / rec["fused_ms"]
+            for name, ms in r.get("candidates_ms", {}).items():
+                rec.setdefault("candidate_over_chosen", {})[name] = ms / rec["chosen_ms"]
         out.append(rec)
     return out
 
@@ -149,6 +158,42 @@ def _time_plan(prefix_pass, indptr, indices, lens=None) -> float:
         times.append((time.perf_counter() - t0) * 1e3)
     torch.cuda.synchronize()
     return statistics.median(times)
+
+
+def _measure_candidate(row: dict, name: str, args, layout, check) -> None:
+    """A kernel measured beside the serving strategies but not one of them (so not in
+    the table's ``ms``): ``xqa``, FlashInfer's XQA over the same KV laid out in pages of
+    ``XQA_PAGE_SIZE`` (``benchmarks/xqa_verify.py``)."""
+    import torch
+
+    from benchmarks.gpu_timing import bench
+    from benchmarks.xqa_verify import XqaTreeVerify, paged_copy, xqa_reason
+
+    q, k, v, indptr, indices, tidx, mask, scale = args
+    h, n, p, bs = (row[key] for key in ("H", "N", "P", "bs"))
+    why = xqa_reason(h, layout.hkv, layout.dqk, layout.dv, q.dtype, k.dtype, XQA_PAGE_SIZE)
+    if why is not None:
+        row["errors"][name] = f"unavailable: {why}"
+        return
+    try:
+        paged = paged_copy(k, v, indptr, indices, tidx, XQA_PAGE_SIZE)
+        kernel = XqaTreeVerify(q.device, layout.hkv, scale, layout.dqk)
+        out = torch.empty_like(q)
+
+        def fn():
+            return kernel(q, paged, mask, out)
+
+        err = check(fn(), args, h, n, p, bs, heads=layout)
+        if err is not None:
+            row["max_err"][name] = err
+            if not err < 5e-2:
+                raise AssertionError(f"max error {err} against the reference")
+        row.setdefault("candidates_ms", {})[name] = bench(fn)
+        row.setdefault("candidates", {})[name] = {"page_size": XQA_PAGE_SIZE}
+        del paged
+    except Exception as e:  # a candidate failing must not lose the rest of the matrix
+        row["errors"][name] = f"{type(e).__name__}: {e}"[:500]
+        torch.cuda.synchronize()
 
 
 def measure(shapes, strategies, proxy: bool) -> list[dict]:
@@ -181,6 +226,9 @@ def measure(shapes, strategies, proxy: bool) -> list[dict]:
         q, k, v, indptr, indices, tidx, mask, scale = args
         row = {**shape_row, "ms": {}, "errors": {}, "max_err": {}}
         for name in strategies:
+            if name in CANDIDATES:
+                _measure_candidate(row, name, args, layout, check)
+                continue
             options = {}
             try:
                 if name == "flashmla_split" and layout is not MLA:
@@ -232,8 +280,9 @@ def plot(result: dict, path: Path) -> None:
     labels = [f"H{r['H']}" + (f"/{r['Hkv']}x{r['D']}" if r.get("kind") == "mha" else "")
               + f" N{r['N']} P{r['P'] // 1024}K bs{r['bs']}" for r in rows]  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(10, len(rows) * 0.3), 5))
-    for name, style in (("fused", "rs"), ("flashinfer_split", "bo"), ("flashmla_split", "k^")):
-        pts = [(i, r["ms"][name]) for i, r in enumerate(rows) if name in r["ms"]]
+    for name, style in (("fused", "rs"), ("flashinfer_split", "bo"), ("flashmla_split", "k^"), ("xqa", "mD")):
+        pts = [(i, r["ms"].get(name, r.get("candidates_ms", {}).get(name))) for i, r in enumerate(rows)]
+        pts = [(i, ms) for i, ms in pts if ms is not None]
         if pts:
             ax.plot([x for x, _ in pts], [y for _, y in pts], style, label=name, markersize=4)
     chosen = {shape_key(c): c for c in result.get("policy", [])}
@@ -268,9 +317,11 @@ def main(argv=None) -> int:
                     help="write this run's section into this strategy table (created from the shipped one)")
     args = ap.parse_args(argv)
     strategies = [s for s in args.strategies.split(",") if s]
-    unknown = set(strategies) - {"fused", "flashinfer_split", "flashmla_split"}
+    unknown = set(strategies) - {"fused", "flashinfer_split", "flashmla_split", *CANDIDATES}
     if unknown:
-        ap.error(f"not serving strategies: {sorted(unknown)}")
+        ap.error(f"not serving strategies or candidates ({', '.join(CANDIDATES)}): {sorted(unknown)}")
+    if args.attn == "mla" and set(strategies) & set(CANDIDATES):
+        ap.error(f"{', '.join(CANDIDATES)} serve MHA/GQA targets only: use --attn gqa")
     fields = ("H", "N", "P", "bs") if args.attn == "mla" else ("H", "Hkv", "D", "N", "P", "bs")
     try:
         shapes = [tuple(int(x) for x in v.split(":")) for v in args.shapes.split(",") if v]
@@ -335,8 +386,10 @@ def main(argv=None) -> int:
         print(f"wrote the {family} section into {args.table}")
     for c in result["policy"]:
         layout = f" {c['Hkv']}x{c['D']}" if c.get("kind") == "mha" else ""
+        cand = "".join(f", {k} {v:.2f}x the choice" for k, v in c.get("candidate_over_chosen", {}).items())
         print(f"H{c['H']:>4}{layout} N{c['N']:>4} P{c['P']:>6} bs{c['bs']:>2}: {c['chosen']:<17} "
-              f"{c['chosen_ms'] or float('nan'):8.4f} ms, fused {c['fused_ms']:8.4f} ms, fastest here {c['fastest']}")
+              f"{c['chosen_ms'] or float('nan'):8.4f} ms, fused {c['fused_ms']:8.4f} ms, fastest here {c['fastest']}"
+              f"{cand}")
     for t in result.get("targets", []):
         print(f"target H{t['H']} N{t['N']} P{t['P']} bs{t['bs']}: {t['chosen_ms']} ms (<= {t['target_ms']})")
     print(f"{len(slower)} shapes where the policy's choice is slower than the fused kernel")

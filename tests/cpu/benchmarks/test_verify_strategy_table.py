@@ -110,3 +110,16 @@ def test_gqa_shapes_flag_takes_the_layout(tmp_path):
         vst.main(["--attn", "gqa", "--shapes", "32:65:16384:1", "--out-dir", str(tmp_path)])
     with pytest.raises(SystemExit):
         vst.main(["--attn", "gqa", "--shapes", "32:0:128:65:16384:1", "--out-dir", str(tmp_path)])
+
+
+def test_the_xqa_candidate_stays_out_of_the_table(tmp_path):
+    """A candidate's time is reported against the policy's choice, and the section the
+    policy reads holds only serving strategies (the table loader refuses other names)."""
+    rows = [{**GQA_ROWS[1], "candidates_ms": {"xqa": 0.2}}]
+    (choice,) = vst.apply_policy(rows, "sm90", (9, 0))
+    assert choice["chosen"] == "flashinfer_split"
+    assert choice["candidate_over_chosen"] == {"xqa": pytest.approx(0.5)}
+    section = vst.section_from_rows(rows, "sm90", META, "cmd")
+    assert set(section["rows"][0]["ms"]) == {"fused", "flashinfer_split"}
+    with pytest.raises(SystemExit):  # XQA serves MHA/GQA only
+        vst.main(["--strategies", "fused,xqa", "--out-dir", str(tmp_path)])
