@@ -49,7 +49,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator, List, Optional
+from typing import Iterator, List, NamedTuple, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -71,7 +71,8 @@ ALLOC_OPS = frozenset({"empty", "empty_strided", "empty_like", "new_empty", "new
 NO_KERNEL_OPS = frozenset({"scalar_tensor", "to", "_local_scalar_dense"})
 #: Where the step's code lives: an op is attributed to the innermost function in these files.
 _STEP_SOURCES = ("/speculative/ddtree/", "/speculative/dflash_worker_v2.py", "/speculative/draft_worker_common.py",
-                 "/speculative/dflash_info", "/speculative/dflash_utils.py", "/kernels/ops/speculative/")  # fmt: skip
+                 "/speculative/dflash_info", "/speculative/dflash_utils.py", "/kernels/ops/speculative/",
+                 "/speculative/verify_sampling/")  # fmt: skip
 
 
 def _call_site() -> str:
@@ -286,6 +287,61 @@ class _SamplingInfo:
         return self._bs
 
 
+class _SampledInfo(_SamplingInfo):
+    """A sampled batch's state, every request alike: what ``SamplingBatchInfo`` carries
+    for ``temperature``, ``top_k``, ``top_p`` and ``min_p`` (upstream's need_* flags)."""
+
+    is_all_greedy = False
+    sampling_seed = None
+
+    def __init__(self, bs: int, setting: "Sampling"):
+        super().__init__(bs)
+        self.temperatures = torch.full((bs, 1), setting.temperature)
+        self.top_ks = torch.full((bs,), setting.top_k, dtype=torch.int32)
+        self.top_ps = torch.full((bs,), setting.top_p)
+        self.min_ps = torch.full((bs,), setting.min_p)
+        self.need_top_k_sampling = setting.top_k != TOP_K_ALL
+        self.need_top_p_sampling = setting.top_p != 1.0
+        self.need_min_p_sampling = setting.min_p > 0
+
+
+def _no_sampler_kernels(*args):
+    raise AssertionError("the verify's fused draw does not call the sampler's kernels")
+
+
+#: Upstream's "no top-k" (``sampling_params.TOP_K_ALL``).
+TOP_K_ALL = 1 << 30
+
+
+class Sampling(NamedTuple):
+    temperature: float
+    top_k: int = TOP_K_ALL
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> Optional["Sampling"]:
+        """``T[/top_k[/top_p[/min_p]]]`` (top_k 0: none); ``0``: greedy (None)."""
+        parts = text.split("/")
+        if not 1 <= len(parts) <= 4:
+            raise ValueError(f"a sampling setting is T[/top_k[/top_p[/min_p]]], got {text!r}")
+        t = float(parts[0])
+        if t == 0:
+            return None
+        k = int(parts[1]) if len(parts) > 1 else 0
+        return cls(t, k if k > 0 else TOP_K_ALL, *(float(x) for x in parts[2:]))
+
+    def label(self) -> str:
+        out = f"T={self.temperature:g}"
+        if self.top_k != TOP_K_ALL:
+            out += f" k={self.top_k}"
+        if self.top_p != 1.0:
+            out += f" p={self.top_p:g}"
+        if self.min_p > 0:
+            out += f" min-p={self.min_p:g}"
+        return out
+
+
 @contextlib.contextmanager
 def _patched(obj, name, value):
     saved = getattr(obj, name)
@@ -303,7 +359,7 @@ class StepWorld:
     CONTEXT = 4096
 
     def __init__(self, algo: str, bs: int, budget: int, block: int, vocab: int, *, tree_mask_bits: bool = True,
-                 seed: int = 0):  # fmt: skip
+                 seed: int = 0, sampling: Optional[Sampling] = None):  # fmt: skip
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
         from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info
@@ -359,9 +415,11 @@ class StepWorld:
             _warned_sampling_fallback=False,
             _draft_sampler=None,
             _append_target_hidden_to_draft_kv_by_loc=self._stand_in("draft_context_kv_writer", lambda **kw: None),
-            # A greedy batch never reaches the sampler's draw.
-            verify_sampler=VerifySampler(vocab_size=vocab, device="cpu", sampler=SimpleNamespace(_sample_from_probs=None),
-                                          sampling_backend=None),
+            # A greedy batch never reaches the sampler's draw; a sampled one takes the fused
+            # draw (the default), which never calls the sampler's either.
+            verify_sampler=VerifySampler(vocab_size=vocab, device="cpu",
+                                          sampler=SimpleNamespace(_sample_from_probs=_no_sampler_kernels),
+                                          sampling_backend="flashinfer"),
         )  # fmt: skip
         for name in ("_draft_block_ids_buf", "_draft_block_positions_buf", "_draft_block_tokens_buf",
                      "_draft_verify_out_cache_loc_buf", "_draft_block_end_buf", "_draft_seq_lens_cpu_buf",
@@ -390,8 +448,10 @@ class StepWorld:
             is_extend_in_batch=False,
             return_logprob=False,
             has_grammar=False,
-            sampling_info=_SamplingInfo(bs),
-            reqs=[None] * bs,
+            sampling_info=_SamplingInfo(bs) if sampling is None else _SampledInfo(bs, sampling),
+            reqs=[None] * bs if sampling is None else [
+                SimpleNamespace(sampling_params=SimpleNamespace(top_k=sampling.top_k, top_p=sampling.top_p,
+                                                                min_p=sampling.min_p))] * bs,
             seq_lens=self.seq_lens.clone(),
             seq_lens_cpu=self.seq_lens.to(torch.int32),
             seq_lens_sum=int(self.seq_lens.sum()),
@@ -446,10 +506,12 @@ class StepWorld:
     def _environment(self) -> Iterator[None]:
         from sglang.srt.speculative import dflash_info
         from sglang.srt.speculative.ddtree import worker as ddtree_worker
+        from sglang.srt.speculative.verify_sampling import verify_sampler
 
         tp = SimpleNamespace(world_size=1)
         with contextlib.ExitStack() as stack:
             stack.enter_context(_patched(ddtree_worker, "get_tp_group", lambda: tp))
+            stack.enter_context(_patched(verify_sampler, "get_tp_group", lambda: tp))
             stack.enter_context(
                 _patched(dflash_info.DFlashVerifyInput, "prepare_for_verify",
                          lambda vi, batch, tw: self._stand_in("prepare_for_verify", self._prepare_for_verify)(vi, batch, tw))
@@ -491,23 +553,26 @@ class StepWorld:
 # --------------------------------------------------------------------------- run
 
 
-def run_matrix(bss, budgets, block: int, vocab: int, dense_mask: bool) -> List[dict]:
+def run_matrix(bss, budgets, block: int, vocab: int, dense_mask: bool, samplings=(None,)) -> List[dict]:
     rows = []
-    for bs in bss:
-        rows.append({"algo": "DFLASH", "bs": bs, "budget": None, "block": block,
-                     **StepWorld("DFLASH", bs, 0, block, vocab).count_step()})  # fmt: skip
-        for budget in budgets:
-            variants = [True] + ([False] if dense_mask else [])
-            for bits in variants:
-                world = StepWorld("DDTREE", bs, budget, block, vocab, tree_mask_bits=bits)
-                label = "DDTREE" if bits else "DDTREE (dense mask)"
-                rows.append({"algo": label, "bs": bs, "budget": budget, "block": world.block,
-                             **world.count_step()})  # fmt: skip
+    for sampling in samplings:
+        label = "greedy" if sampling is None else sampling.label()
+        for bs in bss:
+            if sampling is None:  # DFLASH's sampled verify is upstream's draft sampler's: not stood in here
+                rows.append({"algo": "DFLASH", "bs": bs, "budget": None, "block": block, "sampling": label,
+                             **StepWorld("DFLASH", bs, 0, block, vocab).count_step()})  # fmt: skip
+            for budget in budgets:
+                variants = [True] + ([False] if dense_mask else [])
+                for bits in variants:
+                    world = StepWorld("DDTREE", bs, budget, block, vocab, tree_mask_bits=bits, sampling=sampling)
+                    algo = "DDTREE" if bits else "DDTREE (dense mask)"
+                    rows.append({"algo": algo, "bs": bs, "budget": budget, "block": world.block, "sampling": label,
+                                 **world.count_step()})  # fmt: skip
     return rows
 
 
 def _key(row: dict) -> tuple:
-    return row["algo"], row["bs"], row["budget"]
+    return row["algo"], row["bs"], row["budget"], row.get("sampling", "greedy")
 
 
 def plot(result: dict, path: Path) -> None:
@@ -556,10 +621,17 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=512, help="stand-in vocabulary (does not change the counts)")
     ap.add_argument("--dense-mask", action="store_true",
                     help="also count DDTREE on a backend that takes the dense custom mask")  # fmt: skip
+    ap.add_argument("--sampling", default="0",
+                    help="comma-separated settings T[/top_k[/top_p[/min_p]]] (0: greedy), e.g. 0,1,0.7/20/0.8/0.05: "
+                         "DDTREE's step also counted with every request sampling so")  # fmt: skip
     ap.add_argument("--baseline", type=Path, help="an earlier run's JSON to compare with")
     ap.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--tag", default=f"cpu_{datetime.date.today().isoformat()}")
     args = ap.parse_args(argv)
+    try:
+        samplings = [Sampling.parse(x) for x in args.sampling.split(",") if x]
+    except ValueError as e:
+        ap.error(f"--sampling: {e}")
 
     from sglang.srt.speculative.ddtree.tree_build import triton_interpreted
 
@@ -567,7 +639,7 @@ def main(argv=None) -> int:
         print("error: Triton is not in interpreter mode; set TRITON_INTERPRET=1 before running", file=sys.stderr)
         return 2
     torch.manual_seed(0)
-    rows = run_matrix(args.bs, args.budgets, args.block, args.vocab, args.dense_mask)
+    rows = run_matrix(args.bs, args.budgets, args.block, args.vocab, args.dense_mask, samplings or [None])
     result = {
         "label": "CPU, op counts",
         "meta": {
@@ -577,8 +649,8 @@ def main(argv=None) -> int:
             "triton_interpret": True,
             "commit": _commit(),
             "command": "python3 -m benchmarks.step_ops " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "note": "counts of the eager work of one greedy decode step outside the model forwards; "
-                    "deterministic, not timings",
+            "note": "counts of the eager work of one decode step outside the model forwards (greedy, or "
+                    "sampled as each row's sampling says); deterministic, not timings",
         },  # fmt: skip
         "rows": rows,
     }
@@ -590,12 +662,13 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(result, indent=1) + "\n")
     plot(result, out.with_suffix(".png"))
     base = {_key(r): r for r in (result.get("baseline") or {}).get("rows", [])}
-    print(f"{'algo':<22}{'bs':>4}{'budget':>8}{'launches':>10}{'device':>8}{'triton':>8}{'ext':>5}"
+    print(f"{'algo':<22}{'sampling':<26}{'bs':>4}{'budget':>8}{'launches':>10}{'device':>8}{'triton':>8}{'ext':>5}"
           f"{'views':>7}{'allocs':>8}{'host':>6}{'baseline':>10}")  # fmt: skip
     for r in rows:
         b = base.get(_key(r), {}).get("launches", "")
-        print(f"{r['algo']:<22}{r['bs']:>4}{str(r['budget'] or '-'):>8}{r['launches']:>10}{r['device_ops']:>8}"
-              f"{r['triton']:>8}{r['extension']:>5}{r['view_ops']:>7}{r['alloc_ops']:>8}{r['host_ops']:>6}{b:>10}")  # fmt: skip
+        print(f"{r['algo']:<22}{r.get('sampling', 'greedy'):<26}{r['bs']:>4}{str(r['budget'] or '-'):>8}"
+              f"{r['launches']:>10}{r['device_ops']:>8}{r['triton']:>8}{r['extension']:>5}{r['view_ops']:>7}"
+              f"{r['alloc_ops']:>8}{r['host_ops']:>6}{b:>10}")  # fmt: skip
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 

@@ -130,46 +130,27 @@ def test_a_step_below_the_full_budget(step_budget):
     assert torch.equal(after.flatten().sort().values, before.flatten().sort().values)
 
 
-class _SampledInfo(step_ops._SamplingInfo):
-    """A batch sampling at T=0.7 with top-k 20 and top-p 0.8 (Qwen's recommendation)."""
-
-    is_all_greedy = False
-    need_top_k_sampling = True
-    need_top_p_sampling = True
-    need_min_p_sampling = False
-    sampling_seed = None
-
-    def __init__(self, bs: int):
-        super().__init__(bs)
-        self.temperatures = torch.full((bs, 1), 0.7)
-        self.top_ks = torch.full((bs,), 20, dtype=torch.int32)
-        self.top_ps = torch.full((bs,), 0.8)
-        self.min_ps = torch.zeros(bs)
-
-
-def test_a_sampled_ddtree_step_draws_fused_in_a_few_launches(monkeypatch):
+@pytest.mark.parametrize("setting,extra", [("0.7/20/0.8", 6), ("0.7/20/0.8/0.05", 7), ("1", 2)])
+def test_a_sampled_ddtree_step_draws_fused_in_a_few_launches(setting, extra):
     """Top-k with top-p: the verify draws every node with the fused draw (the candidates'
-    top-k, the floors kernel, the Gumbel kernel, three per-node parameters, the seed, which a
-    GPU host draws on its CPU), not the sampler's kernels: six launches more than a greedy
-    step, which takes one argmax instead."""
-    from types import SimpleNamespace
-
-    from sglang.srt.speculative.verify_sampling import verify_sampler
-
-    monkeypatch.setattr(verify_sampler, "get_tp_group", lambda: SimpleNamespace(world_size=1))
+    top-k, the floors kernel, the Gumbel kernel, the per-node parameters, the seed, which a
+    GPU host draws on its CPU), not the sampler's kernels (the stand-in sampler raises): a
+    few launches more than a greedy step, which takes one argmax instead; plain T=1 needs
+    no floors."""
     bs, vocab = 2, 256
-
-    def sampler_kernels(*args):
-        raise AssertionError("the fused draw does not call the sampler's kernels")
-
     greedy = step_ops.StepWorld("DDTREE", bs, 16, 16, vocab).count_step()
-    world = step_ops.StepWorld("DDTREE", bs, 16, 16, vocab)
-    world.batch.sampling_info = _SampledInfo(bs)
-    world.batch.reqs = [SimpleNamespace(sampling_params=SimpleNamespace(top_k=20, top_p=0.8, min_p=0.0))] * bs
-    world.worker.verify_sampler = verify_sampler.VerifySampler(
-        vocab_size=vocab, device="cpu", sampler=SimpleNamespace(_sample_from_probs=sampler_kernels),
-        sampling_backend="flashinfer")  # fmt: skip
-    sampled = world.count_step()
-    assert {"_floors_kernel", "_gumbel_draw_kernel"} <= set(sampled["triton_kernels"]), sampled["triton_kernels"]
-    assert sampled["ops"].get("device_ops:topk", 0) == greedy["ops"].get("device_ops:topk", 0) + 1
-    assert sampled["launches"] - greedy["launches"] <= 6, (sampled["launches"], greedy["launches"])
+    sampling = step_ops.Sampling.parse(setting)
+    sampled = step_ops.StepWorld("DDTREE", bs, 16, 16, vocab, sampling=sampling).count_step()
+    assert "_gumbel_draw_kernel" in sampled["triton_kernels"], sampled["triton_kernels"]
+    filtered = sampling.top_k != step_ops.TOP_K_ALL
+    assert ("_floors_kernel" in sampled["triton_kernels"]) == filtered
+    assert sampled["ops"].get("device_ops:topk", 0) == greedy["ops"].get("device_ops:topk", 0) + filtered
+    assert sampled["launches"] - greedy["launches"] == extra, (sampled["launches"], greedy["launches"])
+
+
+def test_sampling_settings_parse():
+    assert step_ops.Sampling.parse("0") is None
+    assert step_ops.Sampling.parse("0.7/20/0.8/0.05") == step_ops.Sampling(0.7, 20, 0.8, 0.05)
+    assert step_ops.Sampling.parse("1/0").top_k == step_ops.TOP_K_ALL
+    with pytest.raises(ValueError):
+        step_ops.Sampling.parse("1/2/3/4/5")
