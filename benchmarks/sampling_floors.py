@@ -2,7 +2,9 @@
 """The filters' floors for rows whose top-p or min-p cut lies beyond the candidates: the
 whole-row search (``_whole_row_floors_kernel``, no host sync, graph-capturable) against the
 sort it replaced (the candidates' kernel, a host sync, then a full sort of the undecided rows)
-and against sorting every row. Every floor the search gives is checked equal to the full sort's.
+and against sorting every row. Every floor the search gives is checked equal to the full sort's,
+but where a token sits at the top-p or min-p cut within float32 rounding (``floors_differ``:
+neither float32 path is exact there; such rows are counted apart).
 
     python3 -m benchmarks.sampling_floors --tag sampling_floors_<gpu>_<date>
 
@@ -78,25 +80,23 @@ def paths(logits, setting: str):
 
     _, decided = sf._floors_among_triton(logits, temps, top_ks, top_ps, min_ps, rule, cand.k)
     undecided = int((~decided).sum()) if cand.deep else 0
-    return {"search": search, "sort_undecided": sort_undecided, "full_sort": full_sort}, cand, undecided
+    inputs = (temps, top_ks, top_ps, min_ps, rule)
+    return {"search": search, "sort_undecided": sort_undecided, "full_sort": full_sort}, cand, undecided, inputs
 
 
 def measure(rows: int, vocab: int, setting: str, seed: int = 0) -> dict:
     """Median ms of each path (eager: the sort path syncs the host) and whether its floors are the full sort's."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     logits = make_rows(rows, vocab, seed, device)
-    fns, cand, undecided = paths(logits, setting)
+    fns, cand, undecided, inputs = paths(logits, setting)
     want = fns["full_sort"]()
-    got = fns["search"]()
-    row = {
-        "rows": rows,
-        "vocab": vocab,
-        "setting": setting,
-        "candidates": cand.k,
-        "undecided_rows": undecided,
-        "search_equals_full_sort": bool(torch.equal(got, want)),
-        "sort_undecided_equals_full_sort": bool(torch.equal(fns["sort_undecided"](), want)),
-    }
+    row = {"rows": rows, "vocab": vocab, "setting": setting, "candidates": cand.k, "undecided_rows": undecided}
+    for name in ("search", "sort_undecided"):
+        got = fns[name]()
+        # Rows whose floors differ only by tokens at the cut within float32 rounding, and others.
+        real = sf.floors_differ(got, want, logits, *inputs)
+        row[f"{name}_rows_at_cut"] = int((got != want).sum()) - int(real.sum())
+        row[f"{name}_rows_differ"] = int(real.sum())
     if device == "cuda":
         for name, fn in fns.items():
             row[f"{name}_ms"] = round(bench(fn, graph=False), 4)
@@ -153,9 +153,10 @@ def main(argv=None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"{args.tag}.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(result, args.out_dir / f"{args.tag}.png")
-    bad = [r for r in result["rows"] if not (r["search_equals_full_sort"] and r["sort_undecided_equals_full_sort"])]
+    bad = [r for r in result["rows"] if r["search_rows_differ"] or r["sort_undecided_rows_differ"]]
     if bad:
-        print(f"error: floors differ from the full sort in {len(bad)} rows of the table", flush=True)
+        print(f"error: floors differ from the full sort beyond rounding at the cut in {len(bad)} rows of the "
+              f"table", flush=True)
         return 1
     return 0
 

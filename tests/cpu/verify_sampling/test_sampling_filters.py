@@ -198,3 +198,23 @@ def test_the_draw_with_floors_samples_the_filtered_distribution(impl):
         live = want > 0
         assert not bool((got[~live] > 0).any()), (t, k, p, m)
         assert stats.chisquare(got[live].numpy(), (want[live] * per).numpy()).pvalue > 1e-4, (t, k, p, m)
+
+
+def test_floors_differ_only_beyond_rounding_at_the_cut():
+    """Two floors a token apart at a top-p cut that float32 cannot settle agree; a floor off by
+    a token away from any cut, or cut by the top-k count, does not."""
+    rule = FilterRule.for_backend("pytorch", need_min_p=False)
+    # Probabilities 0.5, 0.3, 0.15, 0.05 (T=1): the mass above the third token is 0.8.
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    temps = torch.ones(1, 1)
+    second, third, fourth = logits[:, 1], logits[:, 2], logits[:, 3]
+    at_cut = torch.tensor([0.8 + 3e-6])  # third token's mass above, 0.8, within rounding of the cut
+    assert not sf.floors_differ(second, third, logits, temps, None, at_cut, None, rule).any()
+    assert sf.floors_differ(second, fourth, logits, temps, None, at_cut, None, rule).all()  # 0.95: far
+    assert sf.floors_differ(second, third, logits, temps, None, torch.tensor([0.9]), None, rule).all()
+    top2 = torch.tensor([2], dtype=torch.int32)
+    assert sf.floors_differ(second, third, logits, temps, top2, at_cut, None, rule).all()  # the count decides
+    # min-p: the fourth token is 0.1 of the first; a min-p of 0.1 * (1 + 1e-6) cuts it by rounding.
+    min_p = torch.tensor([0.1 * (1 + 1e-6)])
+    assert not sf.floors_differ(third, fourth, logits, temps, None, None, min_p, rule).any()
+    assert sf.floors_differ(third, fourth, logits, temps, None, None, torch.tensor([0.2]), rule).all()

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The filters' floors on the GPU at a real vocabulary: rows whose top-p or min-p cut lies
 beyond the candidates are searched over the whole row (``_whole_row_floors_kernel``, compiled
-for this GPU, not interpreted); every floor must equal the one a full sort of the row gives.
+for this GPU, not interpreted); every floor must equal the one a full sort of the row gives,
+but where a token sits at the top-p or min-p cut within float32 rounding (``floors_differ``).
 No server. GPU host only."""
 
 from __future__ import annotations
@@ -45,5 +46,8 @@ def test_whole_row_floors_equal_the_full_sort(backend, ties, top_k, top_p, min_p
         assert int((~decided).sum()) >= ROWS // 4, "the whole-row search was not exercised"
     got = sf.logit_floors(logits, temps, top_ks, top_ps, min_ps, rule, cand)
     want, _ = sf.floors_among_reference(logits, temps, top_ks, top_ps, min_ps, rule, VOCAB)
-    bad = torch.nonzero(got != want).view(-1)
+    # Where they differ, only tokens at the cut within float32 rounding may be in between (on
+    # an H100, 2026-12-06, the flat rows at top-p 0.95: the mass above within 3e-6 of the cut,
+    # where a flat row's tokens each hold 7e-6).
+    bad = torch.nonzero(sf.floors_differ(got, want, logits, temps, top_ks, top_ps, min_ps, rule)).view(-1)
     assert bad.numel() == 0, f"rows {bad[:8].tolist()}: {got[bad[:8]].tolist()} != {want[bad[:8]].tolist()}"

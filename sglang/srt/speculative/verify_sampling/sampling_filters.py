@@ -182,6 +182,45 @@ def floors_among_reference(logits, temperatures, top_ks, top_ps, min_ps, rule: F
     return floors, ~active | bounded | ((kept < k) & ~mass_unknown)
 
 
+#: How far from a top-p or min-p cut, in float64, a token may be for two float32 floors to
+#: disagree about it by rounding: a top-p cut sums up to a vocabulary of float32
+#: probabilities, in an order each implementation chooses.
+CUT_ROUNDING = 1e-5
+
+
+def floors_differ(a, b, logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule, tol: float = CUT_ROUNDING):
+    """``[rows]`` bool: where floors ``a`` and ``b`` keep different tokens that are not all
+    at a top-p or min-p cut within ``tol`` in float64. Two float32 implementations of the
+    same filters (the whole-row search, a sort, the sampler's own kernels) agree everywhere
+    else; at a cut neither is exact."""
+    out = torch.zeros(a.shape[0], dtype=torch.bool)
+    for r in torch.nonzero(a != b).view(-1).tolist():
+        x = logits[r].double()
+        lo, hi = sorted((float(a[r]), float(b[r])))
+        between = (x >= lo) & (x < hi)  # kept by one floor only
+        if top_ks is not None and int((x >= hi).sum()) >= int(top_ks[r]):
+            out[r] = True  # the top-k alone decides: counts do not round
+            continue
+        p = torch.softmax(x / float(temperatures.view(-1)[r]), dim=-1)
+        at_cut = torch.zeros_like(between)
+        if top_ps is not None and float(top_ps[r]) < 1.0:
+            limit = float(top_ps[r])
+            if rule.top_p_of_top_k_mass and top_ks is not None and int(top_ks[r]) < x.numel():
+                kth = torch.topk(x, int(top_ks[r])).values[-1]
+                limit *= float(p[x >= kth].sum())
+            sorted_x, order = torch.sort(x, descending=True)
+            above = torch.cumsum(p[order], 0) - p[order]
+            # Ties: each member's mass is that of the strictly larger logits.
+            first = torch.searchsorted(-sorted_x, -sorted_x, side="left")
+            mass_above = torch.empty_like(p)
+            mass_above[order] = above[first]
+            at_cut |= (mass_above - limit).abs() <= tol
+        if min_ps is not None and float(min_ps[r]) > 0:
+            at_cut |= (p / p.max() - float(min_ps[r])).abs() <= tol * float(min_ps[r])
+        out[r] = bool((between & ~at_cut).any())
+    return out
+
+
 def _interpreted() -> bool:
     return type(_floors_kernel).__name__ == "InterpretedFunction"
 
