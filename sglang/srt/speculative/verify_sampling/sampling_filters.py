@@ -360,8 +360,10 @@ def _floors_kernel(
 #: Thresholds one pass of the whole-row search tests; nine passes narrow 2**32 keys to one.
 _SPLIT = 16
 _SEARCH_PASSES = 9
-#: Vocabulary elements per loop step of the whole-row search (a [block, SPLIT] tile per step).
-_SEARCH_BLOCK_V = 512
+#: Vocabulary elements per loop step of the whole-row search (a [block, SPLIT] tile per step):
+#: 1,024 with 8 warps was the fastest tile from 17 to 1,088 rows of 152k logits on an H100
+#: (docs/benchmarks.md, 2026-12-06).
+_SEARCH_BLOCK_V = 1024
 _SEARCH_WARPS = 8
 
 
