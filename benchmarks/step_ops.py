@@ -54,6 +54,8 @@ from typing import Iterator, List, NamedTuple, Optional
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from sglang.srt.sampling.sampling_params import TOP_K_ALL
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: Metadata-only aten ops: no kernel on a GPU.
@@ -307,10 +309,6 @@ class _SampledInfo(_SamplingInfo):
 
 def _no_sampler_kernels(*args):
     raise AssertionError("the verify's fused draw does not call the sampler's kernels")
-
-
-#: Upstream's "no top-k" (``sampling_params.TOP_K_ALL``).
-TOP_K_ALL = 1 << 30
 
 
 class Sampling(NamedTuple):

@@ -160,6 +160,15 @@ def _time_plan(prefix_pass, indptr, indices, lens=None) -> float:
     return statistics.median(times)
 
 
+def _check_against_reference(row: dict, name: str, err) -> None:
+    """Record a strategy's max error against the fp32 reference (None: the shape is too
+    large to check) and refuse to time one that is wrong."""
+    if err is not None:
+        row["max_err"][name] = err
+        if not err < 5e-2:
+            raise AssertionError(f"max error {err} against the reference")
+
+
 def _measure_candidate(row: dict, name: str, args, layout, check) -> None:
     """A kernel measured beside the serving strategies but not one of them (so not in
     the table's ``ms``): ``xqa``, FlashInfer's XQA over the same KV laid out in pages of
@@ -183,13 +192,8 @@ def _measure_candidate(row: dict, name: str, args, layout, check) -> None:
         def fn():
             return kernel(q, paged, mask, out)
 
-        err = check(fn(), args, h, n, p, bs, heads=layout)
-        if err is not None:
-            row["max_err"][name] = err
-            if not err < 5e-2:
-                raise AssertionError(f"max error {err} against the reference")
+        _check_against_reference(row, name, check(fn(), args, h, n, p, bs, heads=layout))
         row.setdefault("candidates_ms", {})[name] = bench(fn)
-        row.setdefault("candidates", {})[name] = {"page_size": XQA_PAGE_SIZE}
         del paged
     except Exception as e:  # a candidate failing must not lose the rest of the matrix
         row["errors"][name] = f"{type(e).__name__}: {e}"[:500]
@@ -249,12 +253,7 @@ def measure(shapes, strategies, proxy: bool) -> list[dict]:
                 def fn(name=name, options=options):
                     return tree_verify_attention(*args, strategy=name, strategy_options=options)
 
-                out = fn()
-                err = check(out, args, h, n, p, bs, heads=layout)
-                if err is not None:
-                    row["max_err"][name] = err
-                    if not err < 5e-2:
-                        raise AssertionError(f"max error {err} against the reference")
+                _check_against_reference(row, name, check(fn(), args, h, n, p, bs, heads=layout))
                 row["ms"][name] = bench(fn)
             except (StrategyUnavailable, ImportError) as e:
                 row["errors"][name] = f"unavailable: {e}"
@@ -360,6 +359,8 @@ def main(argv=None) -> int:
         python=platform.python_version(), sm120_proxy=bool(args.sm120_proxy), policy_family=family, attn=args.attn,
         timing="cuda_graph_replay, median; plan_ms: host time of one FlashInfer plan from the device's lengths",
     )  # fmt: skip
+    if "xqa" in strategies:
+        meta["xqa_page_size"] = XQA_PAGE_SIZE
     print(json.dumps(meta), flush=True)
     if not shapes:
         shapes = [mla_shape(*s) for s in full_matrix()] if args.attn == "mla" else gqa_matrix()
