@@ -427,6 +427,7 @@ class StepWorld:
                           _bonus_id_bufs=[], _out_tokens_bufs=[], _new_seq_lens_bufs=[])  # fmt: skip
         if algo == "DDTREE":
             from sglang.srt.speculative.ddtree.dflash_internals import DFlashInternals
+            from sglang.srt.speculative.ddtree.draft_topk import DraftTopKHead
             from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats
             from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -436,6 +437,9 @@ class StepWorld:
                 _algo=SpeculativeAlgorithm.from_string("DDTREE"), _context_len=self.CONTEXT,
                 stats=DDTreeStepStats(budget, interval=1 << 30),
             )  # fmt: skip
+            # The draft graph's top-K head (``DraftTopKHead``): its ops are in the graph.
+            w._draft_sampler = DraftTopKHead(weight=target_runner.model.lm_head.weight, block_size=block,
+                                             topk=tree.topk, id_offset=0, num_valid=vocab, max_bs=bs)  # fmt: skip
         else:
             # The folded greedy head of DFlash's draft graph: its argmax is in the graph.
             w._draft_sampler = SimpleNamespace(out=torch.zeros(bs * (block - 1), dtype=torch.int64))
@@ -477,6 +481,9 @@ class StepWorld:
         def fwd(fb):
             rows = fb.input_ids.shape[0]
             hidden = torch.randn(rows, self.HIDDEN, generator=self.gen)
+            # A replay runs the graph's tail hook (the folded head) with the forward.
+            if callable(self.worker._draft_sampler):
+                self.worker._draft_sampler(hidden, fb.input_ids)
             return SimpleNamespace(logits_output=SimpleNamespace(hidden_states=hidden), can_run_graph=True)
 
         return self._stand_in("draft_forward", fwd)(forward_batch)

@@ -139,3 +139,30 @@ def test_single_rank_fast_path_equals_chunked_path(monkeypatch, rows, vocab, k, 
     want_v, want_i = reference_topk(hidden, weight, k, vocab)
     assert torch.equal(fast[1], want_i + offset)
     torch.testing.assert_close(fast[0].double(), want_v, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("bs,max_bs,block,k", [(1, 4, 16, 16), (3, 3, 5, 8), (2, 8, 17, 64)])
+def test_draft_graph_head_equals_the_eager_topk(bs, max_bs, block, k):
+    """What the draft graph's tail hook leaves after a replay is the eager path's top-K of
+    the block's depth rows (the bonus row left out), for any captured batch size; a smaller
+    tree reads the leading columns, the top of the same order."""
+    from sglang.srt.speculative.ddtree.draft_topk import DraftTopKHead
+
+    g = torch.Generator().manual_seed(bs * 100 + block)
+    vocab, width = 300, 24
+    weight = torch.randn(vocab + 4, width, generator=g)  # 4 padding rows past the vocabulary
+    head = DraftTopKHead(weight=weight, block_size=block, topk=k, id_offset=0, num_valid=vocab, max_bs=max_bs)
+    hidden = torch.randn(bs * block, width, generator=g)
+    head(hidden, None)
+    got_lp, got_ids = head.read(bs, k)
+    depth_rows = hidden.view(bs, block, width)[:, 1:, :].reshape(-1, width)
+    want_lp, want_ids = lm_head_topk(depth_rows, weight, k, 0, vocab)
+    assert got_lp.shape == got_ids.shape == (bs, block - 1, k)
+    assert torch.equal(got_ids, want_ids.view(bs, block - 1, k))
+    assert torch.equal(got_lp, want_lp.view(bs, block - 1, k))
+    assert int(got_ids.max()) < vocab
+    small_lp, small_ids = head.read(bs, k // 2)
+    assert small_ids.is_contiguous() and torch.equal(small_ids, want_ids.view(bs, block - 1, k)[..., : k // 2])
+    assert torch.equal(small_lp, want_lp.view(bs, block - 1, k)[..., : k // 2])
+    with pytest.raises(ValueError, match="holds the top"):
+        head.read(bs, k + 1)

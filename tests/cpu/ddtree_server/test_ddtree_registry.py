@@ -100,5 +100,3 @@ def test_factory_returns_the_ddtree_worker(model_dirs):
         )
         worker_cls = algo.create_worker(sa)
         assert worker_cls is DDTreeWorker and issubclass(worker_cls, DFlashWorkerV2)
-    # The drafter's folded greedy head is never used: DDTree needs top-K.
-    assert DDTreeWorker._maybe_build_draft_sampler(object.__new__(DDTreeWorker)) is None

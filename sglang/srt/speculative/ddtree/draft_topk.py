@@ -13,6 +13,10 @@ at a time (``lm_head_topk``).
 Under TP, ties are broken towards the lower token id on every rank alike, so
 all ranks build the same tree; one rank needs no such agreement and takes
 ``torch.topk``'s order.
+
+On one rank with CUDA graphs, ``DraftTopKHead`` runs ``lm_head_topk`` inside the
+drafter's graph (upstream's capture tail hook, as DFLASH folds its greedy head),
+so a step replays it instead of launching it op by op.
 """
 
 from __future__ import annotations
@@ -119,3 +123,48 @@ def lm_head_topk(
         return local_v - local_lse.unsqueeze(1), local_i
     return merge_vocab_shards(gather(local_v), gather(local_i), gather(local_lse), k)
 
+
+
+class DraftTopKHead:
+    """``lm_head_topk`` of the draft block's depth rows, captured in the drafter's CUDA graph.
+
+    Registered as a capture tail hook of the draft model runner: every captured batch size
+    scores its block's rows ``1 .. block - 1`` (row 0 is the bonus token) into static
+    buffers, so a replay leaves each depth's top-``topk`` log-probs and ids there. An eager
+    draft forward (a batch larger than the graphs) does not run the hook: the worker reads
+    the buffers only after a replay. Ops and chunking are ``lm_head_topk``'s, so a replay
+    gives what the eager path gives; its transient logits live in the graph pool.
+    """
+
+    def __init__(self, *, weight, block_size: int, topk: int, id_offset: int, num_valid: int, max_bs: int):
+        if block_size < 2:
+            raise ValueError(f"a draft block has the bonus token and at least one depth, got {block_size}")
+        self.weight = weight
+        self.block_size = int(block_size)
+        self.topk = int(topk)
+        self.id_offset = int(id_offset)
+        self.num_valid = int(num_valid)
+        rows = int(max_bs) * (self.block_size - 1)
+        self.logprobs = torch.empty((rows, self.topk), dtype=torch.float32, device=weight.device)
+        self.ids = torch.empty((rows, self.topk), dtype=torch.int64, device=weight.device)
+
+    def __call__(self, hidden_states: torch.Tensor, input_ids: Optional[torch.Tensor] = None) -> None:
+        del input_ids
+        width = hidden_states.shape[-1]
+        depth_rows = hidden_states.view(-1, self.block_size, width)[:, 1:, :].reshape(-1, width)
+        logprobs, ids = lm_head_topk(depth_rows, self.weight, self.topk, self.id_offset, self.num_valid)
+        rows = depth_rows.shape[0]
+        self.logprobs[:rows].copy_(logprobs)
+        self.ids[:rows].copy_(ids)
+
+    def read(self, bs: int, topk: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The last replay's ``[bs, block - 1, topk]`` log-probs and ids (``topk`` at most
+        the head's: a smaller tree takes the leading, most likely, columns)."""
+        if not 1 <= topk <= self.topk:
+            raise ValueError(f"the draft head holds the top {self.topk}, asked for {topk}")
+        rows = bs * (self.block_size - 1)
+        logprobs = self.logprobs[:rows].view(bs, self.block_size - 1, self.topk)
+        ids = self.ids[:rows].view(bs, self.block_size - 1, self.topk)
+        if topk < self.topk:
+            logprobs, ids = logprobs[..., :topk].contiguous(), ids[..., :topk].contiguous()
+        return logprobs, ids

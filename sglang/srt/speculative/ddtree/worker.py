@@ -27,6 +27,7 @@ import torch
 
 from sglang.srt.configs.hybrid_arch import mambaish_config
 from sglang.srt.distributed import get_tp_group
+from sglang.srt.environ import envs
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import (
@@ -40,7 +41,7 @@ from sglang.srt.speculative.ddtree.accept import greedy_accept
 from sglang.srt.speculative.ddtree.budget import TreeBudget
 from sglang.srt.speculative.ddtree.budget_policy import AdaptiveBudget
 from sglang.srt.speculative.ddtree.dflash_internals import DFlashInternals
-from sglang.srt.speculative.ddtree.draft_topk import lm_head_topk
+from sglang.srt.speculative.ddtree.draft_topk import DraftTopKHead, lm_head_topk
 from sglang.srt.speculative.ddtree.info import (
     DDTreeVerifyInput,
     backend_reads_tree_mask_bits,
@@ -126,9 +127,34 @@ class DDTreeWorker(DFlashWorkerV2):
                 )
 
     def _maybe_build_draft_sampler(self):
-        # The folded greedy head emits one argmax per depth; the tree needs
-        # each depth's top-K log-probs, so the draft graph returns hidden states.
-        return None
+        """The head upstream folds into the draft CUDA graph (called before capture): for
+        DDTREE each depth's top-K log-probs instead of DFLASH's argmax. ``None`` keeps the
+        top-K eager: a tree from a DFlash 2 selector's transitions (which reads the hidden
+        states), tensor parallelism (the ranks' top-Ks are gathered and merged eagerly), a
+        quantized LM head, or ``SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1``."""
+        reason = None
+        lm_head = self.target_worker.model_runner.model.lm_head
+        if envs.SGLANG_DFLASH_EAGER_DRAFT_SAMPLER.get():
+            reason = "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1"
+        elif self.tree_from_transitions:
+            reason = "tree from the selector's transitions"
+        elif get_tp_group().world_size > 1:
+            reason = "tensor parallel"
+        elif not torch.is_floating_point(lm_head.weight):
+            reason = "quantized lm_head"
+        if reason is not None:
+            if self.ps.tp_rank == 0:
+                logger.info("DDTREE draft top-K kept eager (%s).", reason)
+            return None
+        start, valid, k = self._lm_head_vocab(self.tree.topk)
+        return DraftTopKHead(
+            weight=lm_head.weight,
+            block_size=int(self.block_size),
+            topk=k,
+            id_offset=start,
+            num_valid=valid,
+            max_bs=max(get_exec().graph.cuda_graph_config.decode.bs),
+        )
 
     @property
     def war_fastpath_runner(self):
@@ -171,7 +197,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
         # 1-3) draft, then the tree: from each depth's top-K, or from a DFlash 2
         # drafter's selector lattice (candidates per slot and their transitions).
-        draft_hidden = self._draft_block_hidden(batch, draft_input, bs)
+        draft_hidden, draft_replayed = self._draft_block_hidden(batch, draft_input, bs)
         if self.tree_from_transitions:
             candidate_ids, scores = self.draft_model.selector_lattice(
                 draft_hidden[:, 1:, :],
@@ -180,7 +206,11 @@ class DDTreeWorker(DFlashWorkerV2):
             )
             tree = build_selector_tree(candidate_ids, scores, tree_budget.budget)
         else:
-            logprobs, token_ids = self._draft_topk(draft_hidden[:, 1:, :], tree_budget.topk)
+            if draft_replayed and self._draft_sampler is not None:
+                # The draft graph's replay scored each depth (``DraftTopKHead``).
+                logprobs, token_ids = self._draft_sampler.read(bs, tree_budget.topk)
+            else:
+                logprobs, token_ids = self._draft_topk(draft_hidden[:, 1:, :], tree_budget.topk)
             tree = build_tree(logprobs, token_ids, tree_budget.budget)
         compiled = compile_tree(
             tree,
@@ -287,8 +317,9 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def _draft_block_hidden(
         self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2, bs: int
-    ) -> torch.Tensor:
-        """One DFlash forward over ``[bonus, MASK x L]``: ``[bs, block, H]``."""
+    ) -> Tuple[torch.Tensor, bool]:
+        """One DFlash forward over ``[bonus, MASK x L]``: ``[bs, block, H]``, and whether
+        it replayed a CUDA graph."""
         block = int(self.block_size)
         buffers = self._dflash.draft_block_buffers(bs)
         block_ids, positions_2d, cache_loc_2d = buffers.block_ids, buffers.positions, buffers.cache_loc
@@ -338,7 +369,7 @@ class DDTreeWorker(DFlashWorkerV2):
         hidden = out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE draft model returned no hidden states.")
-        return hidden.view(bs, block, -1)
+        return hidden.view(bs, block, -1), bool(out.can_run_graph)
 
     def _draft_topk(self, hidden: torch.Tensor, topk: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """Per-depth top-``topk`` of the drafter's full-vocab log-softmax.
@@ -350,20 +381,26 @@ class DDTreeWorker(DFlashWorkerV2):
         """
         bs, depths, width = hidden.shape
         lm_head = self.target_worker.model_runner.model.lm_head
-        shard = getattr(lm_head, "shard_indices", None)
-        model_vocab = int(self.model_runner.model_config.vocab_size)
-        if shard is None:
-            start, held = 0, int(lm_head.weight.shape[0])
-        else:
-            start, held = int(shard.org_vocab_start_index), int(shard.num_org_elements)
-        valid = max(0, min(held, model_vocab - start))
-        k = min(topk, model_vocab)
+        start, valid, k = self._lm_head_vocab(topk)
         tp_group = get_tp_group()
         gather = None
         if tp_group.world_size > 1:
             gather = lambda t: tp_group.all_gather(t.unsqueeze(0).contiguous(), dim=0)  # noqa: E731
         logprobs, ids = lm_head_topk(hidden.reshape(bs * depths, width), lm_head.weight, k, start, valid, gather)
         return logprobs.view(bs, depths, k), ids.view(bs, depths, k)
+
+    def _lm_head_vocab(self, topk: int) -> Tuple[int, int, int]:
+        """This rank's LM-head slice as ``lm_head_topk`` takes it: the first token id, the
+        real tokens it holds (padding past the model's vocabulary excluded), and ``topk``
+        capped at the vocabulary."""
+        lm_head = self.target_worker.model_runner.model.lm_head
+        shard = getattr(lm_head, "shard_indices", None)
+        model_vocab = int(self.model_runner.model_config.vocab_size)
+        if shard is None:
+            start, held = 0, int(lm_head.weight.shape[0])
+        else:
+            start, held = int(shard.org_vocab_start_index), int(shard.num_org_elements)
+        return start, max(0, min(held, model_vocab - start)), min(topk, model_vocab)
 
     # ---------------------------------------------------------------- verify
 
