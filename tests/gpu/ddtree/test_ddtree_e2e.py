@@ -25,6 +25,7 @@ if not torch.cuda.is_available():
     pytest.skip("GPU tier: needs a CUDA device", allow_module_level=True)
 
 from sglang.srt.speculative.ddtree.metrics import budget_tiers  # noqa: E402
+from tests.gpu.ddtree.conftest import BUDGET  # noqa: E402
 from tests.gpu.server_checks import (  # noqa: E402
     assert_abort_mid_stream,
     assert_concurrent_identical,
