@@ -148,12 +148,88 @@ def breakdown(trace: dict, steps: int, top: int = 12, per_category: int = 10) ->
         "span_ms_per_step": (last - first) / 1000 / steps,
         "gpu_idle_ms_per_step": _idle_us(gpu_events(trace)) / 1000 / steps,
         "host": host_calls(trace, steps),
+        "phases": phase_breakdown(trace, steps),
         "categories": categories,
         "top_kernels": [
             {"name": n, "category": c, "ms_per_step": t / 1000 / steps, "launches_per_step": k / steps}
             for n, (c, t, k) in kernels
         ],
         "kernels_by_category": {c: by_category[c] for c in ORDER if c in by_category},
+    }
+
+
+#: The profiler ranges DDTREE's worker opens around the phases of a decode step
+#: (``speculative/ddtree/step_phases.py``; the trace's ``user_annotation`` events).
+PHASE_PREFIX = "ddtree."
+#: GPU work launched outside every phase range: the scheduler's own, or another worker's.
+OUTSIDE = "outside"
+
+
+def phase_breakdown(trace: dict, steps: int, prefix: str = PHASE_PREFIX) -> Optional[dict]:
+    """Per step and per phase range (``<prefix><phase>``): the host milliseconds inside the
+    range, less its inner ranges (``host_ms_per_step``), and the GPU milliseconds and
+    launches of the kernels and copies launched from inside it, charged to the innermost
+    range (a CUDA-graph replay's kernels to the range that launched the graph). A kernel is
+    matched to its launch through the trace's correlation ids. ``None`` if the trace has no
+    such range (an algorithm that opens none)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    events = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
+    ranges: dict = {}  # tid -> [(start, end, phase)]
+    launches: dict = {}  # correlation id -> (tid, ts)
+    for ev in events:
+        if ev.get("ph") != "X" or "dur" not in ev:
+            continue
+        cat, name = str(ev.get("cat", "")).lower(), str(ev.get("name", ""))
+        if cat == "user_annotation" and name.startswith(prefix):
+            start = float(ev.get("ts", 0.0))
+            ranges.setdefault(ev.get("tid"), []).append((start, start + float(ev["dur"]), name[len(prefix):]))
+        elif cat in RUNTIME_EVENT_CATS:
+            corr = (ev.get("args") or {}).get("correlation")
+            if corr is not None:
+                launches[corr] = (ev.get("tid"), float(ev.get("ts", 0.0)))
+    if not ranges:
+        return None
+    for spans in ranges.values():
+        spans.sort(key=lambda r: (r[0], -r[1]))
+
+    def innermost(tid, ts) -> str:
+        # Ranges nest: the last one to open before ts that still holds it is the innermost.
+        best = None
+        for start, end, name in ranges.get(tid, ()):
+            if start > ts:
+                break
+            if end >= ts:
+                best = name
+        return best or OUTSIDE
+
+    host = {}
+    for spans in ranges.values():
+        for i, (start, end, name) in enumerate(spans):
+            inner = 0.0
+            reach = start
+            for s2, e2, _ in spans[i + 1:]:
+                if s2 >= end:
+                    break
+                if s2 >= reach:  # a direct child (deeper ones lie inside it)
+                    inner += min(e2, end) - s2
+                    reach = e2
+            host[name] = host.get(name, 0.0) + (end - start) - inner
+    gpu, count = {}, {}
+    for ev in gpu_events(trace):
+        corr = (ev.get("args") or {}).get("correlation")
+        where = launches.get(corr)
+        name = innermost(*where) if where is not None else OUTSIDE
+        gpu[name] = gpu.get(name, 0.0) + float(ev["dur"])
+        count[name] = count.get(name, 0) + 1
+    names = sorted(set(host) | set(gpu), key=lambda n: (n == OUTSIDE, n))
+    return {
+        n: {
+            "host_ms_per_step": host.get(n, 0.0) / 1000 / steps,
+            "gpu_ms_per_step": gpu.get(n, 0.0) / 1000 / steps,
+            "gpu_launches_per_step": count.get(n, 0) / steps,
+        }
+        for n in names
     }
 
 
@@ -243,13 +319,15 @@ def load_trace(path: Path) -> dict:
         return json.load(f)
 
 
-def start_profile(server, out_dir: Path, profile_id: str, steps: int) -> Path:
-    """Ask the server to trace the next ``steps`` forwards (GPU activity only, no stacks)."""
+def start_profile(server, out_dir: Path, profile_id: str, steps: int, host: bool = False) -> Path:
+    """Ask the server to trace the next ``steps`` forwards, no stacks: GPU activity only, or
+    with ``host`` the host's ops too, which the phase ranges (:func:`phase_breakdown`) need;
+    recording them slows the host, so its milliseconds then read high."""
     out_dir.mkdir(parents=True, exist_ok=True)
     body = {
         "output_dir": str(out_dir),
         "num_steps": steps,
-        "activities": ["GPU"],
+        "activities": ["CPU", "GPU"] if host else ["GPU"],
         "with_stack": False,
         "record_shapes": False,
         "profile_id": profile_id,

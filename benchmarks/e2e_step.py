@@ -451,7 +451,7 @@ def measure(server, ctx: int, batch: int, new_tokens: int, vocab: int, seed: int
 
 
 def profile_point(server, ctx: int, vocab: int, steps: int, trace_dir: Path, profile_id: str,
-                  new_tokens: Optional[int] = None) -> dict:
+                  new_tokens: Optional[int] = None, host: bool = False) -> dict:
     """Trace ``steps`` forwards of one decoding request at ``ctx`` and break the GPU time down."""
     prompt = random_prompts(ctx, 1, vocab, seed=ctx + 7)[0]
     new_tokens = new_tokens or 3 * steps + 48  # several tokens per step only with a real drafter
@@ -463,7 +463,7 @@ def profile_point(server, ctx: int, vocab: int, steps: int, trace_dir: Path, pro
         for _ in events:
             chunks += 1
             if chunks == 4:  # decoding, past the prefill
-                path = e2e_profile.start_profile(server, trace_dir, profile_id, steps)
+                path = e2e_profile.start_profile(server, trace_dir, profile_id, steps, host=host)
                 chunks_at_start = chunks
             elif path is not None and path.exists():
                 break  # the profiler stopped by itself after `steps` forwards
@@ -780,12 +780,14 @@ def _profile(server, spec: Spec, at: tuple, vocab: int, args, budget: Budget, re
         return
     pid = f"e2e-{spec.label.replace(':', '-').replace('@', '-')}-{ctx}"
     try:
-        prof = profile_point(server, ctx, vocab, args.profile_steps, args.log_dir / "traces", pid)
+        prof = profile_point(server, ctx, vocab, args.profile_steps, args.log_dir / "traces", pid,
+                             host=args.profile_host)
     except Exception as e:
         result["skipped"].append({"config": spec.label, "what": f"profile ctx {ctx}", "reason": f"failed: {e}"})
         print(f"[{spec.label}] profile failed: {e}", flush=True)
         return
-    prof.update(config=spec.config, verify=spec.verify, backend=spec.backend, policy=spec.policy)
+    prof.update(config=spec.config, verify=spec.verify, backend=spec.backend, policy=spec.policy,
+                host_traced=args.profile_host)
     result["profiles"].append(prof)
     cats = ", ".join(f"{c} {v['ms_per_step']:.2f}" for c, v in prof["categories"].items())
     h = prof["host"]
@@ -793,6 +795,10 @@ def _profile(server, spec: Spec, at: tuple, vocab: int, args, budget: Budget, re
           f"GPU idle {prof['gpu_idle_ms_per_step']:.2f} ms/step; per step {h['graph_launches_per_step']:.1f} graph "
           f"launches, {h['kernel_launches_per_step']:.0f} kernel launches, {h['host_syncs_per_step']:.1f} host "
           f"syncs ({h['host_sync_ms_per_step']:.2f} ms blocked)", flush=True)
+    if prof.get("phases"):
+        print(f"[{spec.label}] step phases, host / GPU ms per step: " + ", ".join(
+            f"{n} {v['host_ms_per_step']:.2f} / {v['gpu_ms_per_step']:.2f}" for n, v in prof["phases"].items()),
+            flush=True)  # fmt: skip
 
 
 def _parse_point(text: Optional[str], ctxs: list[int]) -> tuple:
@@ -855,6 +861,8 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-steps", type=int, default=16, help="forwards traced per server (0: no profile)")
     ap.add_argument("--profile-at", default=None, help="CTXx1 (default: the largest context, batch 1)")
     ap.add_argument("--profile-nospec", action="store_true", help="also profile the no-speculation server")
+    ap.add_argument("--profile-host", action="store_true",
+                    help="trace the host's ops too: DDTREE's step phases, host and GPU ms each (the host's read high)")
     ap.add_argument("--triton-cache", type=Path,
                     default=Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache"),
                     help="TRITON_CACHE_DIR of every server (default: Triton's own, which the GPU tests warm)")

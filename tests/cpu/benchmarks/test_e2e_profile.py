@@ -249,3 +249,85 @@ def test_trace_roundtrip_and_wait(tmp_path):
     broken = tmp_path / "y.trace.json.gz"
     broken.write_bytes(path.read_bytes()[:40])  # a half-written gzip never counts as done
     assert not ep.wait_for_trace(broken, timeout=1.2)
+
+
+def _phase_trace(steps=2):
+    """Per step on the scheduler's thread (tid 1): ddtree.step [0, 100) holding ddtree.draft
+    [5, 35) and ddtree.verify [40, 90); the draft launches a graph (two kernels of 4 and 6 us)
+    and the verify a graph (20 us) and one kernel (3 us); a kernel launched after the step
+    (the scheduler's: 2 us); a launch on another thread inside the step's time (9 us)."""
+    ev, corr = [], 0
+
+    def rng(name, ts, dur, tid=1):
+        ev.append({"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur, "tid": tid})
+
+    def launch(call, ts, kernels, tid=1):
+        nonlocal corr
+        corr += 1
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": call, "ts": ts, "dur": 1, "tid": tid,
+                   "args": {"correlation": corr}})  # fmt: skip
+        for i, dur in enumerate(kernels):
+            ev.append({"ph": "X", "cat": "kernel", "name": f"k{corr}_{i}", "ts": ts + 200 + 10 * i, "dur": dur,
+                       "tid": 99, "args": {"correlation": corr}})  # fmt: skip
+
+    for s in range(steps):
+        t = 1000.0 * s
+        rng("ddtree.step", t, 100)
+        rng("ddtree.draft", t + 5, 30)
+        rng("ddtree.verify", t + 40, 50)
+        launch("cudaGraphLaunch", t + 10, [4, 6])
+        launch("cudaGraphLaunch", t + 50, [20])
+        launch("cudaLaunchKernel", t + 60, [3])
+        launch("cudaLaunchKernel", t + 95, [1])  # in the step, in no inner phase
+        launch("cudaLaunchKernel", t + 150, [2])  # after the step
+        launch("cudaLaunchKernel", t + 20, [9], tid=2)  # another thread
+        rng("other.range", t + 300, 10)  # not a DDTREE phase
+    return {"traceEvents": ev}
+
+
+def test_phase_breakdown_charges_kernels_to_the_innermost_range_of_their_launch():
+    phases = ep.phase_breakdown(_phase_trace(steps=2), steps=2)
+    assert list(phases) == ["draft", "step", "verify", "outside"]
+    assert phases["draft"] == {"host_ms_per_step": 0.030, "gpu_ms_per_step": 0.010, "gpu_launches_per_step": 2}
+    assert phases["verify"] == {"host_ms_per_step": 0.050, "gpu_ms_per_step": 0.023, "gpu_launches_per_step": 2}
+    # The step's own host time is what its phases leave: 100 - 30 - 50 us.
+    assert phases["step"]["host_ms_per_step"] == pytest.approx(0.020)
+    assert phases["step"]["gpu_ms_per_step"] == pytest.approx(0.001)
+    assert phases["outside"] == {"host_ms_per_step": 0.0, "gpu_ms_per_step": 0.011, "gpu_launches_per_step": 2}
+
+
+def test_phase_breakdown_is_none_without_ranges_and_in_breakdown():
+    assert ep.phase_breakdown(synthetic_trace(), steps=4) is None
+    assert ep.breakdown(synthetic_trace(), steps=4)["phases"] is None
+    t = _phase_trace(steps=1)
+    assert ep.breakdown(t, steps=1)["phases"]["verify"]["gpu_launches_per_step"] == 2
+    with pytest.raises(ValueError):
+        ep.phase_breakdown(t, steps=0)
+
+
+def test_ddtree_step_opens_every_phase_range_under_the_profiler(tmp_path):
+    """The real DDTREE decode step (benchmarks/step_ops' CPU world) under torch's profiler:
+    every phase range in the trace, nested in the step, and what phase_breakdown reads; no
+    range outside a profile."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from sglang.srt.speculative.ddtree.tree_build import triton_interpreted
+
+    if not triton_interpreted():
+        pytest.skip("needs TRITON_INTERPRET=1 before triton loads (the step's Triton kernels on the CPU)")
+
+    from benchmarks import step_ops
+    from sglang.srt.speculative.ddtree.step_phases import PHASES
+
+    world = step_ops.StepWorld("DDTREE", 2, 16, 16, 256)
+    world.step()  # untraced: nothing opens (and the step runs)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        world.step()
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    trace = json.loads(path.read_text())
+    names = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "user_annotation"]
+    assert sorted(n for n in names if n.startswith("ddtree.")) == sorted("ddtree." + p for p in PHASES)
+    phases = ep.phase_breakdown(trace, steps=1)
+    assert set(phases) == set(PHASES)
+    assert all(v["host_ms_per_step"] > 0 for v in phases.values()), phases

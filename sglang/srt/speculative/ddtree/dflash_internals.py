@@ -33,6 +33,7 @@ ATTRIBUTES: Tuple[str, ...] = (
     "_draft_block_positions_buf",
     "_draft_verify_out_cache_loc_buf",
     "_draft_seq_lens_cpu_buf",
+    "_draft_sampler",
 )
 #: Private methods of ``DFlashWorkerV2`` called here, with the parameters passed.
 METHODS: Dict[str, Tuple[str, ...]] = {
@@ -82,6 +83,12 @@ class DFlashInternals:
     @property
     def draft_block_spec_info(self):
         return self._worker._draft_block_spec_info
+
+    @property
+    def draft_graph_head(self):
+        """What ``_maybe_build_draft_sampler`` returned, which upstream keeps and registers
+        as the draft graph's capture tail hook (``None`` without draft graphs)."""
+        return self._worker._draft_sampler
 
     def draft_block_buffers(self, bs: int) -> DraftBlockBuffers:
         w = self._worker

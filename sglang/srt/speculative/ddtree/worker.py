@@ -50,6 +50,7 @@ from sglang.srt.speculative.ddtree.info import (
 )
 from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats, budget_tiers
 from sglang.srt.speculative.ddtree.selector_tree import build_selector_tree
+from sglang.srt.speculative.ddtree.step_phases import phase
 from sglang.srt.speculative.ddtree.tree_build import build_tree
 from sglang.srt.speculative.ddtree.tree_compile import compile_tree
 from sglang.srt.speculative.dflash2.dflash_step import is_selector_drafter
@@ -181,7 +182,10 @@ class DDTreeWorker(DFlashWorkerV2):
             )
         if getattr(batch, "return_logprob", False):
             raise ValueError("DDTREE speculative decoding does not support return_logprob yet.")
+        with phase("step"):
+            return self._decode_step(batch, on_publish, grammar_barrier)
 
+    def _decode_step(self, batch: ScheduleBatch, on_publish, grammar_barrier) -> GenerationBatchResult:
         draft_input = batch.spec_info
         if not isinstance(draft_input, DFlashDraftInputV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
@@ -197,36 +201,39 @@ class DDTreeWorker(DFlashWorkerV2):
 
         # 1-3) draft, then the tree: from each depth's top-K, or from a DFlash 2
         # drafter's selector lattice (candidates per slot and their transitions).
-        draft_hidden, draft_replayed = self._draft_block_hidden(batch, draft_input, bs)
-        if self.tree_from_transitions:
-            candidate_ids, scores = self.draft_model.selector_lattice(
-                draft_hidden[:, 1:, :],
-                draft_input.bonus_tokens.view(bs),
-                self.target_worker.model_runner.model.lm_head,
-            )
-            tree = build_selector_tree(candidate_ids, scores, tree_budget.budget)
-        else:
-            if draft_replayed and self._draft_sampler is not None:
+        with phase("draft"):
+            draft_hidden, draft_replayed = self._draft_block_hidden(batch, draft_input, bs)
+            if self.tree_from_transitions:
+                candidate_ids, scores = self.draft_model.selector_lattice(
+                    draft_hidden[:, 1:, :],
+                    draft_input.bonus_tokens.view(bs),
+                    self.target_worker.model_runner.model.lm_head,
+                )
+            elif draft_replayed and self._dflash.draft_graph_head is not None:
                 # The draft graph's replay scored each depth (``DraftTopKHead``).
-                logprobs, token_ids = self._draft_sampler.read(bs, tree_budget.topk)
+                logprobs, token_ids = self._dflash.draft_graph_head.read(bs, tree_budget.topk)
             else:
                 logprobs, token_ids = self._draft_topk(draft_hidden[:, 1:, :], tree_budget.topk)
-            tree = build_tree(logprobs, token_ids, tree_budget.budget)
-        compiled = compile_tree(
-            tree,
-            bonus=draft_input.bonus_tokens.view(bs).to(torch.int64),
-            committed_len=prefix_lens.view(bs),
-            max_depth=tree_budget.max_depth,
-            req_to_token=req_to_token,
-            req_pool_indices=batch.req_pool_indices,
-        )
-        grammar_tree = (
-            GrammarTree.from_device(
-                compiled.retrive_next_token, compiled.retrive_next_sibling, compiled.tokens
+        with phase("tree"):
+            if self.tree_from_transitions:
+                tree = build_selector_tree(candidate_ids, scores, tree_budget.budget)
+            else:
+                tree = build_tree(logprobs, token_ids, tree_budget.budget)
+            compiled = compile_tree(
+                tree,
+                bonus=draft_input.bonus_tokens.view(bs).to(torch.int64),
+                committed_len=prefix_lens.view(bs),
+                max_depth=tree_budget.max_depth,
+                req_to_token=req_to_token,
+                req_pool_indices=batch.req_pool_indices,
             )
-            if batch.has_grammar
-            else None
-        )
+            grammar_tree = (
+                GrammarTree.from_device(
+                    compiled.retrive_next_token, compiled.retrive_next_sibling, compiled.tokens
+                )
+                if batch.has_grammar
+                else None
+            )
 
         # 4) verify.
         # The tree window's KV slots (``step_io.tree_cache_locs``), read by the compile launch.
@@ -236,30 +243,66 @@ class DDTreeWorker(DFlashWorkerV2):
             # The radix cache's state snapshots go to the requests' current
             # track slots (rebuilt from the requests, as EAGLE's verify does).
             prepare_mamba_track_for_verify(batch)
-        logits_output, can_run_cuda_graph = self._verify(batch, draft_input, compiled, bs)
-
-        sampling_info = batch.sampling_info
-        if batch.has_grammar:
-            grammar_mask = build_grammar_vocab_mask(
-                reqs=batch.reqs,
-                tree=grammar_tree,
-                sampling_info=sampling_info,
-                device=logits_output.next_token_logits.device,
-                barrier=grammar_barrier,
-            )
-        else:
-            grammar_mask = None
+        with phase("verify"):
+            logits_output, can_run_cuda_graph = self._verify(batch, draft_input, compiled, bs)
 
         # 5) accept: the target's token at every node as the sampler would pick it
         # (argmax, or one draw per node), then the greedy walk over those tokens.
-        verify = self.verify_sampler.target_tokens(
-            logits_output.next_token_logits,
-            sampling_info,
-            batch.reqs,
-            NodePaths(compiled.tokens, compiled.parent, compiled.depth, tree_budget.max_depth),
-            compiled.positions,
-            grammar_mask,
+        with phase("sample"):
+            sampling_info = batch.sampling_info
+            if batch.has_grammar:
+                grammar_mask = build_grammar_vocab_mask(
+                    reqs=batch.reqs,
+                    tree=grammar_tree,
+                    sampling_info=sampling_info,
+                    device=logits_output.next_token_logits.device,
+                    barrier=grammar_barrier,
+                )
+            else:
+                grammar_mask = None
+            verify = self.verify_sampler.target_tokens(
+                logits_output.next_token_logits,
+                sampling_info,
+                batch.reqs,
+                NodePaths(compiled.tokens, compiled.parent, compiled.depth, tree_budget.max_depth),
+                compiled.positions,
+                grammar_mask,
+            )
+        with phase("commit"):
+            res, commit, new_seq_lens = self._accept_and_commit(
+                batch, compiled, verify, tree_budget, cache_loc_2d, prefix_lens, req_to_token, on_publish
+            )
+
+        with phase("draft_context"):
+            hidden = logits_output.hidden_states
+            if hidden is None:
+                raise RuntimeError("DDTREE verify requires target hidden states, but got None.")
+            self._dflash.append_draft_context(
+                target_hidden=hidden.index_select(0, commit.ctx_rows),
+                cache_loc=commit.ctx_cache_loc.reshape(-1),
+                cache_loc_2d=commit.ctx_cache_loc,
+                positions=commit.ctx_positions,
+                commit_lens=commit.commit_lens,
+            )
+        logits_output.hidden_states = None
+
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=commit.output_tokens.reshape(-1),
+            accept_lens=commit.commit_lens,
+            can_run_cuda_graph=can_run_cuda_graph,
+            next_draft_input=make_draft_input_v2(
+                bonus_tokens=res.next_bonus, new_seq_lens=new_seq_lens
+            ),
+            speculative_num_draft_tokens=n,
+            new_seq_lens=new_seq_lens,
         )
+
+    def _accept_and_commit(
+        self, batch, compiled, verify, tree_budget, cache_loc_2d, prefix_lens, req_to_token, on_publish
+    ):
+        """The greedy walk over the target's tokens, then the step's commit; returns the
+        acceptance, the commit's outputs and the new committed lengths."""
         # On the kernel path the commit launch reads the outputs back.
         accepted = greedy_accept(compiled, verify.tokens, read_back=False)
 
@@ -288,30 +331,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if on_publish is not None:
             on_publish(new_seq_lens)
         self._publish_req_to_token_done()
-
-        hidden = logits_output.hidden_states
-        if hidden is None:
-            raise RuntimeError("DDTREE verify requires target hidden states, but got None.")
-        self._dflash.append_draft_context(
-            target_hidden=hidden.index_select(0, commit.ctx_rows),
-            cache_loc=commit.ctx_cache_loc.reshape(-1),
-            cache_loc_2d=commit.ctx_cache_loc,
-            positions=commit.ctx_positions,
-            commit_lens=commit.commit_lens,
-        )
-        logits_output.hidden_states = None
-
-        return GenerationBatchResult(
-            logits_output=logits_output,
-            next_token_ids=commit.output_tokens.reshape(-1),
-            accept_lens=commit.commit_lens,
-            can_run_cuda_graph=can_run_cuda_graph,
-            next_draft_input=make_draft_input_v2(
-                bonus_tokens=res.next_bonus, new_seq_lens=new_seq_lens
-            ),
-            speculative_num_draft_tokens=n,
-            new_seq_lens=new_seq_lens,
-        )
+        return res, commit, new_seq_lens
 
     # ----------------------------------------------------------------- draft
 
