@@ -8,6 +8,10 @@ and ``sglang.srt.entrypoints.http_server.app`` serves ``/generate``,
 the server's lifespan would create. Only the scheduler is replaced: a request that
 passes every check is recorded (``served.sent``) and answered with ``max_new_tokens``
 tokens, so a test sees exactly what would have reached the scheduler.
+
+``scripted``: a server whose answers the request bodies script (slow, wrong, fatal), for
+what upstream's app cannot be made to do: the malformed-request loop's handling of a wrong
+answer, a failed normal request and a server that dies.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, List
 
@@ -87,7 +92,7 @@ def served(tmp_path_factory):
 
     async def scheduler_answer(obj, request=None):
         """``max_new_tokens`` tokens; a stream gets them 4 at a time, 20 ms apart."""
-        tokenized = served.sent[-1]
+        tokenized = next(t for t in reversed(served.sent) if t.rid == obj.rid)  # they may overlap
         n = tokenized.sampling_params.max_new_tokens or 1
         meta = {"id": obj.rid, "finish_reason": None, "prompt_tokens": len(tokenized.input_ids),
                 "completion_tokens": n, "cached_tokens": 0, "weight_version": "default", "e2e_latency": 0.01}  # fmt: skip
@@ -133,3 +138,95 @@ def over_http(served):
     yield _Served("cpu-upstream-app", f"http://127.0.0.1:{port}", thread)
     server.should_exit = True
     thread.join(10)
+
+
+class _ScriptedHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _answer(self, code: int, data: dict) -> None:
+        body = json.dumps(data).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        s: Scripted = self.server.scripted
+        data = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        normal = "input_ids" in data
+        with s.lock:
+            if s.dead:
+                return  # a dead server's connection drops
+            if not normal:
+                s.cases_seen.append(data.get("case"))
+                s.cases_now += 1
+                s.most_cases_at_once = max(s.most_cases_at_once, s.cases_now)
+        try:
+            if normal:
+                return self._normal(s, data)
+            time.sleep(data.get("sleep", 0.0))
+            if data.get("kill") or s.dead:
+                return s.die()
+            with s.lock:
+                s.break_next |= bool(data.get("break_next"))
+            self._answer(data.get("status", 400), {"error": {"message": data.get("refuse", "refused")}})
+        finally:
+            if not normal:
+                with s.lock:
+                    s.cases_now -= 1
+
+    def _normal(self, s: "Scripted", data: dict) -> None:
+        with s.lock:
+            broken, s.break_next = s.break_next, False
+        if broken:
+            return self._answer(500, {"error": {"message": "Internal server error: scripted"}})
+        n = data["sampling_params"]["max_new_tokens"]
+        with s.lock:
+            s.normal_served += 1
+        meta = {"id": "r", "finish_reason": {"type": "length", "length": n}, "completion_tokens": n}
+        self._answer(200, {"text": "bako " * n, "output_ids": [17] * n, "meta_info": meta})
+
+
+class Scripted:
+    """A body with ``input_ids`` is a normal request: served with ``max_new_tokens`` ids.
+    Any other is a case: after ``sleep`` seconds answered ``status`` (400) with the message
+    ``refuse``; ``kill`` makes the server die (its connection and every later one drop);
+    ``break_next`` makes the next normal request get a 500. ``case`` names it in
+    ``cases_seen``, the order the cases arrived in."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.dead = self.break_next = False
+        self.cases_seen: list = []
+        self.cases_now = self.most_cases_at_once = self.normal_served = 0
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), _ScriptedHandler)
+        self._http.daemon_threads = True
+        self._http.scripted = self
+        self.name = "scripted"
+        self.base_url = f"http://127.0.0.1:{self._http.server_address[1]}"
+        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return not self.dead
+
+    def die(self) -> None:
+        with self.lock:
+            if self.dead:
+                return
+            self.dead = True
+        threading.Thread(target=self.stop, daemon=True).start()
+
+    def stop(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+
+
+@pytest.fixture
+def scripted():
+    server = Scripted()
+    yield server
+    if not server.dead:
+        server.stop()

@@ -2,13 +2,14 @@
 """The soak piece run end to end on the CPU against stand-in servers (``_standin.py``),
 started by the GPU harness's own ``ServerProcess`` with the command lines the piece's
 conftest builds: warm-up, 4 clients per server for a few seconds, references, idle, the
-figures and the JSON. Healthy stand-ins pass every check; each fault a stand-in can play
-is caught by the check meant for it."""
+figures, the phases' wall seconds and the JSON. Healthy stand-ins pass every check; each
+fault a stand-in can play is caught by the check meant for it."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from tests.gpu.conftest import ServerProcess
 from tests.gpu.soak import _checks
 from tests.gpu.soak._load_mix import LoadMix, MixConfig
-from tests.gpu.soak._soak import SPEC_SERVERS, SoakSettings, results, run_soak
+from tests.gpu.soak._soak import PHASES, SPEC_SERVERS, SoakSettings, results, run_soak
 
 STANDIN = Path(__file__).resolve().parent / "_standin.py"
 SETTINGS = SoakSettings(duration_s=3.0, clients=4, drain_s=8.0, request_timeout_s=60.0, idle_timeout_s=6.0,
@@ -33,8 +34,9 @@ def _server_configs(models: Path, settings: SoakSettings, mixes: dict) -> dict:
     return server_configs(models, settings, mixes)
 
 
-def run(tmp_path, faults: dict):
-    """The soak with every speculative server; ``faults``: server name -> STANDIN_FAULT."""
+def run(tmp_path, faults: dict, phases_s=None):
+    """The soak with every speculative server; ``faults``: server name -> STANDIN_FAULT;
+    ``phases_s`` receives ``run_soak``'s phases and, under ``"wall"``, its wall seconds."""
     mixes = {t: LoadMix(MixConfig(context_len=4096, vocab_size=512)) for t in SETTINGS.targets}
     configs = _server_configs(tmp_path / "models", SETTINGS, mixes)
     logs = tmp_path / "logs"
@@ -49,7 +51,10 @@ def run(tmp_path, faults: dict):
         spec = {n: servers[n] for n in SETTINGS.servers}
         refs = {t: servers[f"{t}-reference"] for t in SETTINGS.targets}
         starts = {}
-        report = run_soak(spec, refs, mixes, SETTINGS, log=lambda m: None, log_starts=starts)
+        t0 = time.monotonic()
+        report = run_soak(spec, refs, mixes, SETTINGS, log=lambda m: None, log_starts=starts, phases_s=phases_s)
+        if phases_s is not None:
+            phases_s["wall"] = time.monotonic() - t0
         after = {n: _checks.after_problems(s, starts[s.name]) for n, s in servers.items()}
         return report, after, configs
     finally:
@@ -68,7 +73,8 @@ def all_problems(report, name):
 
 
 def test_healthy_servers_pass_every_check(tmp_path):
-    report, after, configs = run(tmp_path, {})
+    phases = {}
+    report, after, configs = run(tmp_path, {}, phases)
     assert sorted(report) == sorted(SPEC_SERVERS)
     assert after == {n: [] for n in configs}  # references included
     for name in SPEC_SERVERS:
@@ -78,8 +84,21 @@ def test_healthy_servers_pass_every_check(tmp_path):
         assert fig["retracted_requests_metric"] == fig["retracted_requests_in_log"]
         assert fig["latency_ms_p50"] <= fig["latency_ms_p99"] and fig["aborted_by_client"] > 0
         assert fig["kv_pool_tokens"] == int(configs[name][1][configs[name][1].index("--max-total-tokens") + 1])
-    data = json.loads(json.dumps(results(report, SETTINGS, {"gpu": "none"})))
+    wall = phases.pop("wall")
+    data = json.loads(json.dumps(results(report, SETTINGS, {"gpu": "none"}, phases_s=phases)))
     assert data["settings"]["clients_per_server"] == 4 and set(data["servers"]) == set(SPEC_SERVERS)
+    check_phases(data["phases_s"], wall)
+    # no request hung: the drain ended with the last answer, well before its deadline
+    assert SETTINGS.duration_s <= data["phases_s"]["load"] < SETTINGS.duration_s + SETTINGS.drain_s
+
+
+def check_phases(phases: dict, wall: float) -> None:
+    """Every phase, in order, its seconds sane: the load at least the configured duration,
+    and all of them together the run's wall time."""
+    assert list(phases) == list(PHASES), phases
+    assert all(isinstance(v, float) and v >= 0 for v in phases.values()), phases
+    assert phases["load"] >= SETTINGS.duration_s, phases
+    assert abs(sum(phases.values()) - wall) < 0.05 * len(PHASES), (phases, wall)
 
 
 def test_each_fault_is_caught_by_its_check(tmp_path):
@@ -96,7 +115,10 @@ def test_each_fault_is_caught_by_its_check(tmp_path):
 
 def test_hangs_crashes_short_answers_and_error_lines_are_caught(tmp_path):
     faults = {"mla-ddtree": "hang", "mla-dflash": "crash", "gqa-ddtree": "error_line", "gqa-dflash": "short"}
-    report, after, _ = run(tmp_path, faults)
+    phases = {}
+    report, after, _ = run(tmp_path, faults, phases)
+    check_phases(phases, phases.pop("wall"))
+    assert phases["load"] >= SETTINGS.duration_s + SETTINGS.drain_s  # the hung request held it to the drain's end
     served = {name: _checks.served_problems(report[name]) for name in faults}
     assert "died" in after["mla-dflash"][0] and "Scheduler hit an exception" in after["gqa-ddtree"][0]
     assert after["gqa-dflash"] == [] and after["mla-reference"] == []

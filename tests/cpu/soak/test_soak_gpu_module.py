@@ -2,7 +2,7 @@
 """tests/gpu/soak itself (its conftest, fixtures and tests, as the tier runs them) on stand-in
 servers (``_gpu_module_plugin.py``): every test but the malformed-request one, which needs the
 real server's validation (tests/cpu/request_checks runs its loop against upstream's app), passes
-and the figures reach ``DDTREE_SOAK_JSON``."""
+and the figures and the phases' wall seconds reach ``DDTREE_SOAK_JSON``."""
 
 from __future__ import annotations
 
@@ -41,4 +41,8 @@ def test_the_gpu_module_runs_on_stand_ins(tmp_path):
     fig = data["servers"]["gqa-dflash"]
     assert fig["requests_served"] > 0 and fig["retracted_requests_in_log"] > 0 and fig["latency_ms_p99"] > 0
     assert data["context_edge"]["problems"] == []
+    phases = data["phases_s"]
+    assert set(phases) == {"setup", "warmup", "load", "references", "idle", "context_edge"}, phases
+    assert all(v >= 0 for v in phases.values()) and phases["load"] >= 3.0
+    assert sum(v for k, v in phases.items() if k != "context_edge") <= data["soak_wall_s"] + 0.1
     assert (tmp_path / "logs" / "soak.json").exists() and (tmp_path / "logs" / "server-soak-mla-ddtree.log").exists()

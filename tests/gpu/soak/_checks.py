@@ -5,8 +5,10 @@ assert them and the CPU tier runs them against stand-in servers and upstream's r
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from typing import List, Tuple
 
 from tests.gpu.soak import _verdict
@@ -79,13 +81,32 @@ def post(server, path: str, payload: bytes, timeout: float = 300.0) -> Tuple[int
         return e.code, e.read()
 
 
-def malformed_problems(server, ctx: Ctx, cases: List[Malformed]) -> Tuple[List[str], dict]:
-    """Every case on ``server``; after each, a normal request must be served. Returns the
-    problems and the status each case got."""
-    problems, answers = [], {}
+def malformed_problems(server, ctx: Ctx, cases: List[Malformed], workers: int = 4) -> Tuple[List[str], dict]:
+    """Every case on ``server``; after each, a normal request must be served. ``workers``
+    cases at a time, so that the waits one after another would add up (round trips, each
+    normal request's decode, the ~10 MB bodies' transfer and parsing) overlap; the ~10 MB
+    ones first, so that none is left running alone at the end. Once the server is found
+    dead nothing more is sent, and the cases then in flight are named: any of them may have
+    killed it. Returns the problems and the status each case got, in the order of ``cases``."""
     normal = SoakRequest(client=-2, seq=0, api="generate", prompt=tuple(ctx.prompt), max_tokens=8, greedy=True,
                          stream=False)  # fmt: skip
-    for case in cases:
+    rank = {case.name: i for i, case in enumerate(cases)}
+    pending = iter(sorted(cases, key=lambda c: not c.heavy))
+    lock = threading.Lock()
+    in_flight: set = set()
+    answers, found = {}, {}  # case name -> status; case name -> problems
+    death: List[List[str]] = []  # the cases in flight when the server was first found dead
+
+    def dead() -> bool:
+        if server.alive():
+            return False
+        with lock:
+            if not death:
+                death.append(sorted(in_flight, key=rank.get))
+        return True
+
+    def one(case: Malformed) -> None:
+        problems = found[case.name] = []
         try:
             status, body = post(server, case.path, case.payload(ctx))
         except OSError as e:
@@ -93,12 +114,37 @@ def malformed_problems(server, ctx: Ctx, cases: List[Malformed]) -> Tuple[List[s
         answers[case.name] = status
         if (p := rejection_problem(case, status, body)) is not None:
             problems.append(f"{server.name}: {p}")
-        if not server.alive():
-            problems.append(f"{server.name}: died after {case.name}")
-            break
+        if dead():
+            return
         if (p := send(server.name, server.base_url, ctx.model, normal, 120.0).problem()) is not None:
             problems.append(f"{server.name}: the normal request after {case.name}: {p}")
-    return problems, answers
+            dead()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                case = None if death else next(pending, None)
+                if case is None:
+                    return
+                in_flight.add(case.name)
+            try:
+                one(case)
+            finally:
+                with lock:
+                    in_flight.discard(case.name)
+
+    n = max(1, min(workers, len(cases)))
+    with ThreadPoolExecutor(n, thread_name_prefix=f"malformed-{server.name}") as ex:
+        for future in [ex.submit(worker) for _ in range(n)]:
+            future.result()
+    problems = [p for case in cases for p in found.get(case.name, [])]
+    if death:
+        names = death[0]
+        after = names[0] if len(names) == 1 else f"one of {', '.join(names)} (in flight together)"
+        unsent = len(cases) - len(answers)
+        problems.append(f"{server.name}: died after {after}"
+                        + (f"; {unsent} of {len(cases)} cases not sent" if unsent else ""))  # fmt: skip
+    return problems, {case.name: answers[case.name] for case in cases if case.name in answers}
 
 
 def after_problems(server, since: int) -> List[str]:

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The soak run: warm the servers up, load them, ask the references, wait for idle, collect.
+"""The soak run: warm the servers up, load them, ask the references, wait for idle, collect;
+each phase's wall seconds recorded (``PHASES``).
 
 ``run_soak`` works on server handles with the interface of the GPU harness's
 ``ServerProcess`` (``name``, ``base_url``, ``log_path``, ``alive()``, ``get()``,
@@ -181,16 +182,33 @@ def wait_idle(server, timeout_s: float) -> Dict[str, float]:
     return metrics
 
 
+#: The phases of ``run_soak``, in order; their wall seconds add up to the run's.
+PHASES = ("setup", "warmup", "load", "references", "idle")
+
+
 def run_soak(spec: Dict[str, object], refs: Dict[str, object], mixes: Dict[str, LoadMix],
-             settings: SoakSettings, log=print, log_starts: Optional[dict] = None) -> Dict[str, ServerSoak]:  # fmt: skip
+             settings: SoakSettings, log=print, log_starts: Optional[dict] = None,
+             phases_s: Optional[dict] = None) -> Dict[str, ServerSoak]:  # fmt: skip
     """Load every server of ``spec`` (name -> handle; its target is ``SPEC_SERVERS[name][0]``)
     with ``settings.clients`` clients for ``settings.duration_s``, the greedy requests
     answered again by ``refs[target]``; then wait for idle and collect. ``log_starts``, if
-    given, receives every server's log size (bytes) when the load starts, by handle name."""
+    given, receives every server's log size (bytes) when the load starts, by handle name.
+    ``phases_s``, if given, receives the wall seconds of each phase of ``PHASES`` as it ends
+    (``load`` includes the drain), so that a run that fails midway still shows where its
+    time went."""
+    phases = phases_s if phases_s is not None else {}
+    lap = [time.monotonic()]
+
+    def phase_done(phase: str) -> None:
+        now = time.monotonic()
+        phases[phase] = round(now - lap[0], 2)
+        lap[0] = now
+
     everyone = {**spec, **{f"{t}-reference": h for t, h in refs.items()}}
     models = {name: served_model(h) for name, h in everyone.items()}
     pools = {name: max_total_tokens(h) for name, h in spec.items()}
     log(f"[soak] KV pools: {pools}")
+    phase_done("setup")
 
     target_of = {**{n: SPEC_SERVERS[n][0] for n in spec}, **{f"{t}-reference": t for t in refs}}
 
@@ -200,6 +218,8 @@ def run_soak(spec: Dict[str, object], refs: Dict[str, object], mixes: Dict[str, 
 
     with ThreadPoolExecutor(len(everyone)) as ex:
         warm = dict(zip(everyone, ex.map(warm_one, everyone)))
+    phase_done("warmup")
+    log(f"[soak] first requests answered after {phases['warmup']:.0f} s")
     failed_refs = {n: p for n, p in warm.items() if p and n not in spec}
     if failed_refs:
         raise AssertionError(f"reference servers failed their first requests: {failed_refs}")
@@ -225,12 +245,14 @@ def run_soak(spec: Dict[str, object], refs: Dict[str, object], mixes: Dict[str, 
     t0 = time.monotonic()
     log(f"[soak] {settings.clients} clients x {len(loaded)} servers for {settings.duration_s:.0f} s")
     outcomes = run_load(targets, settings.clients, settings.duration_s, settings.request_timeout_s, settings.drain_s)
+    phase_done("load")
     outcomes.update({n: [] for n in spec if n not in loaded})
     log(f"[soak] load done after {time.monotonic() - t0:.0f} s: "
         f"{ {n: len(o) for n, o in outcomes.items()} } requests; {sum(len(b) for b in books.values())} references")
     references = {t: b.results(settings.request_timeout_s) for t, b in books.items()}
     for b in books.values():
         b.close()
+    phase_done("references")
     log(f"[soak] references done after {time.monotonic() - t0:.0f} s")
 
     with ThreadPoolExecutor(len(spec)) as ex:
@@ -245,15 +267,19 @@ def run_soak(spec: Dict[str, object], refs: Dict[str, object], mixes: Dict[str, 
             idle_metrics=idle[name], idle_problems=_verdict.idle_pool_problems(idle[name], pools[name]),
             metrics_before=before[name], warmup_problems=warm[name],
         )  # fmt: skip
-    log(f"[soak] idle after {time.monotonic() - t0:.0f} s")
+    phase_done("idle")
+    log(f"[soak] idle after {time.monotonic() - t0:.0f} s; phases (s): {phases}")
     return out
 
 
-def results(report: Dict[str, ServerSoak], settings: SoakSettings, extra: Optional[dict] = None) -> dict:
-    """The JSON the piece writes: settings and figures per server."""
+def results(report: Dict[str, ServerSoak], settings: SoakSettings, extra: Optional[dict] = None,
+            phases_s: Optional[dict] = None) -> dict:  # fmt: skip
+    """The JSON the piece writes: settings, figures per server and, given ``phases_s``
+    (``run_soak``'s, to which later phases may be added), the wall seconds per phase."""
     return {
         "settings": {"duration_s": settings.duration_s, "clients_per_server": settings.clients,
                      "pool_fraction": settings.pool_fraction, "seed": settings.seed},  # fmt: skip
         "servers": {name: {"target": r.target, **r.figures(settings.duration_s)} for name, r in report.items()},
+        **({"phases_s": phases_s} if phases_s is not None else {}),
         **(extra or {}),
     }

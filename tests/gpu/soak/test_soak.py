@@ -18,7 +18,9 @@ Then every malformed request of ``_malformed.CASES`` gets its 400 with a message
 the problem from every speculative server, which serves a normal request right after, and
 a request that fills the context exactly is served and equals no speculation.
 
-Figures (requests served, retractions, aborts, p50/p99 latency, ...) go to
+Figures (requests served, retractions, aborts, p50/p99 latency, ...) and the wall seconds
+of each phase (``phases_s``: ``_soak.PHASES``, then ``malformed`` and ``context_edge``; the
+malformed requests' per server in ``malformed_wall_s``) go to
 ``DDTREE_SOAK_JSON`` (the tier runner: ``soak.json`` in its --out folder) and to ``soak.json`` in the
 server-log dir.
 
@@ -65,15 +67,20 @@ def _write_results(gpu_log_dir: Path) -> None:
 def soak(soak_servers, soak_settings, soak_mixes, gpu_log_dir):
     spec = {n: soak_servers[n] for n in soak_settings.servers}
     refs = {t: soak_servers[f"{t}-reference"] for t in soak_settings.targets}
+    phases = RESULTS.setdefault("phases_s", {})
     t0 = time.monotonic()
-    report = run_soak(spec, refs, soak_mixes, soak_settings, log=lambda m: print(m, flush=True),
-                      log_starts=LOG_STARTS)  # fmt: skip
+    try:
+        report = run_soak(spec, refs, soak_mixes, soak_settings, log=lambda m: print(m, flush=True),
+                          log_starts=LOG_STARTS, phases_s=phases)  # fmt: skip
+    except BaseException:
+        _write_results(gpu_log_dir)  # the phases that ended: where a failed run's time went
+        raise
     RESULTS.update(results(report, soak_settings, {
         "gpu": torch.cuda.get_device_name(0),
         "date": time.strftime("%Y-%m-%d"),
         "soak_wall_s": round(time.monotonic() - t0, 1),
         "server_ready_s": {s.name: round(s.ready_s or 0, 1) for s in soak_servers.values()},
-    }))  # fmt: skip
+    }, phases_s=phases))  # fmt: skip
     _write_results(gpu_log_dir)
     print(json.dumps(RESULTS["servers"], indent=1), flush=True)
     return report
@@ -122,25 +129,29 @@ def _ctx(server, soak_mixes, name):
 
 
 def test_malformed_requests_get_a_400(soak, soak_servers, soak_mixes, soak_settings, gpu_log_dir):
-    """Every case on every speculative server, the servers in parallel; after each, a normal
-    request must be served."""
+    """Every case on every speculative server, the servers in parallel and a few cases at a
+    time on each (``_checks.malformed_problems``); after each, a normal request must be served."""
 
     # The ~10 MB bodies cost seconds of tokenization each and test the HTTP layer, the same
     # on every server: one server per target gets them.
     heavy_on = {SPEC_SERVERS[n][0]: n for n in reversed(soak_settings.servers)}
 
     def one_server(name):
-        server = soak_servers[name]
+        server, t0 = soak_servers[name], time.monotonic()
         if not server.alive():
-            return [f"{name} is not running"], {}
+            return [f"{name} is not running"], {}, 0.0
         cases = [c for c in CASES if not c.heavy or heavy_on[SPEC_SERVERS[name][0]] == name]
-        return _checks.malformed_problems(server, _ctx(server, soak_mixes, name), cases)
+        problems, answers = _checks.malformed_problems(server, _ctx(server, soak_mixes, name), cases)
+        return problems, answers, round(time.monotonic() - t0, 2)
 
+    t0 = time.monotonic()
     with ThreadPoolExecutor(len(soak_settings.servers)) as ex:
         done = dict(zip(soak_settings.servers, ex.map(one_server, soak_settings.servers)))
-    RESULTS["malformed"] = {name: answers for name, (_, answers) in done.items()}
+    RESULTS.setdefault("phases_s", {})["malformed"] = round(time.monotonic() - t0, 2)
+    RESULTS["malformed_wall_s"] = {name: wall for name, (_, _, wall) in done.items()}
+    RESULTS["malformed"] = {name: answers for name, (_, answers, _) in done.items()}
     _write_results(gpu_log_dir)
-    problems = [p for ps, _ in done.values() for p in ps]
+    problems = [p for ps, _, _ in done.values() for p in ps]
     assert not problems, _checks.listed(problems, 40)
 
 
@@ -169,8 +180,10 @@ def test_a_request_filling_the_context_is_served(soak, soak_servers, soak_mixes,
                             f"{len(want.output_ids)}")  # fmt: skip
         return problems, (len(got.output_ids or []), len(want.output_ids or []))
 
+    t0 = time.monotonic()
     with ThreadPoolExecutor(len(soak_settings.servers)) as ex:
         done = dict(zip(soak_settings.servers, ex.map(one_server, soak_settings.servers)))
+    RESULTS.setdefault("phases_s", {})["context_edge"] = round(time.monotonic() - t0, 2)
     problems = [p for ps, _ in done.values() for p in ps]
     RESULTS["context_edge"] = {"output_tokens": {n: lengths for n, (_, lengths) in done.items()},
                                "problems": problems}  # fmt: skip
