@@ -132,13 +132,14 @@ def test_a_step_below_the_full_budget(step_budget):
     assert torch.equal(after.flatten().sort().values, before.flatten().sort().values)
 
 
-@pytest.mark.parametrize("setting,extra", [("0.7/20/0.8", 6), ("0.7/20/0.8/0.05", 7), ("1", 2)])
+@pytest.mark.parametrize("setting,extra", [("0.7/20/0.8", 3), ("0.7/20/0.8/0.05", 3), ("1", 1)])
 def test_a_sampled_ddtree_step_draws_fused_in_a_few_launches(setting, extra):
     """Top-k with top-p: the verify draws every node with the fused draw (the candidates'
-    top-k, the floors kernel, the Gumbel kernel, the per-node parameters, the seed, which a
-    GPU host draws on its CPU), not the sampler's kernels (the stand-in sampler raises): a
-    few launches more than a greedy step, which takes one argmax instead; plain T=1 needs
-    no floors."""
+    top-k, the floors kernel, the Gumbel kernel and its seed, which a GPU host draws on its
+    CPU), not the sampler's kernels (the stand-in sampler raises): the kernels read each
+    request's parameters in place (none is copied per node, with or without min-p), so a
+    sampled step launches three more than a greedy one, which takes one argmax instead;
+    plain T=1 needs no floors, one more."""
     bs, vocab = 2, 256
     greedy = step_ops.StepWorld("DDTREE", bs, 16, 16, vocab).count_step()
     sampling = step_ops.Sampling.parse(setting)

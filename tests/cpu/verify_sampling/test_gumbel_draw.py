@@ -32,7 +32,7 @@ def _kernel_chunked(logits, temps):
     rows_per_program = 256
     gd._gumbel_draw_kernel[(triton.cdiv(rows, rows_per_program),)](
         logits, logits.stride(0), temps, temps.stride(0), logits, out, int(torch.randint(0, 2**31 - 1, (1,))),
-        rows, v, ROWS=rows_per_program, BLOCK=4, HAS_FLOOR=False,
+        rows, v, 1, ROWS=rows_per_program, BLOCK=4, HAS_FLOOR=False,
     )  # fmt: skip
     return out
 
@@ -239,16 +239,25 @@ def test_seeded_requests_keep_the_samplers_seeded_path(deterministic, single_ran
 
 
 @pytest.mark.parametrize("batch", sorted(BATCHES))
-def test_per_node_parameters_repeat_each_request_per_node(published, batch):
-    """Every request's temperature on each of its nodes; the filters and seeds too, except in
-    the plain unseeded case, whose fused draw reads the temperatures only."""
-    kws, fused = BATCHES[batch]
+def test_per_node_parameters_are_the_requests_own_and_repeat_per_row(published, batch):
+    """The fused draw's info holds the batch's own tensors (no copy) and the number of nodes;
+    per row, every request's temperature, top-k and top-p on each of its nodes."""
+    kws, plain = BATCHES[batch]
     reqs = [Req(params(**kw), [0], [5], pool_idx=i, prefilled_outputs=0) for i, kw in enumerate(kws)]
     info = forward_info(reqs, VOCAB)
-    node = NodeSamplingInfo.repeat(info, 3)
-    assert torch.equal(node.temperatures.view(-1), info.temperatures.view(-1).repeat_interleave(3))
-    if fused:
-        assert node.top_ks is None and node.top_ps is None and node.min_ps is None and node.simple
-    else:
-        assert torch.equal(node.top_ks, info.top_ks.repeat_interleave(3))
-        assert torch.equal(node.top_ps, info.top_ps.repeat_interleave(3))
+    node = NodeSamplingInfo.for_nodes(info, 3)
+    assert node.nodes == 3 and node.simple == plain
+    assert node.temperatures.shape == (len(reqs), 1)
+    assert node.temperatures.data_ptr() == info.temperatures.data_ptr()
+    assert node.top_ks is info.top_ks and node.top_ps is info.top_ps and node.min_ps is info.min_ps
+    row = node.per_row()
+    assert row.nodes == 1 and row.simple == plain
+    assert torch.equal(row.temperatures.view(-1), info.temperatures.view(-1).repeat_interleave(3))
+    assert torch.equal(row.top_ks, info.top_ks.repeat_interleave(3))
+    assert torch.equal(row.top_ps, info.top_ps.repeat_interleave(3))
+    assert (row.min_ps is None) == (not info.need_min_p_sampling)
+    if info.need_min_p_sampling:
+        assert torch.equal(row.min_ps, info.min_ps.repeat_interleave(3))
+    assert row.per_row() is row
+    with pytest.raises(ValueError, match="rows per request"):
+        node.rows(0, 2)

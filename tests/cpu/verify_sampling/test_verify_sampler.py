@@ -155,7 +155,8 @@ def _recorded_draws(draw: str, monkeypatch):
     real = node_draws.gumbel_draw
 
     def record(logits, temperatures, floors=None, **kwargs):
-        x = logits.double() / temperatures.double()
+        # One temperature per request of ``nodes`` consecutive rows.
+        x = logits.double() / temperatures.double().repeat_interleave(kwargs.get("nodes", 1), dim=0)
         if floors is not None:
             x = x.masked_fill(logits < floors.view(-1, 1), float("-inf"))
         rows.extend(torch.softmax(x, dim=-1))

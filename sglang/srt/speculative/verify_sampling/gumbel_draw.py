@@ -10,6 +10,9 @@ uniform, is an exact sample from the same distribution; the kernel reads each ro
 seed taken from torch's CPU generator (no device RNG state, no sync) and never
 materialises probabilities. The logits are read, not modified.
 
+The temperatures are the requests' own (``nodes`` rows per request, row = request * nodes +
+node): the kernel reads request ``row // nodes``, so a step copies no parameter per node.
+
 ``-inf`` logits (penalties, bias, grammar) stay ``-inf`` after the noise, so they are
 never drawn unless the whole row is ``-inf`` (then token 0). A per-row ``floor`` (a logit
 value, ``sampling_filters.logit_floors``) excludes every logit below it the same way: the
@@ -40,26 +43,32 @@ def gumbel_draw(
     temperatures: torch.Tensor,
     floors: Optional[torch.Tensor] = None,
     *,
+    nodes: int = 1,
     use_triton: Optional[bool] = None,
 ) -> torch.Tensor:
     """``[rows]`` int64 draws from ``softmax(logits / temperatures)``, restricted to the
     logits ``>= floors`` where given.
 
-    ``logits`` ``[rows, V]`` float32, ``temperatures`` ``[rows, 1]`` float32, all > 0,
-    ``floors`` ``[rows]`` float32 (``-inf``: no restriction). The seed comes from torch's
-    default CPU generator, so ``torch.manual_seed`` makes the draws repeatable.
+    ``logits`` ``[rows, V]`` float32, ``floors`` ``[rows]`` float32 (``-inf``: no
+    restriction); ``temperatures`` ``[rows / nodes, 1]`` float32, all > 0, one per request of
+    ``nodes`` consecutive rows (1: one per row). The seed comes from torch's default CPU
+    generator, so ``torch.manual_seed`` makes the draws repeatable (whatever ``nodes``: the
+    uniforms are keyed by row and column).
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [rows, V], got {tuple(logits.shape)}")
-    if temperatures.shape != (logits.shape[0], 1):
-        raise ValueError(f"temperatures must be [rows={logits.shape[0]}, 1], got {tuple(temperatures.shape)}")
-    if floors is not None and floors.shape != (logits.shape[0],):
-        raise ValueError(f"floors must be [rows={logits.shape[0]}], got {tuple(floors.shape)}")
+    rows = logits.shape[0]
+    if nodes < 1 or rows % nodes:
+        raise ValueError(f"nodes must be >= 1 and divide rows={rows}, got {nodes}")
+    if temperatures.shape != (rows // nodes, 1):
+        raise ValueError(f"temperatures must be [requests={rows // nodes}, 1], got {tuple(temperatures.shape)}")
+    if floors is not None and floors.shape != (rows,):
+        raise ValueError(f"floors must be [rows={rows}], got {tuple(floors.shape)}")
     if use_triton is None:
         use_triton = logits.is_cuda or _interpreted()
     if use_triton:
-        return _draw_triton(logits, temperatures, floors)
-    return gumbel_draw_reference(logits, temperatures, floors)
+        return _draw_triton(logits, temperatures, floors, nodes)
+    return gumbel_draw_reference(logits, temperatures, floors, nodes=nodes)
 
 
 def gumbel_draw_reference(
@@ -67,12 +76,25 @@ def gumbel_draw_reference(
     temperatures: torch.Tensor,
     floors: Optional[torch.Tensor] = None,
     generator: Optional[torch.Generator] = None,
+    *,
+    nodes: int = 1,
 ) -> torch.Tensor:
     """The same draw in plain torch: Gumbel noise from ``torch.rand``, then the argmax."""
     u = torch.rand(logits.shape, dtype=torch.float32, device=logits.device, generator=generator)
     g = -torch.log(-torch.log(u.clamp_(min=_TINY)))
     x = logits if floors is None else logits.masked_fill(logits < floors.view(-1, 1), float("-inf"))
-    return torch.argmax(x / temperatures + g, dim=-1)
+    return torch.argmax(x / request_rows(temperatures, logits.shape[0], nodes) + g, dim=-1)
+
+
+def request_rows(t: Optional[torch.Tensor], rows: int, nodes: int = 1, first_row: int = 0) -> Optional[torch.Tensor]:
+    """Per-row values of per-request ``t`` for ``rows`` rows from global row ``first_row``
+    (row ``r`` is request ``r // nodes``'s): the torch paths' gather (the kernels index in place)."""
+    if t is None:
+        return None
+    if nodes == 1:
+        return t[first_row : first_row + rows]
+    req = torch.arange(first_row, first_row + rows, device=t.device) // nodes
+    return t.index_select(0, req)
 
 
 def _interpreted() -> bool:
@@ -84,7 +106,7 @@ _BLOCK_V = 2048
 
 
 def _draw_triton(
-    logits: torch.Tensor, temperatures: torch.Tensor, floors: Optional[torch.Tensor] = None
+    logits: torch.Tensor, temperatures: torch.Tensor, floors: Optional[torch.Tensor] = None, nodes: int = 1
 ) -> torch.Tensor:
     rows, v = logits.shape
     if logits.stride(1) != 1:
@@ -105,6 +127,7 @@ def _draw_triton(
         seed,
         rows,
         v,
+        nodes,
         ROWS=per_program,
         BLOCK=block,
         HAS_FLOOR=floors is not None,
@@ -112,24 +135,25 @@ def _draw_triton(
     return out
 
 
-@triton.jit(do_not_specialize=["seed"])
+@triton.jit(do_not_specialize=["seed", "nodes"])
 def _gumbel_draw_kernel(
     logits_ptr,
     stride_logits,
-    temp_ptr,
+    temp_ptr,  # per request: row r reads request r // nodes
     stride_temp,
     floor_ptr,
     out_ptr,
     seed,
     rows,
     v,
+    nodes,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_FLOOR: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = r < rows
-    inv_t = 1.0 / tl.load(temp_ptr + r * stride_temp, mask=live, other=1.0)
+    inv_t = 1.0 / tl.load(temp_ptr + (r // nodes) * stride_temp, mask=live, other=1.0)
     if HAS_FLOOR:
         floor = tl.load(floor_ptr + r, mask=live, other=float("-inf"))
     row_ptr = logits_ptr + r * stride_logits

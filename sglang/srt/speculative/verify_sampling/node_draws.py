@@ -23,6 +23,11 @@ unseeded rows with the sampler's kernels too (FlashInfer's), for comparisons.
 
 Rows are handled in chunks so the temporaries stay within a fixed workspace (reserved
 when the KV pool is sized: ``workspace.py``).
+
+A request's nodes are consecutive rows (row = request * nodes + node). The fused draw's kernels
+read each request's own parameters at ``row // nodes``, so a sampled step copies none of them
+per node (a launch each on a launch-bound step); the sampler's paths (``Sampler._sample_from_probs``)
+read one row per node, so the parameters are repeated there only (``NodeSamplingInfo.per_row``).
 """
 
 from __future__ import annotations
@@ -48,39 +53,56 @@ DEFAULT_BYTES_PER_LOGIT = 48
 
 @dataclass
 class NodeSamplingInfo:
-    """The per-row parameters ``Sampler._sample_from_probs`` reads, one row per node."""
+    """A batch's sampling parameters for its verified nodes: one entry per request, whose
+    ``nodes`` rows are consecutive (row = request * nodes + node; ``nodes=1``: one per row, the
+    layout ``Sampler._sample_from_probs`` reads)."""
 
-    temperatures: torch.Tensor  # [rows, 1] float32
-    top_ks: Optional[torch.Tensor]  # [rows] int32 (None in the plain unseeded case)
-    top_ps: Optional[torch.Tensor]  # [rows] float32 (likewise)
-    min_ps: Optional[torch.Tensor]  # [rows] float32 (likewise)
-    sampling_seed: Optional[torch.Tensor]  # [rows] int64
+    temperatures: torch.Tensor  # [requests, 1] float32
+    top_ks: Optional[torch.Tensor]  # [requests] int32
+    top_ps: Optional[torch.Tensor]  # [requests] float32
+    min_ps: Optional[torch.Tensor]  # [requests] float32
+    sampling_seed: Optional[torch.Tensor]  # [requests] int64
     need_top_k_sampling: bool
     need_top_p_sampling: bool
     need_min_p_sampling: bool
+    nodes: int = 1
 
     @classmethod
-    def repeat(cls, sampling_info: Any, nodes: int) -> "NodeSamplingInfo":
-        """Each request's parameters for each of its ``nodes`` rows. The fused draw of the
-        plain unseeded case reads only the temperatures, so only they are repeated there."""
-        flags = dict(
+    def for_nodes(cls, sampling_info: Any, nodes: int) -> "NodeSamplingInfo":
+        """The batch's own tensors (no copy) for ``nodes`` rows per request: the fused draw's
+        kernels index them per row, so a step launches nothing to spread them over nodes."""
+        return cls(
+            temperatures=sampling_info.temperatures.view(-1, 1),
+            top_ks=sampling_info.top_ks,
+            top_ps=sampling_info.top_ps,
+            min_ps=sampling_info.min_ps,
+            sampling_seed=sampling_info.sampling_seed,
             need_top_k_sampling=bool(sampling_info.need_top_k_sampling),
             need_top_p_sampling=bool(sampling_info.need_top_p_sampling),
             need_min_p_sampling=bool(sampling_info.need_min_p_sampling),
+            nodes=nodes,
         )
-        plain = not any(flags.values()) and sampling_info.sampling_seed is None
+
+    def per_row(self) -> "NodeSamplingInfo":
+        """Each request's parameters repeated for each of its nodes (``nodes=1``): for the
+        sampler's own paths, which read one row per node. A launch per tensor, so only they
+        call it."""
+        if self.nodes == 1:
+            return self
 
         def rep(t):
-            return None if t is None or plain else torch.repeat_interleave(t, nodes, dim=0)
+            return None if t is None else torch.repeat_interleave(t, self.nodes, dim=0)
 
-        return cls(
-            temperatures=torch.repeat_interleave(sampling_info.temperatures.view(-1, 1), nodes, dim=0),
-            top_ks=rep(sampling_info.top_ks),
-            top_ps=rep(sampling_info.top_ps),
+        return NodeSamplingInfo(
+            temperatures=rep(self.temperatures),
+            top_ks=rep(self.top_ks),
+            top_ps=rep(self.top_ps),
             # Read by the sampler's paths only under need_min_p_sampling.
-            min_ps=rep(sampling_info.min_ps) if flags["need_min_p_sampling"] else None,
-            sampling_seed=rep(sampling_info.sampling_seed),
-            **flags,
+            min_ps=rep(self.min_ps) if self.need_min_p_sampling else None,
+            sampling_seed=rep(self.sampling_seed),
+            need_top_k_sampling=self.need_top_k_sampling,
+            need_top_p_sampling=self.need_top_p_sampling,
+            need_min_p_sampling=self.need_min_p_sampling,
         )
 
     @property
@@ -89,6 +111,10 @@ class NodeSamplingInfo:
         return not (self.need_top_k_sampling or self.need_top_p_sampling or self.need_min_p_sampling)
 
     def rows(self, start: int, end: int) -> "NodeSamplingInfo":
+        """Rows ``start:end`` of a per-row info (``per_row``)."""
+        if self.nodes != 1:
+            raise ValueError(f"rows() cuts one row per node; this info holds {self.nodes} rows per request")
+
         def cut(t):
             return None if t is None else t[start:end]
 
@@ -126,14 +152,16 @@ def draw_node_tokens(
     fused: Optional[FusedDraw] = None,
 ) -> torch.Tensor:
     """``[rows]`` int64 draws. ``probs_from_logits`` ``[rows, V]`` float32 holds the adjusted
-    logits. With ``fused`` (or in the plain case) unseeded rows are drawn by the fused kernel,
-    which only reads them; otherwise they are overwritten with the sampling probabilities
-    (as ``Sampler.forward`` does) and ``sample_from_probs(probs, info, positions, simple)``,
-    the sampler's draw, picks the tokens."""
+    logits, ``info.nodes`` rows per request. With ``fused`` (or in the plain case) unseeded rows
+    are drawn by the fused kernel, which only reads them; otherwise they are overwritten with
+    the sampling probabilities (as ``Sampler.forward`` does) and
+    ``sample_from_probs(probs, info, positions, simple)``, the sampler's draw, picks the tokens
+    (with the parameters repeated per row)."""
     if info.sampling_seed is None and (info.simple or fused is not None):
         if info.simple:
-            return gumbel_draw(probs_from_logits, info.temperatures)
+            return gumbel_draw(probs_from_logits, info.temperatures, nodes=info.nodes)
         return _fused_filtered_draw(probs_from_logits, info, fused)
+    info = info.per_row()
     rows = probs_from_logits.shape[0]
     out = torch.empty((rows,), dtype=torch.int64, device=probs_from_logits.device)
     for start in range(0, rows, max_rows):
@@ -150,16 +178,19 @@ def _fused_filtered_draw(logits: torch.Tensor, info: NodeSamplingInfo, fused: Fu
     rows = logits.shape[0]
 
     def floors_of(start: int, end: int) -> torch.Tensor:
-        part = info.rows(start, end)
+        # A chunk may start inside a request: the kernels find each row's request from its
+        # global row.
         return logit_floors(
             logits[start:end],
-            part.temperatures,
-            part.top_ks if info.need_top_k_sampling else None,
-            part.top_ps if info.need_top_p_sampling else None,
-            part.min_ps if info.need_min_p_sampling else None,
+            info.temperatures,
+            info.top_ks if info.need_top_k_sampling else None,
+            info.top_ps if info.need_top_p_sampling else None,
+            info.min_ps if info.need_min_p_sampling else None,
             fused.rule,
             fused.candidates,
             max_sorted_rows=fused.max_sorted_rows,
+            nodes=info.nodes,
+            first_row=start,
         )
 
     if rows <= fused.max_rows:
@@ -169,4 +200,4 @@ def _fused_filtered_draw(logits: torch.Tensor, info: NodeSamplingInfo, fused: Fu
         for start in range(0, rows, fused.max_rows):
             end = min(rows, start + fused.max_rows)
             floors[start:end] = floors_of(start, end)
-    return gumbel_draw(logits, info.temperatures, floors)
+    return gumbel_draw(logits, info.temperatures, floors, nodes=info.nodes)

@@ -29,6 +29,10 @@ on the logits, found 16-way over the ordered float32 bit patterns, nine passes o
 such rows instead (``floors_among_reference`` over the whole row, with a host sync).
 ``filtered_probs_reference`` builds the filtered distribution itself, token by token, for
 tests.
+
+The parameters are the requests' own, ``nodes`` consecutive rows per request: the kernels read
+request ``(first_row + row) // nodes`` in place (``first_row``: where a chunk of rows starts in
+the batch), so a step copies no parameter per node; the torch paths gather them.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import triton.language as tl
 
 # The smallest positive normal float32 (the Gumbel draw's clamp): here the floor of a row's
 # sum of exponentials.
-from sglang.srt.speculative.verify_sampling.gumbel_draw import _TINY, _TINY_C
+from sglang.srt.speculative.verify_sampling.gumbel_draw import _TINY, _TINY_C, request_rows
 
 #: Candidates a row without top-k is cut within before it falls back to a full sort.
 TOP_P_CANDIDATES = 1024
@@ -95,31 +99,49 @@ def logit_floors(
     rule: FilterRule,
     candidates: Candidates,
     max_sorted_rows: Optional[int] = None,
+    *,
+    nodes: int = 1,
+    first_row: int = 0,
 ) -> torch.Tensor:
     """``[rows]`` float32: each row's smallest kept logit (``-inf`` where nothing is cut).
 
-    ``logits`` ``[rows, V]`` float32 (read only), ``temperatures`` ``[rows, 1]``;
-    ``top_ks`` int ``[rows]`` (``>= V``: none), ``top_ps`` / ``min_ps`` float ``[rows]``, each
-    None when no row uses it. A row the candidates leave undecided is searched over its whole
-    vocabulary by ``_whole_row_floors_kernel`` on the GPU; the torch path sorts such rows,
+    ``logits`` ``[rows, V]`` float32 (read only). The parameters are per request, row ``r``
+    being request ``(first_row + r) // nodes``'s (``nodes=1``, ``first_row=0``: one per row):
+    ``temperatures`` ``[requests, 1]``; ``top_ks`` int ``[requests]`` (``>= V``: none),
+    ``top_ps`` / ``min_ps`` float ``[requests]``, each None when no row uses it. A row the
+    candidates leave undecided is searched over its whole vocabulary by
+    ``_whole_row_floors_kernel`` on the GPU; the torch path sorts such rows,
     ``max_sorted_rows`` at a time (default: all at once)."""
     rows, vocab = logits.shape
+    at = dict(nodes=nodes, first_row=first_row)
     k = max(1, min(int(candidates.k), vocab))
     use_kernel = k <= KERNEL_CANDIDATES and (logits.is_cuda or _interpreted())
     floors_among = _floors_among_triton if use_kernel else floors_among_reference
-    floors, decided = floors_among(logits, temperatures, top_ks, top_ps, min_ps, rule, k)
+    floors, decided = floors_among(logits, temperatures, top_ks, top_ps, min_ps, rule, k, **at)
     if candidates.deep and k < vocab and use_kernel:
-        _whole_row_floors_triton(logits, temperatures, top_ks, top_ps, min_ps, rule, floors, decided)
+        _whole_row_floors_triton(logits, temperatures, top_ks, top_ps, min_ps, rule, floors, decided, **at)
     elif candidates.deep and k < vocab:
         redo = torch.nonzero(~decided).view(-1)
         step = max(1, int(max_sorted_rows or rows))
         for start in range(0, redo.numel(), step):  # a host sync, only where a row cut deeper
             idx = redo[start : start + step]
-            sub = lambda t: None if t is None else t[idx]  # noqa: E731
+            req = (first_row + idx) // nodes
+            sub = lambda t: None if t is None else t[req]  # noqa: E731
             floors[idx], _ = floors_among_reference(
-                logits[idx], temperatures[idx], sub(top_ks), sub(top_ps), sub(min_ps), rule, vocab
+                logits[idx], temperatures[req], sub(top_ks), sub(top_ps), sub(min_ps), rule, vocab
             )
     return floors
+
+
+def _check_requests(rows: int, nodes: int, first_row: int, *params: Optional[torch.Tensor]) -> None:
+    """Every request the rows read has its parameters (the kernels do not bound the index)."""
+    if nodes < 1 or first_row < 0:
+        raise ValueError(f"nodes must be >= 1 and first_row >= 0, got {nodes}, {first_row}")
+    need = (first_row + rows - 1) // nodes + 1 if rows else 0
+    for t in params:
+        if t is not None and t.shape[0] < need:
+            raise ValueError(f"rows {first_row}..{first_row + rows} of {nodes} per request read {need} "
+                             f"requests' parameters, got {tuple(t.shape)}")  # fmt: skip
 
 
 def _largest(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -129,11 +151,18 @@ def _largest(logits: torch.Tensor, k: int) -> torch.Tensor:
     return logits.sort(dim=-1, descending=True).values
 
 
-def floors_among_reference(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule, k: int):
+def floors_among_reference(
+    logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule, k: int, *, nodes: int = 1, first_row: int = 0
+):
     """Floors from each row's ``k`` largest logits, and whether the candidates decided them
-    (a row cut no deeper than the candidates, or bounded by its top-k)."""
+    (a row cut no deeper than the candidates, or bounded by its top-k). Per-request parameters
+    as ``logit_floors`` takes them, gathered per row here."""
     rows, vocab = logits.shape
     dev = logits.device
+    _check_requests(rows, nodes, first_row, temperatures, top_ks, top_ps, min_ps)
+    temperatures, top_ks, top_ps, min_ps = (
+        request_rows(t, rows, nodes, first_row) for t in (temperatures, top_ks, top_ps, min_ps)
+    )
     vals = _largest(logits, k)
     t = temperatures.view(rows, 1)
     # A row of -inf has probabilities 0 (not NaN), as in the kernel.
@@ -245,8 +274,11 @@ def _filter_flags(top_ks, top_ps, min_ps, rule: FilterRule) -> dict:
     )
 
 
-def _floors_among_triton(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule, k: int):
+def _floors_among_triton(
+    logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule, k: int, *, nodes: int = 1, first_row: int = 0
+):
     rows, vocab = logits.shape
+    _check_requests(rows, nodes, first_row, temperatures, top_ks, top_ps, min_ps)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     vals = _largest(logits, k)
@@ -266,6 +298,8 @@ def _floors_among_triton(logits, temperatures, top_ks, top_ps, min_ps, rule: Fil
         decided,
         vocab,
         k,
+        nodes,
+        first_row,
         **_filter_flags(top_ks, top_ps, min_ps, rule),
         BLOCK_K=triton.next_power_of_2(k),
         BLOCK_V=min(_BLOCK_V, triton.next_power_of_2(vocab)),
@@ -273,13 +307,13 @@ def _floors_among_triton(logits, temperatures, top_ks, top_ps, min_ps, rule: Fil
     return floors, decided
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nodes", "first_row"])
 def _floors_kernel(
     logits_ptr,
     stride_logits,
     vals_ptr,
     stride_vals,
-    temp_ptr,
+    temp_ptr,  # the parameters per request: row r reads request (first_row + r) // nodes
     stride_temp,
     top_k_ptr,
     top_p_ptr,
@@ -288,6 +322,8 @@ def _floors_kernel(
     decided_ptr,
     vocab,
     k,
+    nodes,
+    first_row,
     HAS_TOP_K: tl.constexpr,
     HAS_TOP_P: tl.constexpr,
     HAS_MIN_P: tl.constexpr,
@@ -297,12 +333,13 @@ def _floors_kernel(
     BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    req = (first_row + row) // nodes
     offs = tl.arange(0, BLOCK_K)
     live = offs < k
     v = tl.load(vals_ptr + row * stride_vals + offs, mask=live, other=float("-inf"))
-    inv_t = 1.0 / tl.load(temp_ptr + row * stride_temp)
+    inv_t = 1.0 / tl.load(temp_ptr + req * stride_temp)
     if HAS_TOP_K:
-        kk = tl.load(top_k_ptr + row).to(tl.int64)
+        kk = tl.load(top_k_ptr + req).to(tl.int64)
         kth = tl.sum(tl.where(offs == tl.minimum(tl.maximum(kk, 1), k) - 1, v, 0.0))
     else:
         kk = vocab
@@ -334,7 +371,7 @@ def _floors_kernel(
             limit_scale = tl.where(active, mass, 1.0)
             mass_unknown = active & (kk > k)
     if HAS_TOP_P:
-        tp = tl.load(top_p_ptr + row)
+        tp = tl.load(top_p_ptr + req)
         on = tp < 1.0
         active = active | on
         before = tl.cumsum(p, 0) - p
@@ -344,7 +381,7 @@ def _floors_kernel(
         else:
             keep = keep & (before < limit)
     if HAS_MIN_P:
-        mp = tl.load(min_p_ptr + row)
+        mp = tl.load(min_p_ptr + req)
         active = active | (mp > 0.0)
         keep = keep & (p >= mp * tl.max(p))
     # The filters keep a prefix of the sorted candidates: its length, at least one.
@@ -367,9 +404,14 @@ _SEARCH_BLOCK_V = 1024
 _SEARCH_WARPS = 8
 
 
-def _whole_row_floors_triton(logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule, floors, decided) -> None:
-    """The floors of the rows ``decided`` says are not, searched over their whole row, in place."""
+def _whole_row_floors_triton(
+    logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule, floors, decided, *, nodes: int = 1,
+    first_row: int = 0,
+) -> None:  # fmt: skip
+    """The floors of the rows ``decided`` says are not, searched over their whole row, in place
+    (per-request parameters as ``logit_floors`` takes them)."""
     rows, vocab = logits.shape
+    _check_requests(rows, nodes, first_row, temperatures, top_ks, top_ps, min_ps)
     if rows == 0:
         return
     if logits.stride(1) != 1:
@@ -383,6 +425,8 @@ def _whole_row_floors_triton(logits, temperatures, top_ks, top_ps, min_ps, rule:
         floors,
         decided,
         vocab,
+        nodes,
+        first_row,
         **_filter_flags(top_ks, top_ps, min_ps, rule),
         SPLIT=_SPLIT,
         PASSES=_SEARCH_PASSES,
@@ -443,11 +487,11 @@ def _first_kept_key(
     return hi
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nodes", "first_row"])
 def _whole_row_floors_kernel(
     logits_ptr,
     stride_logits,
-    temp_ptr,
+    temp_ptr,  # the parameters per request: row r reads request (first_row + r) // nodes
     stride_temp,
     top_k_ptr,
     top_p_ptr,
@@ -455,6 +499,8 @@ def _whole_row_floors_kernel(
     floor_ptr,
     decided_ptr,
     vocab,
+    nodes,
+    first_row,
     HAS_TOP_K: tl.constexpr,
     HAS_TOP_P: tl.constexpr,
     HAS_MIN_P: tl.constexpr,
@@ -467,10 +513,11 @@ def _whole_row_floors_kernel(
     # The floor is the smallest logit every filter keeps (``_first_kept_key``), as in
     # ``floors_among_reference`` over the whole row.
     row = tl.program_id(0).to(tl.int64)
+    req = (first_row + row) // nodes
     todo = tl.load(decided_ptr + row).to(tl.int32) == 0
     span = tl.where(todo, vocab, 0)  # a decided row runs no pass
     row_ptr = logits_ptr + row * stride_logits
-    inv_t = 1.0 / tl.load(temp_ptr + row * stride_temp)
+    inv_t = 1.0 / tl.load(temp_ptr + req * stride_temp)
     best = tl.full((BLOCK_V,), float("-inf"), tl.float32)
     for start in range(0, span, BLOCK_V):
         cols = start + tl.arange(0, BLOCK_V)
@@ -485,12 +532,12 @@ def _whole_row_floors_kernel(
         acc += tl.exp(x * inv_t - top)
     lse = top + tl.log(tl.maximum(tl.sum(acc), _TINY_C))
     if HAS_TOP_K:
-        kk = tl.minimum(tl.maximum(tl.load(top_k_ptr + row).to(tl.int64), 1), vocab).to(tl.int32)
+        kk = tl.minimum(tl.maximum(tl.load(top_k_ptr + req).to(tl.int64), 1), vocab).to(tl.int32)
     else:
         kk = vocab
     limit = float("inf")
     if HAS_TOP_P:
-        tp = tl.load(top_p_ptr + row)
+        tp = tl.load(top_p_ptr + req)
         scale = 1.0
         if HAS_TOP_K and TOP_P_OF_TOP_K_MASS:
             # FlashInfer's min-p path: top-p of the renormalised top-k set, whose mass is that
@@ -506,7 +553,7 @@ def _whole_row_floors_kernel(
             scale = tl.where(kk < vocab, tl.sum(mass), 1.0)
         limit = tl.where(tp < 1.0, tp * scale, float("inf"))  # top_p 1: no cut
     if HAS_MIN_P:
-        min_prob = tl.load(min_p_ptr + row) * tl.exp(top_logit * inv_t - lse)
+        min_prob = tl.load(min_p_ptr + req) * tl.exp(top_logit * inv_t - lse)
     else:
         min_prob = 0.0
     hi = _first_kept_key(row_ptr, vocab, span, inv_t, lse, top_logit, kk, limit, min_prob, TOP_P_INCLUSIVE, SPLIT,

@@ -113,7 +113,7 @@ class VerifySampler:
         else:
             tokens = draw_node_tokens(
                 logits,
-                NodeSamplingInfo.repeat(sampling_info, n),
+                NodeSamplingInfo.for_nodes(sampling_info, n),
                 self._sample_from_probs,
                 positions.reshape(-1),
                 self.max_rows,
