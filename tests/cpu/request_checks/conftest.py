@@ -23,12 +23,14 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, List
 
 import numpy as np
 import pytest
+
+from tests.cpu.soak._json_reply import JSONReplyHandler
 
 REPO = Path(__file__).resolve().parents[3]
 VOCAB = 512
@@ -140,17 +142,7 @@ def over_http(served):
     thread.join(10)
 
 
-class _ScriptedHandler(BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def _answer(self, code: int, data: dict) -> None:
-        body = json.dumps(data).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+class _ScriptedHandler(JSONReplyHandler):
 
     def do_POST(self):
         s: Scripted = self.server.scripted
@@ -171,7 +163,7 @@ class _ScriptedHandler(BaseHTTPRequestHandler):
                 return s.die()
             with s.lock:
                 s.break_next |= bool(data.get("break_next"))
-            self._answer(data.get("status", 400), {"error": {"message": data.get("refuse", "refused")}})
+            self.reply_json(data.get("status", 400), {"error": {"message": data.get("refuse", "refused")}})
         finally:
             if not normal:
                 with s.lock:
@@ -181,12 +173,12 @@ class _ScriptedHandler(BaseHTTPRequestHandler):
         with s.lock:
             broken, s.break_next = s.break_next, False
         if broken:
-            return self._answer(500, {"error": {"message": "Internal server error: scripted"}})
+            return self.reply_json(500, {"error": {"message": "Internal server error: scripted"}})
         n = data["sampling_params"]["max_new_tokens"]
         with s.lock:
             s.normal_served += 1
         meta = {"id": "r", "finish_reason": {"type": "length", "length": n}, "completion_tokens": n}
-        self._answer(200, {"text": "bako " * n, "output_ids": [17] * n, "meta_info": meta})
+        self.reply_json(200, {"text": "bako " * n, "output_ids": [17] * n, "meta_info": meta})
 
 
 class Scripted:

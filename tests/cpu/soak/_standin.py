@@ -24,7 +24,9 @@ import random
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
+
+from _json_reply import JSONReplyHandler  # this folder: the script runs from it
 
 FAULT = os.environ.get("STANDIN_FAULT", "")
 VOCAB = 512
@@ -51,32 +53,21 @@ def output_for(prompt, n, greedy):
     return [rng.randrange(16, VOCAB) for _ in range(n)]
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JSONReplyHandler):
     server_version = "standin"
 
     def log_request(self, code="-", size="-"):
         phrase = {200: "OK", 400: "Bad Request", 500: "Internal Server Error"}.get(int(code), "")
         log(f'INFO:     {self.client_address[0]}:{self.client_address[1]} - "{self.requestline}" {code} {phrase}')
 
-    def log_message(self, *args):
-        pass
-
-    def _json(self, code, data):
-        body = json.dumps(data).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
     def do_GET(self):
         pool = self.server.pool
         if self.path in ("/health", "/health_generate"):
-            return self._json(200, {})
+            return self.reply_json(200, {})
         if self.path == "/v1/models":
-            return self._json(200, {"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+            return self.reply_json(200, {"object": "list", "data": [{"id": "tiny", "object": "model"}]})
         if self.path == "/server_info":
-            return self._json(200, {"max_total_num_tokens": pool})
+            return self.reply_json(200, {"max_total_num_tokens": pool})
         if self.path == "/metrics":
             with LOCK:
                 running, retracted, aborted = STATE["inflight"], STATE["retracted"], STATE["aborted"]
@@ -97,7 +88,7 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
             return
-        self._json(404, {"error": {"message": "not found"}})
+        self.reply_json(404, {"error": {"message": "not found"}})
 
     def do_POST(self):
         data = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
@@ -119,7 +110,7 @@ class Handler(BaseHTTPRequestHandler):
             if hang:
                 time.sleep(3600)
             if FAULT == "http500" and k % 7 == 0:
-                return self._json(500, {"object": "error", "message": "Internal server error: boom"})
+                return self.reply_json(500, {"object": "error", "message": "Internal server error: boom"})
             self._serve(data)
         except (BrokenPipeError, ConnectionResetError):
             with LOCK:
@@ -146,9 +137,9 @@ class Handler(BaseHTTPRequestHandler):
         words = [f"w{t}" for t in out]
         if not data.get("stream"):
             if generate:
-                return self._json(200, {"text": " ".join(words), "output_ids": out, "meta_info": meta})
+                return self.reply_json(200, {"text": " ".join(words), "output_ids": out, "meta_info": meta})
             usage = {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}
-            return self._json(200, {"object": "text_completion", "usage": usage,
+            return self.reply_json(200, {"object": "text_completion", "usage": usage,
                                     "choices": [{"index": 0, "text": " ".join(words), "finish_reason": "length"}]})
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
