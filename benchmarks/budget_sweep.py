@@ -38,7 +38,7 @@ and sampling checks when present.
 
 In ``--launch`` mode, ``--step-ctx C`` also measures each server's decode step time the way
 ``benchmarks/e2e_step.py`` does (random prompts of C tokens, median gap between streamed
-chunks), the input of ``benchmarks/cost_model.py``; ``--sampling-check`` runs
+chunks), at each sampling setting of the sweep, the input of ``benchmarks/cost_model.py``; ``--sampling-check`` runs
 ``benchmarks/sampling_check.py`` on the same servers. Output: ``budget_sweep_<tag>.json``
 and ``.png`` (accept length and tokens/s against the budget), and the sampling check's samples
 (``budget_sweep_<tag>_sampling_samples.npz``, for ``sampling_check.py --replay``). The JSON is rewritten after
@@ -68,7 +68,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = re.compile(r"^(nospec|dflash|ddtree([1-9][0-9]*))(-transitions)?(-adaptive)?$")
@@ -584,16 +584,28 @@ class Deadline:
         return float("inf") if self.seconds is None else self.seconds - (time.monotonic() - self.t0)
 
 
-def measure_steps(e2e_step, server: Server, proc, ctx: int, batches: list[int], vocab: int) -> list[dict]:
-    """Decode step time as benchmarks/e2e_step.py measures it (its own measure())."""
+def measure_steps(e2e_step, server: Server, proc, ctx: int, batches: list[int], vocab: int,
+                  samplings: Sequence[tuple] = ((0.0, 1.0, 0),)) -> list[dict]:
+    """Decode step time as benchmarks/e2e_step.py measures it (its own measure()), at each
+    (T, top_p, top_k) of ``samplings``: a sampled step draws per node, which a greedy one does
+    not, so the cost model charges each point the step of its own sampling."""
     rows = []
-    for b in batches:
-        r = e2e_step.measure(proc, ctx, b, 64, vocab, seed=ctx + b, point_max_s=6.0)
-        kind, budget = parse_config(server.label)
-        r.update(config=server.label, kind=kind, budget=budget)
-        rows.append(r)
-        print(json.dumps({"step": r}), flush=True)
+    kind, budget = parse_config(server.label)
+    for t, top_p, top_k in samplings:
+        sampling = e2e_step.parse_sampling(f"{t}/{top_k}/{top_p}")
+        for b in batches:
+            r = e2e_step.measure(proc, ctx, b, 64, vocab, seed=ctx + b, point_max_s=6.0, sampling=sampling)
+            r.update(config=server.label, kind=kind, budget=budget, temperature=t, top_p=top_p, top_k=top_k)
+            rows.append(r)
+            print(json.dumps({"step": r}), flush=True)
     return rows
+
+
+def step_key(step: dict) -> tuple:
+    """A step-time row's (config, context, batch, T, top_p, top_k); rows before sampled steps
+    were measured are greedy."""
+    return (step["config"], step["ctx"], step["batch"], step.get("temperature", 0.0), step.get("top_p", 1.0),
+            step.get("top_k", 0))
 
 
 def sweep_points(args) -> list[tuple[int, tuple]]:
@@ -918,13 +930,13 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
             vocab = json.loads((Path(args.model_path) / "config.json").read_text())["vocab_size"]
             result["steps"] = []
             for c in labels:
-                if deadline.left() < 10 * len(args.batch):
+                if deadline.left() < 10 * len(args.batch) * len(args.sampling):
                     result["skipped"].append({"config": c, "what": "step time",
                                               "reason": f"{deadline.left():.0f} s left"})
                     continue
                 try:
                     result["steps"] += measure_steps(e2e_step, Server(c, procs[c].base_url), procs[c],
-                                                     args.step_ctx, args.batch, vocab)
+                                                     args.step_ctx, args.batch, vocab, args.sampling)
                 except Exception as e:
                     result["skipped"].append({"config": c, "what": "step time", "reason": f"failed: {e}"[:2000]})
                 write(_public(finish(result)), out)
@@ -970,7 +982,7 @@ def boundary_test(args, prompts: list[list[int]]):
 
 def report(paths: list[Path], out: Path) -> int:
     """Merge runs (e.g. batch 1 and batch 8 measured in two calls on one machine): a later file's
-    row for the same (config, batch, sampling), step time for the same (config, context, batch),
+    row for the same (config, batch, sampling), step time for the same (config, context, batch, sampling),
     lossless entry for the same (batch, config) and sampling check replace an earlier one's."""
     rows: dict = {}
     steps: dict = {}
@@ -983,7 +995,7 @@ def report(paths: list[Path], out: Path) -> int:
         for row in r["rows"]:
             rows[(row["config"],) + _key(row)] = row
         for s in r.get("steps") or []:
-            steps[(s["config"], s["ctx"], s["batch"])] = s
+            steps[step_key(s)] = s
         for e in r.get("lossless") or []:
             same[(e["batch"], e["config"])] = e
         if r.get("sampling_check"):
@@ -994,7 +1006,7 @@ def report(paths: list[Path], out: Path) -> int:
               "rows": sorted(rows.values(), key=lambda r: (_key(r), config_order(r["config"]))),
               "merged_from": [Path(p).name for p in paths]}
     if steps:
-        result["steps"] = sorted(steps.values(), key=lambda s: (s["ctx"], s["batch"], config_order(s["config"])))
+        result["steps"] = [steps[k] for k in sorted(steps, key=lambda k: (k[1], k[2], k[3:], config_order(k[0])))]
     if same:
         result["lossless"] = [same[k] for k in sorted(same, key=lambda k: (k[0], config_order(k[1])))]
     write(finish(result), out)

@@ -17,9 +17,10 @@ interpolated linearly in log2(B) between the nearest measured budgets (marked
 
 The check of the model itself: at the learned pair's own shape the sweep can measure the
 step time the way e2e_step does (``--step-ctx``); the prediction from those step times and
-the sweep's tau is compared with the sweep's measured tokens/s (``own_shape``). What it
-leaves out shows there: prefill, the first token, request overheads, and a step cost that
-depends on what is accepted (random-prompt step times against real traffic).
+the sweep's tau is compared with the sweep's measured tokens/s (``own_shape``; each
+temperature charged the step measured at it where the sweep measured one, else the greedy
+step). What it leaves out shows there: prefill, the first token, request overheads, and a step
+cost that depends on what is accepted (random-prompt step times against real traffic).
 
   python3 benchmarks/cost_model.py --sweep results/budget_sweep_learned.json \\
       --e2e benchmarks/results/e2e_step_uniform_tile64x32_h200_2026-11-30.json benchmarks/results/e2e_step_dummy_routing_matrix_h200_2026-11-30.json \\
@@ -58,11 +59,14 @@ def shape_of(result: dict) -> str:
 
 def load_step_rows(paths: list[Path], verify: tuple = SERVED_VERIFY, routing: Optional[str] = None,
                    backend: str = "triton") -> dict:
-    """(shape, ctx, batch, config) -> {ms_per_step, source}; a later file's row replaces an earlier one."""
+    """(shape, ctx, batch, config) -> {ms_per_step, source} of greedy runs; a later file's row
+    replaces an earlier one."""
     table: dict = {}
     for p in paths:
         r = json.loads(Path(p).read_text())
         if routing is not None and r.get("expert_routing", "model") != routing:
+            continue
+        if r.get("sampling", "greedy") != "greedy":  # the model's step times are greedy steps
             continue
         shape = shape_of(r)
         for row in r.get("rows", []):
@@ -162,14 +166,18 @@ def own_shape(sweep: dict) -> list[dict]:
     tau = taus(sweep)
     measured = {(r["config"], int(r["batch"]), float(r["temperature"])): r["throughput_tok_s"]
                 for r in sweep["rows"] if r.get("top_p", 1.0) == 1.0 and r.get("top_k", 0) <= 0}
-    steps = {(s["config"], int(s["batch"])): s for s in sweep.get("steps", [])}
+    steps = {(s["config"], int(s["batch"]), float(s.get("temperature", 0.0))): s for s in sweep.get("steps", [])
+             if s.get("top_p", 1.0) == 1.0 and s.get("top_k", 0) <= 0}
     out = []
     for (config, batch, t), x in sorted(tau.items()):
-        s = steps.get((config, batch))
+        # The step measured at the point's own temperature; a sweep that measured greedy steps
+        # only is charged those (marked: a sampled step costs more).
+        s = steps.get((config, batch, t)) or steps.get((config, batch, 0.0))
         if s is None or (config, batch, t) not in measured:
             continue
         pred = batch * x * 1000.0 / s["ms_per_step"]
         out.append({"config": config, "batch": batch, "temperature": t, "tau": x, "ms_per_step": s["ms_per_step"],
+                    "step_temperature": float(s.get("temperature", 0.0)),
                     "predicted_tok_s": pred, "measured_tok_s": measured[(config, batch, t)],
                     "error": pred / measured[(config, batch, t)] - 1.0})
     return out

@@ -292,7 +292,43 @@ EXPERT_ROUTING = {"model": {}, "uniform": {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1
 MOE_TILE_RULES = {"rows_per_expert": {}, "upstream": {"SGLANG_MOE_DEFAULT_TILE_RULE": "upstream"}}
 #: What a run holds fixed, with the value of runs that predate the option: runs that differ
 #: in one of these cannot share a table.
-RUN_CONDITIONS = {"expert_routing": "model", "moe_tile_rule": "upstream", "target": "v2lite"}
+RUN_CONDITIONS = {"expert_routing": "model", "moe_tile_rule": "upstream", "target": "v2lite", "sampling": "greedy"}
+
+
+def parse_sampling(text: str) -> dict:
+    """``T[/top_k[/top_p]]`` (``0``: greedy) -> the sampling parameters every request of a run
+    sends: a sampled step also draws per node and builds the filters, which a greedy step does
+    not, so its time is measured apart."""
+    parts = text.split("/")
+    try:
+        t = float(parts[0])
+        top_k = int(parts[1]) if len(parts) > 1 else 0
+        top_p = float(parts[2]) if len(parts) > 2 else 1.0
+    except ValueError:
+        raise ValueError(f"--sampling {text!r}: expected T[/top_k[/top_p]], e.g. 1 or 0.7/20/0.8") from None
+    if len(parts) > 3 or t < 0 or top_k < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"--sampling {text!r}: expected T >= 0, top_k >= 0 (0: none), 0 < top_p <= 1")
+    if t == 0:
+        return {"temperature": 0.0}
+    out = {"temperature": t}
+    if top_k:
+        out["top_k"] = top_k
+    if top_p < 1:
+        out["top_p"] = top_p
+    return out
+
+
+def sampling_label(sampling: Optional[dict]) -> str:
+    """``greedy``, or ``T=1``, ``T=0.7 top_k=20 top_p=0.8``: how a run's sampling is recorded."""
+    if not sampling or not sampling.get("temperature"):
+        return "greedy"
+    return " ".join([f"T={sampling['temperature']:g}"] + [f"{k}={sampling[k]:g}" for k in ("top_k", "top_p")
+                                                          if k in sampling])  # fmt: skip
+
+
+def request_payload(ids: list[int], new_tokens: int, sampling: Optional[dict] = None) -> dict:
+    return {"input_ids": ids, "sampling_params": {"temperature": 0.0, **(sampling or {}),
+                                                  "max_new_tokens": new_tokens, "ignore_eos": True}}
 
 
 def server_env(spec: Spec, triton_cache: Path, routing: str = "model", moe_tile_rule: str = "rows_per_expert",
@@ -356,11 +392,10 @@ class Budget:
         return self.left() >= seconds
 
 
-def one_request(server, ids, new_tokens, stop_at: list, out: dict) -> None:
+def one_request(server, ids, new_tokens, stop_at: list, out: dict, sampling: Optional[dict] = None) -> None:
     """Stream one request; ``out["stamps"]`` grows live so measure() can see the first token."""
     stamps = out["stamps"] = []
-    payload = {"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens,
-                                                     "ignore_eos": True}}
+    payload = request_payload(ids, new_tokens, sampling)
     last = None
     events = server.stream("/generate", payload, timeout=900)
     try:
@@ -403,15 +438,16 @@ BATCH_TOKEN_CAP = 3000
 CONTEXT_MARGIN = 4096
 
 
-def measure(server, ctx: int, batch: int, new_tokens: int, vocab: int, seed: int, point_max_s: float) -> dict:
-    """``batch`` concurrent requests; the point ends once every request has
-    streamed ``new_tokens`` chunks inside the common window (all decoding), or
-    ``point_max_s`` after that window opened."""
+def measure(server, ctx: int, batch: int, new_tokens: int, vocab: int, seed: int, point_max_s: float,
+            sampling: Optional[dict] = None) -> dict:
+    """``batch`` concurrent requests (greedy, or sampled with ``sampling``: ``parse_sampling``);
+    the point ends once every request has streamed ``new_tokens`` chunks inside the common
+    window (all decoding), or ``point_max_s`` after that window opened."""
     prompts = random_prompts(ctx, batch, vocab, seed)
     results = [{} for _ in range(batch)]
     stop_at = [None]  # set once the window is long enough or has lasted point_max_s
     max_new = new_tokens if batch == 1 else max(new_tokens, BATCH_TOKEN_CAP)
-    threads = [threading.Thread(target=one_request, args=(server, p, max_new, stop_at, r))
+    threads = [threading.Thread(target=one_request, args=(server, p, max_new, stop_at, r, sampling))
                for p, r in zip(prompts, results)]
     t0 = time.perf_counter()
     for t in threads:
@@ -451,12 +487,11 @@ def measure(server, ctx: int, batch: int, new_tokens: int, vocab: int, seed: int
 
 
 def profile_point(server, ctx: int, vocab: int, steps: int, trace_dir: Path, profile_id: str,
-                  new_tokens: Optional[int] = None, host: bool = False) -> dict:
+                  new_tokens: Optional[int] = None, host: bool = False, sampling: Optional[dict] = None) -> dict:
     """Trace ``steps`` forwards of one decoding request at ``ctx`` and break the GPU time down."""
     prompt = random_prompts(ctx, 1, vocab, seed=ctx + 7)[0]
     new_tokens = new_tokens or 3 * steps + 48  # several tokens per step only with a real drafter
-    payload = {"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": new_tokens,
-                                                        "ignore_eos": True}}
+    payload = request_payload(prompt, new_tokens, sampling)
     path, chunks, chunks_at_start = None, 0, 0
     events = server.stream("/generate", payload, timeout=900)
     try:
@@ -716,6 +751,7 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
         "expert_routing": args.expert_routing,
         "moe_tile_rule": args.moe_tile_rule,
         "target": args.target,
+        "sampling": sampling_label(args.sampling),
         "strategy_table": table_summary(args.strategy_table),
         "servers": [],
         "rows": [],
@@ -740,7 +776,7 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
                 budget.starts.append(start_s)
                 result["servers"].append({"config": spec.label, "start_s": start_s, "log": str(server.log_path)})
                 print(f"[{spec.label}] healthy after {start_s:.0f} s", flush=True)
-                measure(server, 256, 1, 16, vocab, seed=0, point_max_s=5)  # warm-up outside the numbers
+                measure(server, 256, 1, 16, vocab, seed=0, point_max_s=5, sampling=args.sampling)  # warm-up
                 for ctx, batch in points:
                     need = budget.point_estimate(ctx, batch, args.point_max_s)
                     if not budget.fits(need):
@@ -749,7 +785,7 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
                         continue
                     try:
                         r = measure(server, ctx, batch, args.new_tokens, vocab, seed=ctx + batch,
-                                    point_max_s=args.point_max_s)
+                                    point_max_s=args.point_max_s, sampling=args.sampling)
                     except Exception as e:  # one bad point must not lose the others
                         result["skipped"].append({"config": spec.label, "what": f"ctx {ctx} bs {batch}",
                                                   "reason": f"failed: {e}"[:2000]})
@@ -781,7 +817,7 @@ def _profile(server, spec: Spec, at: tuple, vocab: int, args, budget: Budget, re
     pid = f"e2e-{spec.label.replace(':', '-').replace('@', '-')}-{ctx}"
     try:
         prof = profile_point(server, ctx, vocab, args.profile_steps, args.log_dir / "traces", pid,
-                             host=args.profile_host)
+                             host=args.profile_host, sampling=args.sampling)
     except Exception as e:
         result["skipped"].append({"config": spec.label, "what": f"profile ctx {ctx}", "reason": f"failed: {e}"})
         print(f"[{spec.label}] profile failed: {e}", flush=True)
@@ -855,6 +891,10 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", default="16384", help="comma list, e.g. 1024,4096,16384,32768")
     ap.add_argument("--batch", default="1", help="comma list, e.g. 1,8")
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--sampling", default="0",
+                    help="T[/top_k[/top_p]] every request sends (0: greedy, the default; e.g. 1 or 0.7/20/0.8): "
+                         "a sampled step draws per node, so it is measured apart; runs of different "
+                         "sampling do not merge in --report")
     ap.add_argument("--point-max-s", type=float, default=12.0, help="decode window per point (0: no limit)")
     ap.add_argument("--deadline-s", type=float, default=None, help="wall budget of the whole run")
     ap.add_argument("--start-estimate-s", type=float, default=200.0, help="first server start, for --deadline-s")
@@ -883,6 +923,10 @@ def main(argv=None) -> int:
     ap.add_argument("--expert-routing", choices=list(EXPERT_ROUTING), default="model",
                     help="MoE routing of the dummy target: its router (model) or spread over the experts (uniform)")
     args = ap.parse_args(argv)
+    try:
+        args.sampling = parse_sampling(args.sampling)
+    except ValueError as e:
+        ap.error(str(e))
 
     reference = load_reference(args.reference)
     args.out_dir.mkdir(parents=True, exist_ok=True)

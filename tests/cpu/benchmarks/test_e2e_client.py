@@ -45,6 +45,7 @@ class Fake(BaseHTTPRequestHandler):
             self._reply(b"Stop profiling.\n")
         elif self.path == "/generate":
             self.state.setdefault("prompts", []).append(len(body["input_ids"]))
+            self.state.setdefault("sampling", []).append(body["sampling_params"])
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
@@ -128,6 +129,16 @@ def test_batch_window_covers_requests_prefilled_one_after_another(server):
     assert r["wall_s"] < 5  # ended on the window rule, not on the 10 s bound
     time.sleep(STEP_S * 5)
     assert Fake.state.get("aborted") == 4
+
+
+def test_a_sampled_point_sends_its_sampling_to_every_request(server):
+    sampling = es.parse_sampling("0.7/20/0.8")
+    es.measure(server, ctx=100, batch=2, new_tokens=10, vocab=512, seed=1, point_max_s=0, sampling=sampling)
+    sent = Fake.state["sampling"]
+    assert len(sent) == 2 and all(p["temperature"] == 0.7 and p["top_k"] == 20 and p["top_p"] == 0.8
+                                  and p["ignore_eos"] for p in sent)  # fmt: skip
+    es.measure(server, ctx=100, batch=1, new_tokens=10, vocab=512, seed=1, point_max_s=0)
+    assert Fake.state["sampling"][-1] == {"temperature": 0.0, "max_new_tokens": 10, "ignore_eos": True}
 
 
 def test_single_request_keeps_its_token_count(server):

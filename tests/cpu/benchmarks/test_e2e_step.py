@@ -377,6 +377,34 @@ def test_report_refuses_to_mix_targets(tmp_path, reference):
         es.report(paths, tmp_path / "mixed.json", reference)
 
 
+def test_report_refuses_to_mix_greedy_and_sampled_steps(tmp_path, reference):
+    paths = _runs_with(tmp_path, "sampling", (None, "greedy", "T=1"))
+    assert es.report(paths[:2], tmp_path / "one.json", reference)["sampling"] == "greedy"
+    with pytest.raises(ValueError, match="sampling"):
+        es.report(paths, tmp_path / "mixed.json", reference)
+
+
+@pytest.mark.parametrize("text,params,label", [
+    ("0", {"temperature": 0.0}, "greedy"),
+    ("0/20/0.8", {"temperature": 0.0}, "greedy"),
+    ("1", {"temperature": 1.0}, "T=1"),
+    ("0.7/20/0.8", {"temperature": 0.7, "top_k": 20, "top_p": 0.8}, "T=0.7 top_k=20 top_p=0.8"),
+    ("1/0/0.95", {"temperature": 1.0, "top_p": 0.95}, "T=1 top_p=0.95"),
+])  # fmt: skip
+def test_sampling_settings_and_their_labels(text, params, label):
+    assert es.parse_sampling(text) == params
+    assert es.sampling_label(params) == label
+
+
+@pytest.mark.parametrize("text", ["", "x", "-1", "1/-2", "1/20/0", "1/20/1.5", "1/2/0.5/9"])
+def test_bad_sampling_settings_say_what_to_write(text, capsys):
+    with pytest.raises(ValueError, match="--sampling"):
+        es.parse_sampling(text)
+    with pytest.raises(SystemExit):
+        es.main(["--sampling", text, "--configs", "nospec"])
+    assert "--sampling" in capsys.readouterr().err
+
+
 def test_report_drops_skips_a_later_run_measured(tmp_path, reference):
     fail = "failed: too few decode steps in the common window (0 < 5)"
     a = {"rows": [row("dflash", "fused", 11.0)],

@@ -289,8 +289,8 @@ def test_report_merges_steps_lossless_and_sampling_of_two_calls(tmp_path):
                 "top_p": 1.0, "top_k": 0, "throughput_tok_s": tps, "accept_length": None if kind == "nospec" else 3.0,
                 "records": []}
 
-    def step(config, batch, ms):
-        return {"config": config, "ctx": 512, "batch": batch, "ms_per_step": ms}
+    def step(config, batch, ms, **sampling):
+        return {"config": config, "ctx": 512, "batch": batch, "ms_per_step": ms, **sampling}
 
     a = {"what": "sweep", "date": "2026-12-02", "device": "GPU", "servers": [{"config": "nospec"}], "skipped": [],
          "rows": [row("nospec", 1, 100.0), row("ddtree16", 1, 150.0)],
@@ -299,6 +299,8 @@ def test_report_merges_steps_lossless_and_sampling_of_two_calls(tmp_path):
     b = {"what": "sweep", "date": "2026-12-02", "device": "GPU", "servers": [{"config": "nospec"}],
          "skipped": [{"what": "step time", "reason": "off"}],
          "rows": [row("nospec", 8, 400.0), row("ddtree16", 8, 500.0)],
+         # a sampled step beside the greedy one of a (its own row), a greedy one replacing a's
+         "steps": [step("ddtree16", 1, 4.0, temperature=1.0, top_p=1.0, top_k=0), step("nospec", 1, 1.1)],
          "lossless": [{"batch": 8, "config": "ddtree16", "prompts": 4, "identical": 3, "differ": [{"prompt": 2}]}],
          "sampling_check": {"verdict": {"reject": False}}}
     (tmp_path / "a.json").write_text(json.dumps(a))
@@ -308,7 +310,8 @@ def test_report_merges_steps_lossless_and_sampling_of_two_calls(tmp_path):
     r = json.loads((tmp_path / "budget_sweep_ab.json").read_text())
     assert [(x["config"], x["batch"]) for x in r["rows"]] == [("nospec", 1), ("ddtree16", 1), ("nospec", 8),
                                                               ("ddtree16", 8)]
-    assert [(s["config"], s["batch"]) for s in r["steps"]] == [("nospec", 1), ("ddtree16", 1)]
+    assert [(s["config"], s["batch"], s.get("temperature", 0.0), s["ms_per_step"]) for s in r["steps"]] == [
+        ("nospec", 1, 0.0, 1.1), ("ddtree16", 1, 0.0, 3.0), ("ddtree16", 1, 1.0, 4.0)]
     assert [(e["batch"], e["identical"]) for e in r["lossless"]] == [(1, 4), (8, 3)]
     assert r["sampling_check"]["verdict"] == {"reject": False} and len(r["skipped"]) == 1
     assert r["merged_from"] == ["a.json", "b.json"] and len(r["servers"]) == 2
@@ -461,13 +464,15 @@ class H(BaseHTTPRequestHandler):
             self.send(resp)
         elif body.get("stream"):  # e2e_step.measure: one chunk per step
             n = body["sampling_params"]["max_new_tokens"]
+            # a sampled step costs twice a greedy one here, so the step rows show which they timed
+            step_s = STEP * (3 if body["sampling_params"].get("temperature", 0) > 0 else 1)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
             done = 0
             try:
                 for step in range(1, n + 1):
-                    time.sleep(STEP)
+                    time.sleep(step_s)
                     done = min(n, round(step * TAU))
                     meta = {"completion_tokens": done, "spec_verify_ct": step}
                     self.wfile.write(f"data: {json.dumps({'meta_info': meta})}\\n\\n".encode())
@@ -520,11 +525,15 @@ def test_launch_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, pro
     assert [s["config"] for s in r["servers"]] == ["nospec", "dflash", "ddtree4", "ddtree16"]
     assert "--speculative-ddtree-budget" in r["servers"][3]["args"]
     assert len(r["rows"]) == 4 * 4 and not r["skipped"], r["skipped"]
-    # the step times of every server at both batch sizes, as e2e_step measures them
-    steps = {(s["config"], s["batch"]): s for s in r["steps"]}
-    assert set(steps) == {(c, b) for c in ("nospec", "dflash", "ddtree4", "ddtree16") for b in (1, 2)}
+    # the step times of every server at both batch sizes and both temperatures, as e2e_step
+    # measures them, the sampled ones with sampled requests (the stand-in's sampled step is slower)
+    steps = {(s["config"], s["batch"], s["temperature"]): s for s in r["steps"]}
+    assert len(steps) == len(r["steps"]) == 4 * 2 * 2
+    assert set(steps) == {(c, b, t) for c in ("nospec", "dflash", "ddtree4", "ddtree16") for b in (1, 2)
+                          for t in (0.0, 1.0)}
     assert all(0.5 < s["ms_per_step"] < 50 for s in steps.values())
-    assert steps[("ddtree16", 1)]["accept_length"] == pytest.approx(5.0, rel=0.1)
+    assert all(steps[(c, b, 1.0)]["ms_per_step"] > 1.5 * steps[(c, b, 0.0)]["ms_per_step"] for c, b, _ in steps)
+    assert steps[("ddtree16", 1, 0.0)]["accept_length"] == pytest.approx(5.0, rel=0.1)
     # DDTREE servers run with metrics and a stats interval of 32: each run also gives the accept
     # length of every smaller budget (what the stand-in's counters say for its own traffic)
     for x in r["rows"]:
@@ -550,6 +559,7 @@ def test_launch_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, pro
     own = cm.own_shape(r)
     assert {(o["config"], o["batch"], o["temperature"]) for o in own} == {
         (c, b, t) for c in ("nospec", "dflash", "ddtree4", "ddtree16") for b in (1, 2) for t in (0.0, 1.0)}
+    assert all(o["step_temperature"] == o["temperature"] for o in own)
 
 
 

@@ -105,6 +105,27 @@ def test_own_shape_check():
     assert own[("dflash", 0.0)]["predicted_tok_s"] == pytest.approx(400.0)
     assert own[("dflash", 0.0)]["error"] == pytest.approx(400 / 380 - 1)
     assert own[("ddtree16", 1.0)]["predicted_tok_s"] == pytest.approx(3.0 * 1000 / 11.0)
+    assert own[("ddtree16", 1.0)]["step_temperature"] == 0.0  # no sampled step measured: the greedy one
+
+
+def test_own_shape_charges_each_temperature_its_own_step():
+    """A sweep that measured a step at T=1 charges the T=1 point that step, not the greedy one;
+    a step with top-k or top-p is not a plain T=1 step."""
+    steps = [{"config": "ddtree16", "batch": 1, "ms_per_step": 11.0},
+             {"config": "ddtree16", "batch": 1, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "ms_per_step": 15.0},
+             {"config": "ddtree16", "batch": 1, "temperature": 1.0, "top_p": 0.8, "top_k": 20, "ms_per_step": 99.0}]
+    sweep = _sweep([_row("ddtree16", 1, 0.0, 5.0, 400.0), _row("ddtree16", 1, 1.0, 3.0, 260.0)], steps=steps)
+    own = {o["temperature"]: o for o in cm.own_shape(sweep)}
+    assert own[0.0]["ms_per_step"] == 11.0 and own[0.0]["step_temperature"] == 0.0
+    assert own[1.0]["ms_per_step"] == 15.0 and own[1.0]["step_temperature"] == 1.0
+    assert own[1.0]["predicted_tok_s"] == pytest.approx(3.0 * 1000 / 15.0)
+
+
+def test_sampled_e2e_runs_are_not_the_models_step_times(tmp_path):
+    greedy = _e2e(tmp_path, "g.json", [_step("dflash", 1024, 1, 5.0)])
+    sampled = _e2e(tmp_path, "s.json", [_step("dflash", 1024, 1, 9.0)], sampling="T=1")
+    table = cm.load_step_rows([greedy, sampled])
+    assert table[("v2lite-shape", 1024, 1, "dflash")]["ms_per_step"] == 5.0
 
 
 def test_reads_the_repository_e2e_step_results(tmp_path):
