@@ -1,16 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 """The filters' floors for rows whose top-p or min-p cut lies beyond the candidates: the
-whole-row search (``_whole_row_floors_kernel``, no host sync, graph-capturable) against the
-sort it replaced (the candidates' kernel, a host sync, then a full sort of the undecided rows)
-and against sorting every row. Every floor the search gives is checked equal to the full sort's,
-but where a token sits at the top-p or min-p cut within float32 rounding (``floors_differ``:
-neither float32 path is exact there; such rows are counted apart).
+whole-row search (no host sync, graph-capturable) as ``logit_floors`` runs it (``search``: each
+row split over ``row_slices`` programs while the rows are few, recorded as ``slices``), with one
+program per row (``search_single``: ``_whole_row_floors_kernel``) and with the slices given by
+``--slices``, against the sort it replaced (the candidates' kernel, a host sync, then a full sort
+of the undecided rows) and against sorting every row. Every floor a search gives is checked
+equal to the full sort's, but where a token sits at the top-p or min-p cut within float32
+rounding (``floors_differ``: neither float32 path is exact there; such rows are counted apart).
 
     python3 -m benchmarks.sampling_floors --tag sampling_floors_<gpu>_<date>
 
 Rows are ``bs x (budget + 1)`` verify rows at a real vocabulary; half of them flat (the cut
-deep in the row), half peaked (decided among the candidates). On a machine without CUDA the
-floors are compared under Triton's interpreter at the sizes given, with no timings.
+deep in the row), half peaked (decided among the candidates). Times are eager (``_ms``: the
+sort path syncs the host) and, for the searches, replayed from a CUDA graph (``_graph_ms``).
+On a machine without CUDA the floors are compared under Triton's interpreter at the sizes
+given, with no timings.
 """
 
 from __future__ import annotations
@@ -57,13 +61,24 @@ def _inputs(rows: int, vocab: int, setting: str, device):
     return temps, top_ks, top_ps, min_ps, rule, cand
 
 
-def paths(logits, setting: str):
-    """The three ways to the floors, as zero-argument callables returning ``[rows]`` floats."""
+def paths(logits, setting: str, slices: tuple = ()):
+    """The ways to the floors, as zero-argument callables returning ``[rows]`` floats: the
+    searches (``search``: as ``logit_floors`` chooses; ``search_single``: one program per row;
+    ``search_s<n>``: each row over ``n`` programs, for each of ``slices``), then the sorts."""
     rows, vocab = logits.shape
     temps, top_ks, top_ps, min_ps, rule, cand = _inputs(rows, vocab, setting, logits.device)
 
     def search():
         return sf.logit_floors(logits, temps, top_ks, top_ps, min_ps, rule, cand)
+
+    def search_in(n: int):
+        def run():
+            floors, decided = sf._floors_among_triton(logits, temps, top_ks, top_ps, min_ps, rule, cand.k)
+            if cand.deep:
+                sf._whole_row_floors_triton(logits, temps, top_ks, top_ps, min_ps, rule, floors, decided, slices=n)
+            return floors
+
+        return run
 
     def sort_undecided():
         floors, decided = sf._floors_among_triton(logits, temps, top_ks, top_ps, min_ps, rule, cand.k)
@@ -81,17 +96,22 @@ def paths(logits, setting: str):
     _, decided = sf._floors_among_triton(logits, temps, top_ks, top_ps, min_ps, rule, cand.k)
     undecided = int((~decided).sum()) if cand.deep else 0
     inputs = (temps, top_ks, top_ps, min_ps, rule)
-    return {"search": search, "sort_undecided": sort_undecided, "full_sort": full_sort}, cand, undecided, inputs
+    fns = {"search": search, "search_single": search_in(1)}
+    fns.update({f"search_s{n}": search_in(n) for n in slices})
+    fns.update(sort_undecided=sort_undecided, full_sort=full_sort)
+    return fns, cand, undecided, inputs
 
 
-def measure(rows: int, vocab: int, setting: str, seed: int = 0) -> dict:
-    """Median ms of each path (eager: the sort path syncs the host) and whether its floors are the full sort's."""
+def measure(rows: int, vocab: int, setting: str, seed: int = 0, slices: tuple = ()) -> dict:
+    """Median ms of each path and whether its floors are the full sort's; ``slices``: also the
+    search with each row over that many programs."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     logits = make_rows(rows, vocab, seed, device)
-    fns, cand, undecided, inputs = paths(logits, setting)
+    fns, cand, undecided, inputs = paths(logits, setting, slices)
     want = fns["full_sort"]()
-    row = {"rows": rows, "vocab": vocab, "setting": setting, "candidates": cand.k, "undecided_rows": undecided}
-    for name in ("search", "sort_undecided"):
+    row = {"rows": rows, "vocab": vocab, "setting": setting, "candidates": cand.k, "undecided_rows": undecided,
+           "slices": sf.row_slices(rows, vocab, device)}  # fmt: skip
+    for name in (n for n in fns if n != "full_sort"):
         got = fns[name]()
         # Rows whose floors differ only by tokens at the cut within float32 rounding, and others.
         real = sf.floors_differ(got, want, logits, *inputs)
@@ -100,7 +120,10 @@ def measure(rows: int, vocab: int, setting: str, seed: int = 0) -> dict:
     if device == "cuda":
         for name, fn in fns.items():
             row[f"{name}_ms"] = round(bench(fn, graph=False), 4)
+        for name in (n for n in fns if n.startswith("search")):
+            row[f"{name}_graph_ms"] = round(bench(fns[name], graph=True), 4)
         row["sort_undecided_over_search"] = round(row["sort_undecided_ms"] / row["search_ms"], 2)
+        row["search_single_over_search"] = round(row["search_single_ms"] / row["search_ms"], 2)
     return row
 
 
@@ -114,8 +137,12 @@ def plot(result: dict, path: Path) -> None:
     for ax, setting in zip(axes[0], settings):
         mine = [r for r in rows if r["setting"] == setting]
         xs = [r["rows"] for r in mine]
-        for name in ("search", "sort_undecided", "full_sort"):
-            ax.plot(xs, [r[f"{name}_ms"] for r in mine], marker="o", label=name)
+        for name in ("search", "search_single", "sort_undecided", "full_sort"):
+            ax.plot(xs, [r.get(f"{name}_ms") for r in mine], marker="o", label=name)
+        for r in mine:  # the slices each row of the search was split into
+            if r.get("slices", 1) > 1:
+                ax.annotate(f"{r['slices']}", (r["rows"], r["search_ms"]), fontsize=7, textcoords="offset points",
+                            xytext=(3, 3))  # fmt: skip
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("verify rows (bs x (B+1))")
@@ -130,7 +157,8 @@ def plot(result: dict, path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vocab", type=int, default=151936)
-    ap.add_argument("--rows", default="17,272,1088")
+    ap.add_argument("--rows", default="17,65,272,1088")
+    ap.add_argument("--slices", default="", help="','-separated slice counts to time the search at too")
     ap.add_argument("--settings", default=";".join(SETTINGS), help="';'-separated")
     ap.add_argument("--tag", default="sampling_floors")
     ap.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
@@ -145,15 +173,16 @@ def main(argv=None) -> int:
         ap.error(f"unknown settings {unknown}; known: {list(SETTINGS)}")
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (interpreter, no timings)"
     result = {"date": time.strftime("%Y-%m-%d"), "device": device, "rows": []}
+    slices = tuple(int(n) for n in args.slices.split(",") if n)
     for setting in settings:
         for rows in (int(r) for r in args.rows.split(",")):
-            row = measure(rows, args.vocab, setting)
+            row = measure(rows, args.vocab, setting, slices=slices)
             print(json.dumps(row), flush=True)
             result["rows"].append(row)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"{args.tag}.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(result, args.out_dir / f"{args.tag}.png")
-    bad = [r for r in result["rows"] if r["search_rows_differ"] or r["sort_undecided_rows_differ"]]
+    bad = [r for r in result["rows"] if any(v for k, v in r.items() if k.endswith("_rows_differ"))]
     if bad:
         print(f"error: floors differ from the full sort beyond rounding at the cut in {len(bad)} rows of the "
               f"table", flush=True)

@@ -25,8 +25,11 @@ candidates) gives the floors; ``floors_among_reference`` is the same computation
 row whose cut lies beyond its candidates is then found by a search over the whole row
 (``_whole_row_floors_kernel``, one launch for every row, the decided ones leave at once, no host
 sync): every filter keeps a logit if it keeps every larger one, so the floor is a threshold
-on the logits, found 16-way over the ordered float32 bit patterns, nine passes of the row. The torch path sorts
-such rows instead (``floors_among_reference`` over the whole row, with a host sync).
+on the logits, found 16-way over the ordered float32 bit patterns, nine passes of the row. While
+the rows are too few to fill the GPU one program each, every row is split over several
+programs (``_split_row_floors_triton``: a launch per pass, partials summed by the next launch in a
+fixed order; ``row_slices`` chooses from the shapes). The torch path sorts such rows instead
+(``floors_among_reference`` over the whole row, with a host sync).
 ``filtered_probs_reference`` builds the filtered distribution itself, token by token, for
 tests.
 
@@ -37,6 +40,7 @@ the batch), so a step copies no parameter per node; the torch paths gather them.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Iterable, Optional
@@ -402,20 +406,36 @@ _SEARCH_PASSES = 9
 #: (docs/benchmarks.md, 2026-12-06).
 _SEARCH_BLOCK_V = 1024
 _SEARCH_WARPS = 8
+#: The split-row search (``_split_row_floors_triton``): programs per SM it aims for, the rows
+#: per SM from which one program per row fills the GPU instead, the fewest search tiles a slice
+#: of a row spans, and the SMs counted without a CUDA device (an H100's; the interpreter).
+_SLICE_PROGRAMS_PER_SM = 4
+_SINGLE_PROGRAM_ROWS_PER_SM = 2
+_SLICE_MIN_TILES = 4
+_HOST_SMS = 132
 
 
 def _whole_row_floors_triton(
     logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule, floors, decided, *, nodes: int = 1,
-    first_row: int = 0,
+    first_row: int = 0, slices: Optional[int] = None, block_v: Optional[int] = None,
 ) -> None:  # fmt: skip
     """The floors of the rows ``decided`` says are not, searched over their whole row, in place
-    (per-request parameters as ``logit_floors`` takes them)."""
+    (per-request parameters as ``logit_floors`` takes them). Each row is split over ``slices``
+    programs (default ``row_slices``: 1, one program per row, once the rows fill the GPU);
+    ``block_v``: the logits a program reads per loop step (default ``_SEARCH_BLOCK_V``)."""
     rows, vocab = logits.shape
     _check_requests(rows, nodes, first_row, temperatures, top_ks, top_ps, min_ps)
     if rows == 0:
         return
     if logits.stride(1) != 1:
         logits = logits.contiguous()
+    block_v = min(block_v or _SEARCH_BLOCK_V, triton.next_power_of_2(vocab))
+    if slices is None:
+        slices = row_slices(rows, vocab, logits.device, block_v)
+    if slices > 1:
+        _split_row_floors_triton(logits, temperatures, top_ks, top_ps, min_ps, rule, floors, decided, slices, block_v,
+                                 nodes, first_row)  # fmt: skip
+        return
     _whole_row_floors_kernel[(rows,)](
         logits,
         logits.stride(0),
@@ -430,7 +450,7 @@ def _whole_row_floors_triton(
         **_filter_flags(top_ks, top_ps, min_ps, rule),
         SPLIT=_SPLIT,
         PASSES=_SEARCH_PASSES,
-        BLOCK_V=min(_SEARCH_BLOCK_V, triton.next_power_of_2(vocab)),
+        BLOCK_V=block_v,
         num_warps=_SEARCH_WARPS,
     )
 
@@ -565,6 +585,315 @@ def _whole_row_floors_kernel(
         cols = start + tl.arange(0, BLOCK_V)
         x = tl.load(row_ptr + cols, mask=cols < vocab, other=float("inf"))
         low = tl.minimum(low, tl.where(x >= at_hi, x, float("inf")))
+    tl.store(floor_ptr + row, tl.min(low), mask=todo)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return _HOST_SMS
+
+
+def row_slices(rows: int, vocab: int, device, block_v: int = _SEARCH_BLOCK_V) -> int:
+    """How many programs the whole-row search splits each row over: 1 once the rows alone fill
+    the GPU, else about ``_SLICE_PROGRAMS_PER_SM`` programs per SM, each slice at least
+    ``_SLICE_MIN_TILES`` tiles of ``block_v`` logits. From shapes only (the undecided rows are
+    not counted: that would be a host sync)."""
+    sms = _sm_count(torch.device(device))
+    if rows >= _SINGLE_PROGRAM_ROWS_PER_SM * sms:
+        return 1
+    tiles = triton.cdiv(vocab, min(block_v, triton.next_power_of_2(vocab)))
+    return max(1, min(triton.cdiv(_SLICE_PROGRAMS_PER_SM * sms, max(rows, 1)), tiles // _SLICE_MIN_TILES))
+
+
+def _slice_width(vocab: int, slices: int) -> int:
+    """Logits per slice of a split row, a multiple of 16 (the last slices may hold fewer, or none)."""
+    return triton.cdiv(triton.cdiv(vocab, slices), 16) * 16
+
+
+def _split_row_floors_triton(
+    logits, temperatures, top_ks, top_ps, min_ps, rule: FilterRule, floors, decided, slices: int, block_v: int,
+    nodes: int, first_row: int,
+) -> None:  # fmt: skip
+    """The whole-row search with each row split over ``slices`` programs, for batches too small
+    to fill the GPU with one program per row (each streaming its whole row a dozen times). Each
+    pass of ``_whole_row_floors_kernel`` becomes a launch over ``(rows, slices)`` whose programs
+    write their slice's partials (maximum and sum of exponentials; mass and count above the 16
+    keys; the top-k set's mass; the smallest logit kept) to a workspace. The next launch's
+    programs each sum their row's partials over the same reduction tree and narrow the keys
+    (each pass's recorded by the row's first program) as ``_first_kept_key`` does, so all
+    programs of a row agree; a launch never reads what it writes. No atomics (the floors are the
+    same run to run), no host sync, buffers by shape only; programs of decided rows leave at
+    once. Launches: the log-sum-exp, 9 search passes (on FlashInfer's min-p path 9 more and the
+    top-k mass before them), the floors' partials, the floors."""
+    rows, vocab = logits.shape
+    dev = logits.device
+    width = _slice_width(vocab, slices)
+    kth_search = top_ks is not None and top_ps is not None and rule.top_p_of_top_k_mass
+    passes = _SEARCH_PASSES * (2 if kth_search else 1)
+    stats = torch.empty((rows, slices, 2), dtype=torch.float32, device=dev)  # maximum, sum of exponentials
+    bounds = torch.empty((rows, passes, 2), dtype=torch.int64, device=dev)  # each pass's (lo, hi)
+    mass = torch.empty((rows, passes, slices, _SPLIT), dtype=torch.float32, device=dev)
+    count = torch.empty((rows, passes, slices, _SPLIT), dtype=torch.int32, device=dev)
+    top_k_mass = torch.empty((rows, slices), dtype=torch.float32, device=dev)
+    low = torch.empty((rows, slices), dtype=torch.float32, device=dev)
+    args = (
+        logits, logits.stride(0), temperatures, temperatures.stride(0),
+        *_filter_params(top_ks, top_ps, min_ps, unused=floors),
+        decided, stats, bounds, mass, count, top_k_mass, low, vocab, width, slices, passes, nodes, first_row,
+    )  # fmt: skip
+    flags = dict(
+        **_filter_flags(top_ks, top_ps, min_ps, rule),
+        SPLIT=_SPLIT,
+        BLOCK_V=min(block_v, triton.next_power_of_2(width)),
+        BLOCK_S=triton.next_power_of_2(slices),
+        num_warps=_SEARCH_WARPS,
+    )
+    grid = (rows, slices)
+    _slice_lse_kernel[grid](*args, 0, **flags)
+    first_step = 0
+    if kth_search:  # the k-th largest logit, then the top-k set's mass
+        for step in range(_SEARCH_PASSES):
+            _slice_search_kernel[grid](*args, step, 0, KTH=True, **flags)
+        _slice_top_k_mass_kernel[grid](*args, _SEARCH_PASSES - 1, **flags)
+        first_step = _SEARCH_PASSES
+    for step in range(first_step, passes):
+        _slice_search_kernel[grid](*args, step, first_step, KTH=False, **flags)
+    _slice_low_kernel[grid](*args, passes - 1, **flags)
+    _split_floors_kernel[(rows,)](decided, low, floors, slices, BLOCK_S=triton.next_power_of_2(slices))
+
+
+@triton.jit
+def _slice_program(decided_ptr, temp_ptr, stride_temp, vocab, width, nodes, first_row):
+    """This program's row, slice, request, whether the row is searched, 1 / T, and its slice's
+    logits ``[begin, end)`` (none for a decided row)."""
+    row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1).to(tl.int64)
+    req = (first_row + row) // nodes
+    todo = tl.load(decided_ptr + row).to(tl.int32) == 0
+    inv_t = 1.0 / tl.load(temp_ptr + req * stride_temp)
+    begin = part * width
+    end = tl.where(todo, tl.minimum(begin + width, vocab), begin)
+    return row, part, req, todo, inv_t, begin, end
+
+
+@triton.jit
+def _split_row_lse(stats_ptr, row, parts, inv_t, todo, BLOCK_S: tl.constexpr):
+    """The row's largest logit and its log-sum-exp of logits / T, from its slices' partials."""
+    part = tl.arange(0, BLOCK_S)
+    live = (part < parts) & todo
+    top_part = tl.load(stats_ptr + (row * parts + part) * 2, mask=live, other=float("-inf"))
+    sums = tl.load(stats_ptr + (row * parts + part) * 2 + 1, mask=live, other=0.0)
+    top_logit = tl.max(top_part)
+    top = top_logit * inv_t
+    top = tl.where(top == float("-inf"), 0.0, top)  # a row of -inf: no NaN from -inf - -inf
+    # Each slice's sum is relative to its own maximum (0 for a slice of -inf, whose sum is 0).
+    total = tl.sum(sums * tl.exp(top_part * inv_t - top))
+    return top_logit, top + tl.log(tl.maximum(total, _TINY_C))
+
+
+@triton.jit
+def _row_top_k(top_k_ptr, req, vocab, HAS_TOP_K: tl.constexpr):
+    if HAS_TOP_K:
+        kk = tl.minimum(tl.maximum(tl.load(top_k_ptr + req).to(tl.int64), 1), vocab).to(tl.int32)
+    else:
+        kk = vocab
+    return kk
+
+
+@triton.jit
+def _split_row_limits(
+    top_p_ptr, min_p_ptr, top_k_mass_ptr, req, row, parts, vocab, kk, top_logit, inv_t, lse, todo,
+    HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr, TOP_P_OF_TOP_K_MASS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    """The row's top-p mass limit and least kept probability, as ``_whole_row_floors_kernel``
+    sets them (the top-k set's mass summed from its slices' partials)."""
+    limit = tl.full((), float("inf"), tl.float32)
+    if HAS_TOP_P:
+        tp = tl.load(top_p_ptr + req)
+        scale = 1.0
+        if HAS_TOP_K and TOP_P_OF_TOP_K_MASS:
+            part = tl.arange(0, BLOCK_S)
+            mass = tl.sum(tl.load(top_k_mass_ptr + row * parts + part, mask=(part < parts) & todo, other=0.0))
+            scale = tl.where(kk < vocab, mass, 1.0)
+        limit = tl.where(tp < 1.0, tp * scale, float("inf"))  # top_p 1: no cut
+    if HAS_MIN_P:
+        min_prob = tl.load(min_p_ptr + req) * tl.exp(top_logit * inv_t - lse)
+    else:
+        min_prob = tl.full((), 0.0, tl.float32)
+    return limit, min_prob
+
+
+@triton.jit
+def _split_narrowed(
+    bounds_ptr, mass_ptr, count_ptr, row, step, parts, passes, kk, limit, min_prob, inv_t, lse, todo,
+    TOP_P_INCLUSIVE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    """The keys ``(lo, hi)`` after pass ``step``: that pass's keys, and the row's mass and count
+    above each (its slices' partials summed), narrowed as ``_first_kept_key`` narrows them."""
+    lo = tl.load(bounds_ptr + (row * passes + step) * 2, mask=todo, other=0)
+    hi = tl.load(bounds_ptr + (row * passes + step) * 2 + 1, mask=todo, other=0)
+    lane = tl.arange(0, SPLIT)
+    part = tl.arange(0, BLOCK_S)
+    at_parts = ((row * passes + step) * parts + part[:, None]) * SPLIT + lane[None, :]
+    live = (part[:, None] < parts) & (lane[None, :] < SPLIT) & todo
+    mass = tl.sum(tl.load(mass_ptr + at_parts, mask=live, other=0.0), axis=0)
+    count = tl.sum(tl.load(count_ptr + at_parts, mask=live, other=0), axis=0)
+    keys = lo + ((hi - lo) * lane) // SPLIT
+    at = _key_value(keys.to(tl.int32))
+    if TOP_P_INCLUSIVE:
+        keep = mass <= limit
+    else:
+        keep = mass < limit
+    # (keys near -inf would overflow x / T: their probability is 0 either way)
+    prob_at = tl.exp(tl.maximum(at, -1e30) * inv_t - lse)
+    keep = keep & (count < kk) & (prob_at >= min_prob) & (lane > 0)
+    first = tl.min(tl.where(keep, lane, SPLIT))
+    last = tl.sum(tl.where(lane == SPLIT - 1, keys, 0))
+    new_lo = tl.where(first == SPLIT, last, tl.sum(tl.where(lane == first - 1, keys, 0)))
+    hi = tl.where(first == SPLIT, hi, tl.sum(tl.where(lane == first, keys, 0)))
+    return new_lo, hi
+
+
+@triton.jit(do_not_specialize=["nodes", "first_row"])
+def _slice_lse_kernel(
+    logits_ptr, stride_logits, temp_ptr, stride_temp, top_k_ptr, top_p_ptr, min_p_ptr, decided_ptr, stats_ptr,
+    bounds_ptr, mass_ptr, count_ptr, top_k_mass_ptr, low_ptr, vocab, width, parts, passes, nodes, first_row,
+    step, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
+    TOP_P_INCLUSIVE: tl.constexpr, TOP_P_OF_TOP_K_MASS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    # The slice's largest logit and its sum of exp(x / T - largest / T), in one pass.
+    row, part, req, todo, inv_t, begin, end = _slice_program(decided_ptr, temp_ptr, stride_temp, vocab, width,
+                                                             nodes, first_row)  # fmt: skip
+    row_ptr = logits_ptr + row * stride_logits
+    top = tl.full((), float("-inf"), tl.float32)
+    acc = tl.zeros((BLOCK_V,), tl.float32)
+    for start in range(begin, end, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        x = tl.load(row_ptr + cols, mask=cols < end, other=float("-inf"))
+        new_top = tl.maximum(top, tl.max(x))
+        base = tl.where(new_top == float("-inf"), 0.0, new_top * inv_t)
+        acc = acc * tl.exp(tl.where(top == float("-inf"), base, top * inv_t) - base) + tl.exp(x * inv_t - base)
+        top = new_top
+    tl.store(stats_ptr + (row * parts + part) * 2, top, mask=todo)
+    tl.store(stats_ptr + (row * parts + part) * 2 + 1, tl.sum(acc), mask=todo)
+
+
+@triton.jit(do_not_specialize=["nodes", "first_row", "step", "first_step"])
+def _slice_search_kernel(
+    logits_ptr, stride_logits, temp_ptr, stride_temp, top_k_ptr, top_p_ptr, min_p_ptr, decided_ptr, stats_ptr,
+    bounds_ptr, mass_ptr, count_ptr, top_k_mass_ptr, low_ptr, vocab, width, parts, passes, nodes, first_row,
+    step, first_step, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
+    TOP_P_INCLUSIVE: tl.constexpr, TOP_P_OF_TOP_K_MASS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_S: tl.constexpr, KTH: tl.constexpr,
+):  # fmt: skip
+    # Pass ``step`` of a search (``KTH``: for the k-th largest logit, else for the floor's key):
+    # the keys narrowed from the previous pass (the first: -inf to the row's largest logit), and
+    # the slice's mass and count of logits strictly above each.
+    row, part, req, todo, inv_t, begin, end = _slice_program(decided_ptr, temp_ptr, stride_temp, vocab, width,
+                                                             nodes, first_row)  # fmt: skip
+    top_logit, lse = _split_row_lse(stats_ptr, row, parts, inv_t, todo, BLOCK_S)
+    kk = _row_top_k(top_k_ptr, req, vocab, HAS_TOP_K)
+    if KTH:
+        limit = tl.full((), float("inf"), tl.float32)
+        min_prob = tl.full((), 0.0, tl.float32)
+        end = tl.where(kk < vocab, end, begin)
+    else:
+        limit, min_prob = _split_row_limits(top_p_ptr, min_p_ptr, top_k_mass_ptr, req, row, parts, vocab, kk,
+                                            top_logit, inv_t, lse, todo, HAS_TOP_K, HAS_TOP_P, HAS_MIN_P,
+                                            TOP_P_OF_TOP_K_MASS, BLOCK_S)  # fmt: skip
+    if step == first_step:
+        lo = _order_key(tl.full((), float("-inf"), tl.float32)).to(tl.int64)
+        hi = _order_key(top_logit).to(tl.int64)
+    else:
+        lo, hi = _split_narrowed(bounds_ptr, mass_ptr, count_ptr, row, step - 1, parts, passes, kk, limit, min_prob,
+                                 inv_t, lse, todo, TOP_P_INCLUSIVE, SPLIT, BLOCK_S)  # fmt: skip
+    tl.store(bounds_ptr + (row * passes + step) * 2, lo, mask=todo & (part == 0))
+    tl.store(bounds_ptr + (row * passes + step) * 2 + 1, hi, mask=todo & (part == 0))
+    lane = tl.arange(0, SPLIT)
+    keys = lo + ((hi - lo) * lane) // SPLIT
+    at = _key_value(keys.to(tl.int32))
+    mass = tl.zeros((SPLIT,), tl.float32)
+    count = tl.zeros((SPLIT,), tl.int32)
+    row_ptr = logits_ptr + row * stride_logits
+    for start in range(begin, tl.where(hi - lo > 1, end, begin), BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        x = tl.load(row_ptr + cols, mask=cols < end, other=float("-inf"))
+        p = tl.exp(x * inv_t - lse)
+        above = x[:, None] > at[None, :]
+        mass += tl.sum(tl.where(above, p[:, None], 0.0), axis=0)
+        count += tl.sum(above.to(tl.int32), axis=0)
+    at_parts = ((row * passes + step) * parts + part) * SPLIT + lane
+    tl.store(mass_ptr + at_parts, mass, mask=(lane < SPLIT) & todo)
+    tl.store(count_ptr + at_parts, count, mask=(lane < SPLIT) & todo)
+
+
+@triton.jit(do_not_specialize=["nodes", "first_row", "step"])
+def _slice_top_k_mass_kernel(
+    logits_ptr, stride_logits, temp_ptr, stride_temp, top_k_ptr, top_p_ptr, min_p_ptr, decided_ptr, stats_ptr,
+    bounds_ptr, mass_ptr, count_ptr, top_k_mass_ptr, low_ptr, vocab, width, parts, passes, nodes, first_row,
+    step, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
+    TOP_P_INCLUSIVE: tl.constexpr, TOP_P_OF_TOP_K_MASS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    # FlashInfer's min-p path: the k-th largest logit from the k-th search's last pass (pass
+    # ``step``), then the slice's mass at or above it (ties included).
+    row, part, req, todo, inv_t, begin, end = _slice_program(decided_ptr, temp_ptr, stride_temp, vocab, width,
+                                                             nodes, first_row)  # fmt: skip
+    top_logit, lse = _split_row_lse(stats_ptr, row, parts, inv_t, todo, BLOCK_S)
+    kk = _row_top_k(top_k_ptr, req, vocab, HAS_TOP_K)
+    _, hi = _split_narrowed(bounds_ptr, mass_ptr, count_ptr, row, step, parts, passes, kk,
+                            tl.full((), float("inf"), tl.float32), tl.full((), 0.0, tl.float32), inv_t, lse, todo,
+                            TOP_P_INCLUSIVE, SPLIT, BLOCK_S)  # fmt: skip
+    kth = _key_value(hi.to(tl.int32))
+    row_ptr = logits_ptr + row * stride_logits
+    mass = tl.zeros((BLOCK_V,), tl.float32)
+    for start in range(begin, tl.where(kk < vocab, end, begin), BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        x = tl.load(row_ptr + cols, mask=cols < end, other=float("-inf"))
+        mass += tl.where(x >= kth, tl.exp(x * inv_t - lse), 0.0)
+    tl.store(top_k_mass_ptr + row * parts + part, tl.sum(mass), mask=todo)
+
+
+@triton.jit(do_not_specialize=["nodes", "first_row", "step"])
+def _slice_low_kernel(
+    logits_ptr, stride_logits, temp_ptr, stride_temp, top_k_ptr, top_p_ptr, min_p_ptr, decided_ptr, stats_ptr,
+    bounds_ptr, mass_ptr, count_ptr, top_k_mass_ptr, low_ptr, vocab, width, parts, passes, nodes, first_row,
+    step, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_MIN_P: tl.constexpr,
+    TOP_P_INCLUSIVE: tl.constexpr, TOP_P_OF_TOP_K_MASS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    # The first kept key from the search's last pass (pass ``step``), then the slice's smallest
+    # logit at or above it.
+    row, part, req, todo, inv_t, begin, end = _slice_program(decided_ptr, temp_ptr, stride_temp, vocab, width,
+                                                             nodes, first_row)  # fmt: skip
+    top_logit, lse = _split_row_lse(stats_ptr, row, parts, inv_t, todo, BLOCK_S)
+    kk = _row_top_k(top_k_ptr, req, vocab, HAS_TOP_K)
+    limit, min_prob = _split_row_limits(top_p_ptr, min_p_ptr, top_k_mass_ptr, req, row, parts, vocab, kk, top_logit,
+                                        inv_t, lse, todo, HAS_TOP_K, HAS_TOP_P, HAS_MIN_P, TOP_P_OF_TOP_K_MASS,
+                                        BLOCK_S)  # fmt: skip
+    _, hi = _split_narrowed(bounds_ptr, mass_ptr, count_ptr, row, step, parts, passes, kk, limit, min_prob, inv_t,
+                            lse, todo, TOP_P_INCLUSIVE, SPLIT, BLOCK_S)  # fmt: skip
+    at_hi = _key_value(hi.to(tl.int32))
+    row_ptr = logits_ptr + row * stride_logits
+    low = tl.full((BLOCK_V,), float("inf"), tl.float32)
+    for start in range(begin, end, BLOCK_V):
+        cols = start + tl.arange(0, BLOCK_V)
+        x = tl.load(row_ptr + cols, mask=cols < end, other=float("inf"))
+        low = tl.minimum(low, tl.where(x >= at_hi, x, float("inf")))
+    tl.store(low_ptr + row * parts + part, tl.min(low), mask=todo)
+
+
+@triton.jit
+def _split_floors_kernel(decided_ptr, low_ptr, floor_ptr, parts, BLOCK_S: tl.constexpr):
+    # The floor of an undecided row: the smallest of its slices' smallest kept logits.
+    row = tl.program_id(0).to(tl.int64)
+    todo = tl.load(decided_ptr + row).to(tl.int32) == 0
+    part = tl.arange(0, BLOCK_S)
+    low = tl.load(low_ptr + row * parts + part, mask=(part < parts) & todo, other=float("inf"))
     tl.store(floor_ptr + row, tl.min(low), mask=todo)
 
 
