@@ -234,6 +234,28 @@ def ddtree_sources():
         sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
         yield (f"verify_sampling_whole_row_floors top_k_mass={min_p_path}", ASTSource(fn, sig, constexprs=consts),
                {"num_warps": sampling_filters._SEARCH_WARPS})
+    # ... that search split over several programs per row where the rows are few (its launches per
+    # pass), at the slice counts of 17 and 263 rows of a 152k vocabulary on 132 SMs (BLOCK_S 32, 4).
+    types.update(stats_ptr="*fp32", bounds_ptr="*i64", mass_ptr="*fp32", count_ptr="*i32", top_k_mass_ptr="*fp32",
+                 low_ptr="*fp32")
+    flags = dict(HAS_TOP_K=True, HAS_TOP_P=True, HAS_MIN_P=True, TOP_P_INCLUSIVE=False, TOP_P_OF_TOP_K_MASS=True,
+                 SPLIT=sampling_filters._SPLIT, BLOCK_V=sampling_filters._SEARCH_BLOCK_V)
+    kernels = [("lse", sampling_filters._slice_lse_kernel, {}),
+               ("search", sampling_filters._slice_search_kernel, {"KTH": False}),
+               ("kth_search", sampling_filters._slice_search_kernel, {"KTH": True}),
+               ("top_k_mass", sampling_filters._slice_top_k_mass_kernel, {}),
+               ("low", sampling_filters._slice_low_kernel, {})]
+    for block_s in (4, 32):
+        for name, fn, extra in kernels:
+            consts = dict(flags, BLOCK_S=block_s, **extra)
+            t = {n: types.get(n, "i32") for n in fn.arg_names}
+            sig = {a: ("constexpr" if a in consts else t[a]) for a in fn.arg_names}
+            yield (f"verify_sampling_split_row_floors {name} slices<={block_s}", ASTSource(fn, sig, constexprs=consts),
+                   {"num_warps": sampling_filters._SEARCH_WARPS})
+        fn = sampling_filters._split_floors_kernel
+        sig = {"decided_ptr": "*i1", "low_ptr": "*fp32", "floor_ptr": "*fp32", "parts": "i32", "BLOCK_S": "constexpr"}
+        yield (f"verify_sampling_split_row_floors floors slices<={block_s}",
+               ASTSource(fn, sig, constexprs={"BLOCK_S": block_s}), {"num_warps": 4})
 
 
 def compile_triton(names: list, cap: tuple[int, int], results: list) -> None:

@@ -38,7 +38,8 @@ def test_kernels_compile_for_sm90_and_sm120():
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     kernels = {r["kernel"].split()[0] for r in results}
     assert kernels == {"ddtree_build", "ddtree_compile", "ddtree_commit", "verify_node_logits",
-                       "verify_gumbel_draw", "verify_sampling_floors", "verify_sampling_whole_row_floors"}, results
+                       "verify_gumbel_draw", "verify_sampling_floors", "verify_sampling_whole_row_floors",
+                       "verify_sampling_split_row_floors"}, results
     assert len(results) >= 2 * 16, results
     for r in results:
         assert r["shared"] <= 99 * 1024, r  # fits sm_120's per-block limit

@@ -218,3 +218,20 @@ def test_floors_differ_only_beyond_rounding_at_the_cut():
     min_p = torch.tensor([0.1 * (1 + 1e-6)])
     assert not sf.floors_differ(third, fourth, logits, temps, None, None, min_p, rule).any()
     assert sf.floors_differ(third, fourth, logits, temps, None, None, torch.tensor([0.2]), rule).all()
+
+
+@pytest.mark.parametrize("slices", [1, 2, 3])
+def test_a_logit_one_ulp_under_the_floor_stays_cut(slices):
+    """The search narrows the keys to a floor and the key just under it; the passes after that
+    read no logit and must leave them there (moving the floor's key onto the one under it
+    kept the logit one float32 step below the floor)."""
+    under = torch.nextafter(torch.tensor(0.5), torch.tensor(float("-inf"))).item()
+    logits = torch.full((1, 64), float("-inf"))
+    logits[0, :4] = torch.tensor([2.0, 1.0, 0.5, under])
+    temps, top_ps = torch.ones(1, 1), torch.tensor([0.8])  # keeps 2, 1 and 0.5 (mass above 0.5: 0.754)
+    want, _ = sf.floors_among_reference(logits, temps, None, top_ps, None, RULES["pytorch"], 64)
+    assert want.item() == 0.5
+    got = torch.full((1,), float("nan"))
+    sf._whole_row_floors_triton(logits, temps, None, top_ps, None, RULES["pytorch"], got,
+                                torch.zeros(1, dtype=torch.bool), slices=slices, block_v=16)  # fmt: skip
+    assert got.item() == 0.5

@@ -502,8 +502,12 @@ def _first_kept_key(
         first = tl.min(tl.where(keep, lane, SPLIT))
         last = tl.sum(tl.where(lane == SPLIT - 1, keys, 0))
         new_lo = tl.where(first == SPLIT, last, tl.sum(tl.where(lane == first - 1, keys, 0)))
-        hi = tl.where(first == SPLIT, hi, tl.sum(tl.where(lane == first, keys, 0)))
-        lo = new_lo
+        new_hi = tl.where(first == SPLIT, hi, tl.sum(tl.where(lane == first, keys, 0)))
+        # Once hi is lo's successor the search is done: a pass then reads no logit, and its
+        # empty counts must not move hi down onto lo (a key the filters cut).
+        searching = hi - lo > 1
+        lo = tl.where(searching, new_lo, lo)
+        hi = tl.where(searching, new_hi, hi)
     return hi
 
 
@@ -753,8 +757,10 @@ def _split_narrowed(
     first = tl.min(tl.where(keep, lane, SPLIT))
     last = tl.sum(tl.where(lane == SPLIT - 1, keys, 0))
     new_lo = tl.where(first == SPLIT, last, tl.sum(tl.where(lane == first - 1, keys, 0)))
-    hi = tl.where(first == SPLIT, hi, tl.sum(tl.where(lane == first, keys, 0)))
-    return new_lo, hi
+    new_hi = tl.where(first == SPLIT, hi, tl.sum(tl.where(lane == first, keys, 0)))
+    # As in ``_first_kept_key``: a finished search (hi is lo's successor) stays where it is.
+    searching = hi - lo > 1
+    return tl.where(searching, new_lo, lo), tl.where(searching, new_hi, hi)
 
 
 @triton.jit(do_not_specialize=["nodes", "first_row"])
