@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The benchmarks behind docs/benchmarks.md's open rows, one after another within a time budget, on
+# the GPU host (after scripts/gpu_host/install.sh; the learned pair, for `learned`, in
+# /tmp/learned-pair: docs/learned-pair.md).
+#
+#   scripts/gpu_host/run_benchmarks.sh [--only P,P] [--seconds S] [--out DIR] [--list] [--dry-run]
+#
+# Pieces run in the order listed (--list), or in the order --only gives. Each gets the time left
+# (--seconds, default 1500, less a 20 s margin for the rest) but no more than its own limit,
+# and is skipped when less than its estimate is left; a piece is stopped by `timeout` at its
+# limit, and the benchmarks themselves stop earlier where they take a deadline. Results are
+# named <what>_<gpu>_<date> (gpu: h100, h200, ... from nvidia-smi) and land in --out DIR (default:
+# the OUT environment variable if set, else /tmp/ddtree-out/bench), one log per piece
+# (<piece>.log) and benchmarks-summary.txt (one line per piece: ran or skipped, exit status,
+# seconds). --dry-run prints the commands with the budget each would get, and runs nothing.
+# Exits nonzero if a piece failed or was stopped.
+set -uo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$REPO"
+
+# name|estimate s|limit s|command. {out} {gpu} {date} {deadline} are filled in per piece;
+# {deadline} is the piece's limit less 15 s, for the benchmarks that fit themselves into one.
+PIECES=(
+    "floors|60|300|python3 -m benchmarks.sampling_floors --slices 1,2,8 --tag sampling_floors_{gpu}_{date} --out-dir {out}"
+    "steps_qwen3|240|540|python3 -m benchmarks.e2e_step --target qwen3-8b --configs nospec,dflash,ddtree16 --ctx 1024,16384 --batch 1,8 --profile-host --deadline-s {deadline} --tag qwen3_8b_phases_{gpu}_{date} --out-dir {out}"
+    "steps_v2lite|240|540|python3 -m benchmarks.e2e_step --target v2lite --configs nospec,dflash,ddtree16 --ctx 1024,16384 --batch 1,8 --profile-host --deadline-s {deadline} --tag v2lite_phases_{gpu}_{date} --out-dir {out}"
+    "steps_sampled|180|420|python3 -m benchmarks.e2e_step --target qwen3-8b --configs nospec,dflash,ddtree16 --ctx 1024 --batch 1,8 --sampling 0.7/20/0.8 --profile-host --deadline-s {deadline} --tag qwen3_8b_sampled_{gpu}_{date} --out-dir {out}"
+    "learned|300|560|bash scripts/learned_pair/serve_sweep.sh --seconds {deadline} --out {out}/learned -- --configs nospec,dflash,ddtree16 --batch 1,8 --temperature 0,1 --repeats 3 --step-ctx 512 --sampling-max-s 0 --tag learned_{gpu}_{date}"
+    "tables_mla_proxy|240|540|python3 benchmarks/verify_strategy_table.py --sm120-proxy --tag {gpu}_sm120_proxy_{date} --out-dir {out} --table {out}/strategy_table.json"
+    "tables_gqa_proxy|240|540|python3 benchmarks/verify_strategy_table.py --attn gqa --sm120-proxy --strategies fused,flashinfer_split,xqa --tag {gpu}_sm120_proxy_gqa_{date} --out-dir {out} --table {out}/strategy_table.json"
+    "tables_sm90|240|540|python3 benchmarks/verify_strategy_table.py --tag {gpu}_{date} --out-dir {out} --table {out}/strategy_table.json"
+    "sampling_cost|120|400|python3 -m benchmarks.verify_sampling_cost --tag verify_sampling_cost_{gpu}_{date} --out-dir {out}"
+    "soak|480|600|bash scripts/gpu_host/run_gpu_tier.sh --only soak --out {out}/soak"
+)
+MARGIN_S=20
+
+usage() { sed -n '3,17p' "$0" | sed 's/^# \{0,1\}//'; }
+die() { echo "run_benchmarks.sh: $*" >&2; exit 2; }
+only="" seconds=1500 list=0 dry=0 OUTDIR=${OUT:-/tmp/ddtree-out/bench}
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --only) only=${2:?--only needs a comma list}; shift 2 ;;
+        --only=*) only=${1#--only=}; shift ;;
+        --seconds) seconds=${2:?--seconds needs a number}; shift 2 ;;
+        --seconds=*) seconds=${1#--seconds=}; shift ;;
+        --out) OUTDIR=${2:?--out needs a directory}; shift 2 ;;
+        --out=*) OUTDIR=${1#--out=}; shift ;;
+        --list) list=1; shift ;;
+        --dry-run) dry=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) die "unknown argument '$1' (see --help)" ;;
+    esac
+done
+[[ "$seconds" =~ ^[1-9][0-9]*$ ]] || die "--seconds takes a whole number of seconds, got '$seconds'"
+
+declare -A EST LIMIT CMD
+names=()
+for p in "${PIECES[@]}"; do
+    IFS='|' read -r name est limit cmd <<<"$p"
+    names+=("$name"); EST[$name]=$est; LIMIT[$name]=$limit; CMD[$name]=$cmd
+done
+if [ "$list" = 1 ]; then
+    for n in "${names[@]}"; do printf '%-18s ~%4s s (at most %s s)  %s\n' "$n" "${EST[$n]}" "${LIMIT[$n]}" "${CMD[$n]}"; done
+    exit 0
+fi
+if [ -n "$only" ]; then
+    IFS=, read -r -a chosen <<<"$only"
+    for n in "${chosen[@]}"; do
+        [ -n "${CMD[$n]+x}" ] || die "no piece '$n'; pieces: ${names[*]}"
+    done
+else
+    chosen=("${names[@]}")
+fi
+
+gpu=cpu
+if command -v nvidia-smi >/dev/null 2>&1; then
+    model=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+    gpu=$(grep -oiE '[A-Z]?[0-9]{2,4}' <<<"${model#NVIDIA }" | head -1 | tr 'A-Z' 'a-z')
+    [ -n "$gpu" ] || gpu=gpu
+fi
+date_tag=$(date +%Y-%m-%d)
+[ "$dry" = 1 ] || { mkdir -p "$OUTDIR" && source scripts/gpu_host/env.sh; } || die "cannot prepare $OUTDIR"
+summary="$OUTDIR/benchmarks-summary.txt"
+[ "$dry" = 1 ] || : >"$summary"
+
+t0=$(date +%s) failed=0
+for n in "${chosen[@]}"; do
+    left=$(( seconds - ($(date +%s) - t0) - MARGIN_S ))
+    budget=$(( left < LIMIT[$n] ? left : LIMIT[$n] ))
+    if [ "$budget" -lt "${EST[$n]}" ]; then
+        line="$n skipped: ${left} s left, ~${EST[$n]} s needed"
+        echo "$line"; [ "$dry" = 1 ] || echo "$line" >>"$summary"
+        continue
+    fi
+    cmd=${CMD[$n]//\{out\}/$OUTDIR}
+    cmd=${cmd//\{gpu\}/$gpu}
+    cmd=${cmd//\{date\}/$date_tag}
+    cmd=${cmd//\{deadline\}/$(( budget - 15 ))}
+    if [ "$dry" = 1 ]; then
+        echo "$n (${budget} s): $cmd"
+        # a dry run charges each piece its estimate, so the skips it shows are the real run's
+        t0=$(( t0 - EST[$n] ))
+        continue
+    fi
+    echo "[$n] ${budget} s: $cmd"
+    start=$(date +%s)
+    timeout --kill-after=10 "$budget" bash -c "$cmd" >"$OUTDIR/$n.log" 2>&1
+    rc=$?
+    took=$(( $(date +%s) - start ))
+    [ "$rc" = 0 ] || failed=1
+    line="$n rc=$rc ${took} s$([ "$rc" = 124 ] || [ "$rc" = 137 ] && echo ' (stopped at its limit)')"
+    echo "$line"; echo "$line" >>"$summary"
+done
+exit "$failed"
