@@ -10,10 +10,10 @@
 # (--seconds, default 1500, less a 20 s margin for the rest) but no more than its own limit,
 # and is skipped when less than its estimate is left; a piece is stopped by `timeout` at its
 # limit, and the benchmarks themselves stop earlier where they take a deadline. Results are
-# named <what>_<gpu>_<date> (gpu: h100, h200, ... from nvidia-smi) and land in --out DIR (default:
-# the OUT environment variable if set, else /tmp/ddtree-out/bench), one log per piece
-# (<piece>.log) and benchmarks-summary.txt (one line per piece: ran or skipped, exit status,
-# seconds). --dry-run prints the commands with the budget each would get, and runs nothing.
+# named <what>_<gpu>_<date> (gpu: h100, h200, ... from nvidia-smi) and land in --out DIR (default
+# /tmp/ddtree-out/bench) with one log per piece (<piece>.log) and benchmarks-summary.txt (one line
+# per piece: ran or skipped, exit status, seconds). --dry-run prints the commands with the budget
+# each would get, and runs nothing.
 # Exits nonzero if a piece failed or was stopped.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -37,7 +37,7 @@ MARGIN_S=20
 
 usage() { sed -n '3,17p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "run_benchmarks.sh: $*" >&2; exit 2; }
-only="" seconds=1500 list=0 dry=0 OUTDIR=${OUT:-/tmp/ddtree-out/bench}
+only="" seconds=1500 list=0 dry=0 OUTDIR=/tmp/ddtree-out/bench
 while [ $# -gt 0 ]; do
     case "$1" in
         --only) only=${2:?--only needs a comma list}; shift 2 ;;

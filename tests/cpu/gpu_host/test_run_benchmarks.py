@@ -16,7 +16,7 @@ SCRIPT = REPO / "scripts" / "gpu_host" / "run_benchmarks.sh"
 
 
 def run(*args, path_dir=None, **env):
-    clean = {k: v for k, v in os.environ.items() if k != "OUT"}
+    clean = dict(os.environ)
     if path_dir is not None:
         clean["PATH"] = f"{path_dir}:{clean['PATH']}"
     return subprocess.run(["bash", str(SCRIPT), *map(str, args)], capture_output=True, text=True, cwd=REPO,
