@@ -22,7 +22,7 @@ cd "$REPO"
 # name|estimate s|limit s|command. {out} {gpu} {date} {deadline} are filled in per piece;
 # {deadline} is the piece's limit less 15 s, for the benchmarks that fit themselves into one.
 PIECES=(
-    "floors|60|300|python3 -m benchmarks.sampling_floors --slices 1,2,8 --tag sampling_floors_{gpu}_{date} --out-dir {out}"
+    "floors|60|300|python3 -m benchmarks.sampling_floors --slices 8,16 --tag sampling_floors_{gpu}_{date} --out-dir {out}"
     "steps_qwen3|240|540|python3 -m benchmarks.e2e_step --target qwen3-8b --configs nospec,dflash,ddtree16 --ctx 1024,16384 --batch 1,8 --profile-host --deadline-s {deadline} --tag qwen3_8b_phases_{gpu}_{date} --out-dir {out}"
     "steps_v2lite|240|540|python3 -m benchmarks.e2e_step --target v2lite --configs nospec,dflash,ddtree16 --ctx 1024,16384 --batch 1,8 --profile-host --deadline-s {deadline} --tag v2lite_phases_{gpu}_{date} --out-dir {out}"
     "steps_sampled|180|420|python3 -m benchmarks.e2e_step --target qwen3-8b --configs nospec,dflash,ddtree16 --ctx 1024 --batch 1,8 --sampling 0.7/20/0.8 --profile-host --deadline-s {deadline} --tag qwen3_8b_sampled_{gpu}_{date} --out-dir {out}"

@@ -78,7 +78,7 @@ def test_the_budget_skips_pieces_once_the_time_is_spent():
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
         "soak skipped: 380 s left, ~480 s needed",
-        "floors (300 s): python3 -m benchmarks.sampling_floors --slices 1,2,8 --tag sampling_floors_cpu_"
+        "floors (300 s): python3 -m benchmarks.sampling_floors --slices 8,16 --tag sampling_floors_cpu_"
         + r.stdout.split("sampling_floors_cpu_")[1].split()[0] + " --out-dir /tmp/ddtree-out/bench",
         "steps_qwen3 (320 s): python3 -m benchmarks.e2e_step --target qwen3-8b --configs nospec,dflash,ddtree16 "
         "--ctx 1024,16384 --batch 1,8 --profile-host --deadline-s 305 --tag qwen3_8b_phases_cpu_"
@@ -109,7 +109,7 @@ def test_a_run_executes_its_pieces_logs_them_and_fails_if_one_fails(tmp_path):
     out = tmp_path / "out"
     r = run("--only", "floors,sampling_cost", "--seconds", 1000, "--out", out, path_dir=bin_dir)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert calls.read_text().splitlines()[0].startswith("-m benchmarks.sampling_floors --slices 1,2,8 --tag ")
+    assert calls.read_text().splitlines()[0].startswith("-m benchmarks.sampling_floors --slices 8,16 --tag ")
     assert "-m benchmarks.verify_sampling_cost" in calls.read_text().splitlines()[1]
     summary = (out / "benchmarks-summary.txt").read_text().splitlines()
     assert [s.split()[:2] for s in summary] == [["floors", "rc=0"], ["sampling_cost", "rc=3"]]
