@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The filters' floors for rows whose top-p or min-p cut lies beyond the candidates: the
-whole-row search (no host sync, graph-capturable) as ``logit_floors`` runs it (``search``: each
-row split over ``row_slices`` programs while the rows are few, recorded as ``slices``), with one
-program per row (``search_single``: ``_whole_row_floors_kernel``) and with the slices given by
+whole-row search (no host sync, graph-capturable) as ``logit_floors`` runs it with
+``split_rows`` (``search``: each row split over ``row_slices`` programs while the rows are few,
+recorded as ``slices``; ``SGLANG_DDTREE_FLOORS_SPLIT_ROWS=1`` in a server), with one program per
+row (``search_single``: ``_whole_row_floors_kernel``, a server's default) and with the slices given by
 ``--slices``, against the sort it replaced (the candidates' kernel, a host sync, then a full sort
 of the undecided rows) and against sorting every row. Every floor a search gives is checked
 equal to the full sort's, but where a token sits at the top-p or min-p cut within float32
@@ -63,13 +64,14 @@ def _inputs(rows: int, vocab: int, setting: str, device):
 
 def paths(logits, setting: str, slices: tuple = ()):
     """The ways to the floors, as zero-argument callables returning ``[rows]`` floats: the
-    searches (``search``: as ``logit_floors`` chooses; ``search_single``: one program per row;
-    ``search_s<n>``: each row over ``n`` programs, for each of ``slices``), then the sorts."""
+    searches (``search``: as ``logit_floors`` chooses with ``split_rows``; ``search_single``: one
+    program per row; ``search_s<n>``: each row over ``n`` programs, for each of ``slices``), then
+    the sorts."""
     rows, vocab = logits.shape
     temps, top_ks, top_ps, min_ps, rule, cand = _inputs(rows, vocab, setting, logits.device)
 
     def search():
-        return sf.logit_floors(logits, temps, top_ks, top_ps, min_ps, rule, cand)
+        return sf.logit_floors(logits, temps, top_ks, top_ps, min_ps, rule, cand, split_rows=True)
 
     def search_in(n: int):
         def run():

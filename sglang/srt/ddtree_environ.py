@@ -57,6 +57,10 @@ with _declaring_fields():
         # verify_sampling/node_draws.py) or "sampler" (the sampling backend's own kernels,
         # for comparisons).
         SGLANG_DDTREE_VERIFY_DRAW = EnvStr("fused")
+        # Split each row of the whole-row floors search over several programs while the rows
+        # are too few to fill the GPU (sampling_filters.row_slices). Off: one program per row,
+        # the search measured on a GPU; the split one has not been.
+        SGLANG_DDTREE_FLOORS_SPLIT_ROWS = EnvBool(False)
 
         # DDTree metrics: verify steps between two logged summaries.
         SGLANG_DDTREE_STATS_INTERVAL = EnvInt(256)

@@ -2,14 +2,19 @@
 """The whole-row search split over several programs per row (``_split_row_floors_triton``,
 interpreted) against the single-program search and a full sort of each row: every filter
 combination and both backends' rules, ties, -inf entries and a row of -inf, decided rows left
-as they are, per-request parameters read in place; and the slice count chosen from the shapes."""
+as they are, per-request parameters read in place; the slice count chosen from the shapes; and
+a server splitting rows only under ``SGLANG_DDTREE_FLOORS_SPLIT_ROWS``."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from sglang.srt.ddtree_environ import ddtree_envs
 from sglang.srt.speculative.verify_sampling import sampling_filters as sf
 from sglang.srt.speculative.verify_sampling.gumbel_draw import request_rows
 from sglang.srt.speculative.verify_sampling.sampling_filters import Candidates, FilterRule
+from sglang.srt.speculative.verify_sampling.verify_sampler import VerifySampler
 
 #: A tile of 32 logits, so that a row of a few hundred spans several slices of several tiles.
 BLOCK = 32
@@ -171,3 +176,29 @@ def test_the_slice_count_follows_the_rows_and_the_gpu():
     assert sf.row_slices(264, vocab, "cpu") == sf.row_slices(1088, vocab, "cpu") == 1
     assert sf.row_slices(17, 4096, "cpu") == 1  # 4 tiles: one slice
     assert sf.row_slices(17, 700, "cpu", block_v=32) == 5
+
+
+def test_a_server_splits_rows_only_when_asked(monkeypatch):
+    """``SGLANG_DDTREE_FLOORS_SPLIT_ROWS`` (off by default) reaches the fused draw's floors
+    through the verify sampler: off, the search runs one program per row; on, as
+    ``row_slices`` chooses; the floors are the same either way."""
+    launched = []
+    real = sf._split_row_floors_triton
+    monkeypatch.setattr(sf, "_split_row_floors_triton", lambda *a, **k: launched.append(a[8]) or real(*a, **k))
+    rows, vocab = 3, 9000  # 9 tiles of 1,024: two slices a row
+    gen = torch.Generator().manual_seed(17)
+    logits = torch.randn(rows, vocab, generator=gen)
+    temps, top_ps = torch.ones(rows, 1), torch.full((rows,), 0.9)
+    cand = Candidates.for_requests([0] * rows, [0.9] * rows, [0.0] * rows, vocab)
+    floors = {}
+    for on in (False, True):
+        with ddtree_envs.SGLANG_DDTREE_FLOORS_SPLIT_ROWS.override(on):
+            vs = VerifySampler(vocab_size=vocab, device="cpu", sampler=SimpleNamespace(_sample_from_probs=None),
+                               sampling_backend="pytorch")  # fmt: skip
+        assert vs.split_rows is on
+        launched.clear()
+        floors[on] = sf.logit_floors(logits, temps, None, top_ps, None, PYTORCH, cand, split_rows=vs.split_rows)
+        assert launched == ([sf.row_slices(rows, vocab, "cpu")] if on else []), launched
+    assert sf.row_slices(rows, vocab, "cpu") == 2
+    assert _differ(floors[True], floors[False], logits, temps, (None, top_ps, None), PYTORCH, rows) == []
+    assert bool(torch.isfinite(floors[False]).all())  # every row cut, past its candidates

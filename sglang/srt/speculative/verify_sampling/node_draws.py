@@ -135,12 +135,14 @@ def chunk_rows(vocab_size: int, workspace_bytes: int, path: Optional[str]) -> in
 @dataclass(frozen=True)
 class FusedDraw:
     """How the fused draw cuts: the backend's filter rule, the candidates a row's floor is
-    looked for among and the chunk sizes."""
+    looked for among, the chunk sizes and whether the whole-row search splits rows
+    (``SGLANG_DDTREE_FLOORS_SPLIT_ROWS``)."""
 
     rule: FilterRule
     candidates: Candidates
     max_rows: int
     max_sorted_rows: int
+    split_rows: bool = False
 
 
 def draw_node_tokens(
@@ -189,6 +191,7 @@ def _fused_filtered_draw(logits: torch.Tensor, info: NodeSamplingInfo, fused: Fu
             fused.rule,
             fused.candidates,
             max_sorted_rows=fused.max_sorted_rows,
+            split_rows=fused.split_rows,
             nodes=info.nodes,
             first_row=start,
         )

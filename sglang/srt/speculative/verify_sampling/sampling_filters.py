@@ -106,6 +106,7 @@ def logit_floors(
     *,
     nodes: int = 1,
     first_row: int = 0,
+    split_rows: bool = False,
 ) -> torch.Tensor:
     """``[rows]`` float32: each row's smallest kept logit (``-inf`` where nothing is cut).
 
@@ -114,7 +115,8 @@ def logit_floors(
     ``temperatures`` ``[requests, 1]``; ``top_ks`` int ``[requests]`` (``>= V``: none),
     ``top_ps`` / ``min_ps`` float ``[requests]``, each None when no row uses it. A row the
     candidates leave undecided is searched over its whole vocabulary by
-    ``_whole_row_floors_kernel`` on the GPU; the torch path sorts such rows,
+    ``_whole_row_floors_kernel`` on the GPU (``split_rows``: each row over several programs
+    while the rows are few, ``row_slices``); the torch path sorts such rows,
     ``max_sorted_rows`` at a time (default: all at once)."""
     rows, vocab = logits.shape
     at = dict(nodes=nodes, first_row=first_row)
@@ -123,7 +125,8 @@ def logit_floors(
     floors_among = _floors_among_triton if use_kernel else floors_among_reference
     floors, decided = floors_among(logits, temperatures, top_ks, top_ps, min_ps, rule, k, **at)
     if candidates.deep and k < vocab and use_kernel:
-        _whole_row_floors_triton(logits, temperatures, top_ks, top_ps, min_ps, rule, floors, decided, **at)
+        _whole_row_floors_triton(logits, temperatures, top_ks, top_ps, min_ps, rule, floors, decided,
+                                 slices=None if split_rows else 1, **at)  # fmt: skip
     elif candidates.deep and k < vocab:
         redo = torch.nonzero(~decided).view(-1)
         step = max(1, int(max_sorted_rows or rows))

@@ -66,6 +66,7 @@ class VerifySampler:
         self.max_rows = chunk_rows(vocab_size, workspace_bytes(), sampling_backend)
         self.max_fused_rows = chunk_rows(vocab_size, workspace_bytes(), "fused")
         self.max_sorted_rows = chunk_rows(vocab_size, workspace_bytes(), "sort")
+        self.split_rows = ddtree_envs.SGLANG_DDTREE_FLOORS_SPLIT_ROWS.get()
 
     @classmethod
     def for_target(cls, model_runner) -> "VerifySampler":
@@ -135,6 +136,7 @@ class VerifySampler:
             ),
             max_rows=self.max_fused_rows,
             max_sorted_rows=self.max_sorted_rows,
+            split_rows=self.split_rows,
         )
 
     def commit(
