@@ -592,7 +592,7 @@ def measure_steps(e2e_step, server: Server, proc, ctx: int, batches: list[int], 
     rows = []
     kind, budget = parse_config(server.label)
     for t, top_p, top_k in samplings:
-        sampling = e2e_step.parse_sampling(f"{t}/{top_k}/{top_p}")
+        sampling = e2e_step.sampling_params(t, top_p, top_k)
         for b in batches:
             r = e2e_step.measure(proc, ctx, b, 64, vocab, seed=ctx + b, point_max_s=6.0, sampling=sampling)
             r.update(config=server.label, kind=kind, budget=budget, temperature=t, top_p=top_p, top_k=top_k)

@@ -308,9 +308,15 @@ def parse_sampling(text: str) -> dict:
         raise ValueError(f"--sampling {text!r}: expected T[/top_k[/top_p]], e.g. 1 or 0.7/20/0.8") from None
     if len(parts) > 3 or t < 0 or top_k < 0 or not 0 < top_p <= 1:
         raise ValueError(f"--sampling {text!r}: expected T >= 0, top_k >= 0 (0: none), 0 < top_p <= 1")
+    return sampling_params(t, top_p, top_k)
+
+
+def sampling_params(t: float, top_p: float = 1.0, top_k: int = 0) -> dict:
+    """The request's sampling parameters for T, top_p, top_k (greedy at T=0; a filter that
+    cuts nothing left out)."""
     if t == 0:
         return {"temperature": 0.0}
-    out = {"temperature": t}
+    out = {"temperature": float(t)}
     if top_k:
         out["top_k"] = top_k
     if top_p < 1:
