@@ -54,6 +54,8 @@ SHIPPED_TABLE = REPO / "sglang" / "srt" / "layers" / "attention" / "tree_verify"
 #: The targets the sm_12x route is held to (H, N, P, bs) -> ms, measured as the proxy.
 SM12X_TARGETS = {(16, 65, 16384, 1): 0.22, (128, 65, 65536, 1): 4.6}
 PLAN_CALLS = 50
+#: Seconds a run with --deadline-s keeps for its last shape, the policy, the plot and the files.
+DEADLINE_RESERVE_S = 30.0
 #: Kernels measured beside the serving strategies, never written into the table.
 CANDIDATES = ("xqa",)
 #: The page size the XQA candidate reads (its smallest).
@@ -200,8 +202,10 @@ def _measure_candidate(row: dict, name: str, args, layout, check) -> None:
         torch.cuda.synchronize()
 
 
-def measure(shapes, strategies, proxy: bool) -> list[dict]:
-    """``shapes``: ``mla_shape`` / ``gqa_matrix`` dicts."""
+def measure(shapes, strategies, proxy: bool, deadline: float | None = None) -> tuple[list[dict], list[dict]]:
+    """``shapes``: ``mla_shape`` / ``gqa_matrix`` dicts. Returns the measured rows and the
+    shapes left unmeasured because ``deadline`` (a ``time.monotonic()`` value) had passed,
+    so that a run cut short still writes what it measured."""
     import torch
 
     from benchmarks.gpu_timing import bench
@@ -220,7 +224,9 @@ def measure(shapes, strategies, proxy: bool) -> list[dict]:
     from sglang.srt.layers.attention.tree_verify.strategies.flashinfer_split import flashinfer_backend
 
     rows = []
-    for shape_row in shapes:
+    for i, shape_row in enumerate(shapes):
+        if deadline is not None and time.monotonic() > deadline:
+            return rows, list(shapes[i:])
         h, n, p, bs = (shape_row[k] for k in ("H", "N", "P", "bs"))
         layout = MLA
         if shape_row["kind"] == "mha":
@@ -264,7 +270,7 @@ def measure(shapes, strategies, proxy: bool) -> list[dict]:
         print(json.dumps(row), flush=True)
         del args
         torch.cuda.empty_cache()
-    return rows
+    return rows, []
 
 
 def plot(result: dict, path: Path) -> None:
@@ -314,7 +320,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--table", type=Path, default=None,
                     help="write this run's section into this strategy table (created from the shipped one)")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="end within about this many seconds: no shape starts in the last "
+                         f"{DEADLINE_RESERVE_S:.0f} s; the shapes left are listed as 'unmeasured' and the "
+                         "section holds the rows measured")
     args = ap.parse_args(argv)
+    if args.deadline_s is not None and not args.deadline_s > 0:
+        ap.error(f"--deadline-s takes a positive number of seconds, got {args.deadline_s}")
+    deadline = None if args.deadline_s is None else time.monotonic() + args.deadline_s - DEADLINE_RESERVE_S
     strategies = [s for s in args.strategies.split(",") if s]
     unknown = set(strategies) - {"fused", "flashinfer_split", "flashmla_split", *CANDIDATES}
     if unknown:
@@ -364,8 +377,10 @@ def main(argv=None) -> int:
     print(json.dumps(meta), flush=True)
     if not shapes:
         shapes = [mla_shape(*s) for s in full_matrix()] if args.attn == "mla" else gqa_matrix()
-    rows = measure(shapes, strategies, args.sm120_proxy)
+    rows, unmeasured = measure(shapes, strategies, args.sm120_proxy, deadline)
     result = {"meta": meta, "rows": rows, "policy": apply_policy(rows, family, arch)}
+    if unmeasured:
+        result["unmeasured"] = unmeasured
     command = "python3 benchmarks/verify_strategy_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result["section"] = section_from_rows(rows, family, meta, command)
     slower = [c for c in result["policy"] if c.get("chosen_over_fused", 1.0) > 1.0]
@@ -394,6 +409,8 @@ def main(argv=None) -> int:
     for t in result.get("targets", []):
         print(f"target H{t['H']} N{t['N']} P{t['P']} bs{t['bs']}: {t['chosen_ms']} ms (<= {t['target_ms']})")
     print(f"{len(slower)} shapes where the policy's choice is slower than the fused kernel")
+    if unmeasured:
+        print(f"{len(unmeasured)} of {len(shapes)} shapes left unmeasured at the deadline ({args.deadline_s} s)")
     print(f"wrote {out}")
     return 0
 

@@ -64,6 +64,19 @@ def test_bad_arguments_fail_before_any_gpu_work(tmp_path):
         vst.main(["--strategies", "fused,upstream_extend", "--out-dir", str(tmp_path)])
     with pytest.raises(SystemExit):
         vst.main(["--shapes", "16:65:16384", "--out-dir", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        vst.main(["--deadline-s", "0", "--out-dir", str(tmp_path)])
+
+
+def test_a_passed_deadline_measures_no_shape_and_returns_them_all(monkeypatch):
+    """A run cut short keeps the shapes it did not reach (listed as 'unmeasured'), so its
+    section holds only what it measured; past the deadline no shape's inputs are made."""
+    import time
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # the script imports its neighbours by name
+    shapes = [vst.mla_shape(16, 65, 16384, 1), vst.mla_shape(128, 65, 65536, 8)]
+    rows, unmeasured = vst.measure(shapes, ["fused"], proxy=True, deadline=time.monotonic() - 1)
+    assert rows == [] and unmeasured == shapes
 
 
 GQA_ROWS = [
