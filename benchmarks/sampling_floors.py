@@ -2,8 +2,8 @@
 """The filters' floors for rows whose top-p or min-p cut lies beyond the candidates: the
 whole-row search (no host sync, graph-capturable) as ``logit_floors`` runs it with
 ``split_rows`` (``search``: each row split over ``row_slices`` programs while the rows are few,
-recorded as ``slices``; ``SGLANG_DDTREE_FLOORS_SPLIT_ROWS=1`` in a server), with one program per
-row (``search_single``: ``_whole_row_floors_kernel``, a server's default) and with the slices given by
+recorded as ``slices``; a server's default), with one program per row (``search_single``:
+``_whole_row_floors_kernel``, ``SGLANG_DDTREE_FLOORS_SPLIT_ROWS=0`` in a server) and with the slices given by
 ``--slices``, against the sort it replaced (the candidates' kernel, a host sync, then a full sort
 of the undecided rows) and against sorting every row. Every floor a search gives is checked
 equal to the full sort's, but where a token sits at the top-p or min-p cut within float32

@@ -23,9 +23,9 @@ cd "$REPO"
 # {deadline} is the piece's limit less 15 s, for the benchmarks that fit themselves into one.
 PIECES=(
     "floors|60|300|python3 -m benchmarks.sampling_floors --slices 8,16 --tag sampling_floors_{gpu}_{date} --out-dir {out}"
-    "steps_qwen3|240|540|python3 -m benchmarks.e2e_step --target qwen3-8b --configs nospec,dflash,ddtree16 --ctx 1024,16384 --batch 1,8 --profile-host --deadline-s {deadline} --tag qwen3_8b_phases_{gpu}_{date} --out-dir {out}"
+    "steps_qwen3|240|540|python3 -m benchmarks.e2e_step --target qwen3-8b --backend flashinfer --configs nospec,dflash,ddtree16 --ctx 1024,16384 --batch 1,8 --profile-host --deadline-s {deadline} --tag qwen3_8b_phases_{gpu}_{date} --out-dir {out}"
     "steps_v2lite|240|540|python3 -m benchmarks.e2e_step --target v2lite --configs nospec,dflash,ddtree16 --ctx 1024,16384 --batch 1,8 --profile-host --deadline-s {deadline} --tag v2lite_phases_{gpu}_{date} --out-dir {out}"
-    "steps_sampled|180|420|python3 -m benchmarks.e2e_step --target qwen3-8b --configs nospec,dflash,ddtree16 --ctx 1024 --batch 1,8 --sampling 0.7/20/0.8 --profile-host --deadline-s {deadline} --tag qwen3_8b_sampled_{gpu}_{date} --out-dir {out}"
+    "steps_sampled|180|420|python3 -m benchmarks.e2e_step --target qwen3-8b --backend flashinfer --configs nospec,dflash,ddtree16 --ctx 1024 --batch 1,8 --sampling 0.7/20/0.8 --profile-host --deadline-s {deadline} --tag qwen3_8b_sampled_{gpu}_{date} --out-dir {out}"
     "learned|300|560|bash scripts/learned_pair/serve_sweep.sh --seconds {deadline} --out {out}/learned -- --configs nospec,dflash,ddtree16 --batch 1,8 --temperature 0,1 --repeats 3 --step-ctx 512 --sampling-max-s 0 --tag learned_{gpu}_{date}"
     "tables_mla_proxy|240|540|python3 benchmarks/verify_strategy_table.py --sm120-proxy --deadline-s {deadline} --tag {gpu}_sm120_proxy_{date} --out-dir {out} --table {out}/strategy_table.json"
     "tables_gqa_proxy|240|540|python3 benchmarks/verify_strategy_table.py --attn gqa --sm120-proxy --strategies fused,flashinfer_split,xqa --deadline-s {deadline} --tag {gpu}_sm120_proxy_gqa_{date} --out-dir {out} --table {out}/strategy_table.json"

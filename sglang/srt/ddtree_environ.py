@@ -58,9 +58,9 @@ with _declaring_fields():
         # for comparisons).
         SGLANG_DDTREE_VERIFY_DRAW = EnvStr("fused")
         # Split each row of the whole-row floors search over several programs while the rows
-        # are too few to fill the GPU (sampling_filters.row_slices). Off: one program per row,
-        # the search measured on a GPU; the split one has not been.
-        SGLANG_DDTREE_FLOORS_SPLIT_ROWS = EnvBool(False)
+        # are too few to fill the GPU (sampling_filters.row_slices). Off: one program per row
+        # (1.1x to 4.9x slower from 17 to 1,088 rows on an H100, docs/benchmarks.md).
+        SGLANG_DDTREE_FLOORS_SPLIT_ROWS = EnvBool(True)
 
         # DDTree metrics: verify steps between two logged summaries.
         SGLANG_DDTREE_STATS_INTERVAL = EnvInt(256)

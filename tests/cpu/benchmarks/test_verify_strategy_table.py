@@ -136,3 +136,18 @@ def test_the_xqa_candidate_stays_out_of_the_table(tmp_path):
     assert set(section["rows"][0]["ms"]) == {"fused", "flashinfer_split"}
     with pytest.raises(SystemExit):  # XQA serves MHA/GQA only
         vst.main(["--strategies", "fused,xqa", "--out-dir", str(tmp_path)])
+
+
+def test_the_shipped_table_meets_the_sm12x_targets():
+    """The shipped sm12x MLA section (measured as the proxy) makes the policy choose, at the two
+    target shapes, a strategy measured within the target (docs/tree-verify.md); its MHA/GQA
+    section sits beside it, and sm90 has its own."""
+    from sglang.srt.layers.attention.tree_verify.policy import load_table
+
+    table = load_table()
+    assert table.rows_for("sm12x", "mla") and table.rows_for("sm12x", "mha") and table.rows_for("sm90", "mla")
+    rows = {vst.shape_key(r): r for r in table.rows_for("sm12x", "mla")}
+    policy = {vst.shape_key(c): c for c in vst.apply_policy(list(rows.values()), "sm12x", (12, 0))}
+    for (h, n, p, bs), target in vst.SM12X_TARGETS.items():
+        chosen = policy[vst.shape_key(vst.mla_shape(h, n, p, bs))]
+        assert chosen["chosen"] != "flashmla_split" and chosen["chosen_ms"] <= target, chosen

@@ -80,7 +80,7 @@ def test_the_budget_skips_pieces_once_the_time_is_spent():
         "soak skipped: 380 s left, ~480 s needed",
         "floors (300 s): python3 -m benchmarks.sampling_floors --slices 8,16 --tag sampling_floors_cpu_"
         + r.stdout.split("sampling_floors_cpu_")[1].split()[0] + " --out-dir /tmp/ddtree-out/bench",
-        "steps_qwen3 (320 s): python3 -m benchmarks.e2e_step --target qwen3-8b --configs nospec,dflash,ddtree16 "
+        "steps_qwen3 (320 s): python3 -m benchmarks.e2e_step --target qwen3-8b --backend flashinfer --configs nospec,dflash,ddtree16 "
         "--ctx 1024,16384 --batch 1,8 --profile-host --deadline-s 305 --tag qwen3_8b_phases_cpu_"
         + r.stdout.split("qwen3_8b_phases_cpu_")[1].split()[0] + " --out-dir /tmp/ddtree-out/bench",
     ]

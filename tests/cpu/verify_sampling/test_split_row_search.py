@@ -3,7 +3,7 @@
 interpreted) against the single-program search and a full sort of each row: every filter
 combination and both backends' rules, ties, -inf entries and a row of -inf, decided rows left
 as they are, per-request parameters read in place; the slice count chosen from the shapes; and
-a server splitting rows only under ``SGLANG_DDTREE_FLOORS_SPLIT_ROWS``."""
+a server splitting rows unless ``SGLANG_DDTREE_FLOORS_SPLIT_ROWS=0``."""
 
 from types import SimpleNamespace
 
@@ -166,20 +166,21 @@ def test_logit_floors_splits_few_rows_at_the_default_tile():
 
 
 def test_the_slice_count_follows_the_rows_and_the_gpu():
-    """About 4 programs per SM (132 counted without CUDA), slices of at least 4 tiles, none once
-    the rows reach 2 per SM."""
+    """About 16 programs per SM (132 counted without CUDA) within 8 to 16 slices a row, slices
+    of at least 4 tiles, none once the rows reach 16 per SM."""
     vocab = 152064  # 149 tiles of 1,024
-    assert sf.row_slices(17, vocab, "cpu") == 32
-    assert sf.row_slices(65, vocab, "cpu") == 9
-    assert sf.row_slices(1, vocab, "cpu") == 37  # 149 // 4 tiles
-    assert sf.row_slices(263, vocab, "cpu") == 3
-    assert sf.row_slices(264, vocab, "cpu") == sf.row_slices(1088, vocab, "cpu") == 1
+    assert sf.row_slices(1, vocab, "cpu") == sf.row_slices(17, vocab, "cpu") == 16
+    assert sf.row_slices(65, vocab, "cpu") == sf.row_slices(132, vocab, "cpu") == 16
+    assert sf.row_slices(133, vocab, "cpu") == 16 and sf.row_slices(141, vocab, "cpu") == 15
+    assert sf.row_slices(263, vocab, "cpu") == 9
+    assert sf.row_slices(264, vocab, "cpu") == sf.row_slices(1088, vocab, "cpu") == sf.row_slices(2111, vocab, "cpu") == 8
+    assert sf.row_slices(2112, vocab, "cpu") == 1
     assert sf.row_slices(17, 4096, "cpu") == 1  # 4 tiles: one slice
-    assert sf.row_slices(17, 700, "cpu", block_v=32) == 5
+    assert sf.row_slices(17, 700, "cpu", block_v=32) == 5  # 22 tiles of 32
 
 
-def test_a_server_splits_rows_only_when_asked(monkeypatch):
-    """``SGLANG_DDTREE_FLOORS_SPLIT_ROWS`` (off by default) reaches the fused draw's floors
+def test_a_server_splits_rows_unless_told_not_to(monkeypatch):
+    """``SGLANG_DDTREE_FLOORS_SPLIT_ROWS`` (on by default) reaches the fused draw's floors
     through the verify sampler: off, the search runs one program per row; on, as
     ``row_slices`` chooses; the floors are the same either way."""
     launched = []
@@ -190,6 +191,9 @@ def test_a_server_splits_rows_only_when_asked(monkeypatch):
     logits = torch.randn(rows, vocab, generator=gen)
     temps, top_ps = torch.ones(rows, 1), torch.full((rows,), 0.9)
     cand = Candidates.for_requests([0] * rows, [0.9] * rows, [0.0] * rows, vocab)
+    default = VerifySampler(vocab_size=vocab, device="cpu", sampler=SimpleNamespace(_sample_from_probs=None),
+                            sampling_backend="pytorch")  # fmt: skip
+    assert default.split_rows is True
     floors = {}
     for on in (False, True):
         with ddtree_envs.SGLANG_DDTREE_FLOORS_SPLIT_ROWS.override(on):

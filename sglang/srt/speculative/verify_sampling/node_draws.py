@@ -142,7 +142,7 @@ class FusedDraw:
     candidates: Candidates
     max_rows: int
     max_sorted_rows: int
-    split_rows: bool = False
+    split_rows: bool = True
 
 
 def draw_node_tokens(

@@ -106,7 +106,7 @@ def logit_floors(
     *,
     nodes: int = 1,
     first_row: int = 0,
-    split_rows: bool = False,
+    split_rows: bool = True,
 ) -> torch.Tensor:
     """``[rows]`` float32: each row's smallest kept logit (``-inf`` where nothing is cut).
 
@@ -409,11 +409,17 @@ _SEARCH_PASSES = 9
 #: (docs/benchmarks.md, 2026-12-06).
 _SEARCH_BLOCK_V = 1024
 _SEARCH_WARPS = 8
-#: The split-row search (``_split_row_floors_triton``): programs per SM it aims for, the rows
-#: per SM from which one program per row fills the GPU instead, the fewest search tiles a slice
-#: of a row spans, and the SMs counted without a CUDA device (an H100's; the interpreter).
-_SLICE_PROGRAMS_PER_SM = 4
-_SINGLE_PROGRAM_ROWS_PER_SM = 2
+#: The split-row search (``_split_row_floors_triton``): programs per SM it aims for, the
+#: fewest and most slices a row is split into below the rows per SM from which one program per
+#: row takes over, the fewest search tiles a slice of a row spans, and the SMs counted without
+#: a CUDA device (an H100's; the interpreter). On an H100 (152k logits, 2026-12-06) 16 slices
+#: were the fastest at 17 and 65 rows (2.3x to 4.9x one program per row), 8 at 272 and 1,088
+#: (1.9x and 1.1x): about half the rows are undecided and leave at once, so the rows alone fill
+#: the GPU only well past two per SM.
+_SLICE_PROGRAMS_PER_SM = 16
+_MIN_SLICES = 8
+_MAX_SLICES = 16
+_SINGLE_PROGRAM_ROWS_PER_SM = 16
 _SLICE_MIN_TILES = 4
 _HOST_SMS = 132
 
@@ -604,14 +610,15 @@ def _sm_count(device: torch.device) -> int:
 
 def row_slices(rows: int, vocab: int, device, block_v: int = _SEARCH_BLOCK_V) -> int:
     """How many programs the whole-row search splits each row over: 1 once the rows alone fill
-    the GPU, else about ``_SLICE_PROGRAMS_PER_SM`` programs per SM, each slice at least
-    ``_SLICE_MIN_TILES`` tiles of ``block_v`` logits. From shapes only (the undecided rows are
-    not counted: that would be a host sync)."""
+    the GPU, else about ``_SLICE_PROGRAMS_PER_SM`` programs per SM within ``_MIN_SLICES`` to
+    ``_MAX_SLICES``, each slice at least ``_SLICE_MIN_TILES`` tiles of ``block_v`` logits. From
+    shapes only (the undecided rows are not counted: that would be a host sync)."""
     sms = _sm_count(torch.device(device))
     if rows >= _SINGLE_PROGRAM_ROWS_PER_SM * sms:
         return 1
     tiles = triton.cdiv(vocab, min(block_v, triton.next_power_of_2(vocab)))
-    return max(1, min(triton.cdiv(_SLICE_PROGRAMS_PER_SM * sms, max(rows, 1)), tiles // _SLICE_MIN_TILES))
+    aim = min(max(triton.cdiv(_SLICE_PROGRAMS_PER_SM * sms, max(rows, 1)), _MIN_SLICES), _MAX_SLICES)
+    return max(1, min(aim, tiles // _SLICE_MIN_TILES))
 
 
 def _slice_width(vocab: int, slices: int) -> int:
