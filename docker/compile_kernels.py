@@ -235,7 +235,8 @@ def ddtree_sources():
         yield (f"verify_sampling_whole_row_floors top_k_mass={min_p_path}", ASTSource(fn, sig, constexprs=consts),
                {"num_warps": sampling_filters._SEARCH_WARPS})
     # ... that search split over several programs per row where the rows are few (its launches per
-    # pass), at the slice counts of 17 and 263 rows of a 152k vocabulary on 132 SMs (BLOCK_S 32, 4).
+    # pass), at the slice counts row_slices gives 17, 263 and 1,088 rows of a 152k vocabulary on
+    # 132 SMs (BLOCK_S 16 and 8).
     types.update(stats_ptr="*fp32", bounds_ptr="*i64", mass_ptr="*fp32", count_ptr="*i32", top_k_mass_ptr="*fp32",
                  low_ptr="*fp32")
     flags = dict(HAS_TOP_K=True, HAS_TOP_P=True, HAS_MIN_P=True, TOP_P_INCLUSIVE=False, TOP_P_OF_TOP_K_MASS=True,
@@ -245,7 +246,11 @@ def ddtree_sources():
                ("kth_search", sampling_filters._slice_search_kernel, {"KTH": True}),
                ("top_k_mass", sampling_filters._slice_top_k_mass_kernel, {}),
                ("low", sampling_filters._slice_low_kernel, {})]
-    for block_s in (4, 32):
+    import triton
+
+    block_sizes = sorted({triton.next_power_of_2(sampling_filters.row_slices(rows, 152064, "cpu"))
+                          for rows in (17, 263, 1088)})  # fmt: skip
+    for block_s in block_sizes:
         for name, fn, extra in kernels:
             consts = dict(flags, BLOCK_S=block_s, **extra)
             t = {n: types.get(n, "i32") for n in fn.arg_names}
