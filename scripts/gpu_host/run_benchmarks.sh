@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # The benchmarks behind docs/benchmarks.md's open rows, one after another within a time budget, on
-# the GPU host (after scripts/gpu_host/install.sh; the learned pair, for `learned`, in
-# /tmp/learned-pair: docs/learned-pair.md).
+# the GPU host (after scripts/gpu_host/install.sh; the learned pair, for `learned`,
+# `learned_dflash2` and `sampling_check`, in /tmp/learned-pair: docs/learned-pair.md).
 #
 #   scripts/gpu_host/run_benchmarks.sh [--only P,P] [--seconds S] [--out DIR] [--list] [--dry-run]
 #
@@ -27,6 +27,9 @@ PIECES=(
     "steps_v2lite|240|540|python3 -m benchmarks.e2e_step --target v2lite --configs nospec,dflash,ddtree16 --ctx 1024,16384 --batch 1,8 --profile-host --deadline-s {deadline} --tag v2lite_phases_{gpu}_{date} --out-dir {out}"
     "steps_sampled|180|420|python3 -m benchmarks.e2e_step --target qwen3-8b --backend flashinfer --configs nospec,dflash,ddtree16 --ctx 1024 --batch 1,8 --sampling 0.7/20/0.8 --profile-host --deadline-s {deadline} --tag qwen3_8b_sampled_{gpu}_{date} --out-dir {out}"
     "learned|300|560|bash scripts/learned_pair/serve_sweep.sh --seconds {deadline} --out {out}/learned -- --configs nospec,dflash,ddtree16 --batch 1,8 --temperature 0,1 --repeats 3 --step-ctx 512 --sampling-max-s 0 --tag learned_{gpu}_{date}"
+    "steps_v2lite_routes|300|540|python3 -m benchmarks.e2e_step --target v2lite --configs dflash@auto+sm120,ddtree16@auto+sm120,dflash@auto,ddtree16@auto --ctx 1024,16384 --batch 1 --deadline-s {deadline} --tag v2lite_routes_{gpu}_{date} --out-dir {out}"
+    "learned_dflash2|600|900|{ [ -d /tmp/learned-pair/drafter-dflash2 ] || python3 -m scripts.learned_pair add-drafter /tmp/learned-pair --kind dflash2 --deadline-s 300; } && bash scripts/learned_pair/serve_sweep.sh --seconds \$(( {deadline} - 330 )) --out {out}/learned_dflash2 -- --draft-model-path /tmp/learned-pair/drafter-dflash2 --configs nospec,dflash,ddtree16,ddtree16-transitions --batch 1,8 --temperature 0,1 --repeats 3 --sampling-max-s 0 --tag learned_dflash2_{gpu}_{date}"
+    "sampling_check|600|900|python3 -m benchmarks.sampling_boundaries /tmp/learned-pair/target --prompts /tmp/learned-pair/prompts.jsonl --settings temperature=0.7:top_k=20:top_p=0.8:min_p=0.05 --positions 4 --best 1 --write {out}/sampling_prompts_decided.json --tag sampling_boundaries_{gpu}_{date} --out-dir {out} && bash scripts/learned_pair/serve_sweep.sh --seconds \$(( {deadline} - 150 )) --out {out}/sampling_check -- --configs nospec,dflash,ddtree16 --batch 1 --temperature 0 --num-prompts 4 --sampling-prompts {out}/sampling_prompts_decided.json --sampling-samples 27000 --sampling-max-s \$(( {deadline} - 300 )) --tag learned_sampling_check_{gpu}_{date}"
     "tables_mla_proxy|240|540|python3 benchmarks/verify_strategy_table.py --sm120-proxy --deadline-s {deadline} --tag {gpu}_sm120_proxy_{date} --out-dir {out} --table {out}/strategy_table.json"
     "tables_gqa_proxy|240|540|python3 benchmarks/verify_strategy_table.py --attn gqa --sm120-proxy --strategies fused,flashinfer_split,xqa --deadline-s {deadline} --tag {gpu}_sm120_proxy_gqa_{date} --out-dir {out} --table {out}/strategy_table.json"
     "tables_sm90|240|540|python3 benchmarks/verify_strategy_table.py --deadline-s {deadline} --tag {gpu}_{date} --out-dir {out} --table {out}/strategy_table.json"

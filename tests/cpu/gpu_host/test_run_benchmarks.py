@@ -37,7 +37,8 @@ def _target_files(argv: list) -> list:
     """The files whose source must name the flags of one command (a benchmark module, a
     script, and for serve_sweep.sh the sweep that takes the arguments after --)."""
     if argv[:2] == ["python3", "-m"]:
-        return [REPO / (argv[2].replace(".", "/") + ".py")]
+        module = REPO / argv[2].replace(".", "/")
+        return [module / "__main__.py" if module.is_dir() else module.with_suffix(".py")]
     if argv[0] == "python3":
         return [REPO / argv[1]]
     if argv[:2] == ["bash", "scripts/learned_pair/serve_sweep.sh"]:
@@ -47,15 +48,35 @@ def _target_files(argv: list) -> list:
 
 def test_every_flag_of_every_piece_is_one_its_program_takes():
     pieces = listed()
-    assert {"floors", "steps_qwen3", "steps_v2lite", "steps_sampled", "learned", "tables_mla_proxy",
-            "tables_gqa_proxy", "tables_sm90", "sampling_cost", "soak"} <= set(pieces)
+    assert {"floors", "steps_qwen3", "steps_v2lite", "steps_sampled", "learned", "steps_v2lite_routes",
+            "learned_dflash2", "sampling_check", "tables_mla_proxy", "tables_gqa_proxy", "tables_sm90",
+            "sampling_cost", "soak"} <= set(pieces)
     for name, cmd in pieces.items():
-        argv = shlex.split(cmd)
-        files = _target_files(argv)
-        assert all(f.is_file() for f in files), (name, files)
-        source = "".join(f.read_text() for f in files)
-        for flag in (a for a in argv if a.startswith("--") and a != "--"):
-            assert re.search(rf"[\"' ]{re.escape(flag)}[\"' )=]", source), f"{name}: {flag} is not in {files}"
+        commands = _simple_commands(cmd)
+        assert commands, name
+        for argv in commands:
+            files = _target_files(argv)
+            assert all(f.is_file() for f in files), (name, files)
+            source = "".join(f.read_text() for f in files)
+            for flag in (a for a in argv if a.startswith("--") and a != "--"):
+                assert re.search(rf"[\"' ]{re.escape(flag)}[\"' )=]", source), f"{name}: {flag} is not in {files}"
+
+
+def _simple_commands(cmd: str) -> list:
+    """The programs a piece runs: its command split at ``&&``, ``||`` and ``;``, less the
+    braces that group them and the ``[ ... ]`` tests between them."""
+    lexer = shlex.shlex(cmd, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    out, argv = [], []
+    for token in [*lexer, ";"]:
+        if token in ("&&", "||", ";"):
+            argv = [a for a in argv if a not in ("{", "}")]
+            if argv and argv[0] != "[":
+                out.append(argv)
+            argv = []
+        else:
+            argv.append(token)
+    return out
 
 
 def test_a_dry_run_fills_every_placeholder_and_skips_what_does_not_fit():
