@@ -48,6 +48,15 @@ def hopper(monkeypatch):
     monkeypatch.setattr(flashmla_split, "_flash_mla", lambda: (None, None))
 
 
+@pytest.fixture
+def rule_only(monkeypatch, tmp_path):
+    """A strategy table without sections: the policy's rule alone (on sm_90, FlashMLA's
+    prefix pass from 1,024 query rows per request), not the shipped measurements."""
+    empty = tmp_path / "strategy_table.json"
+    empty.write_text('{"sections": []}')
+    monkeypatch.setenv("SGLANG_DDTREE_STRATEGY_TABLE", str(empty))
+
+
 @dataclass
 class Configured:
     server_args: Any

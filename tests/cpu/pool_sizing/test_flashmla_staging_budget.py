@@ -50,8 +50,21 @@ def kvc(algorithm="DDTREE", width=65, heads=16, tp=1, backends=("triton", "trito
      (dict(backends=("fa3", "flashmla")), 0),  # no hook on these backends
      (dict(backends=("triton", "flashmla")), 1)],
 )  # fmt: skip
-def test_staging_is_counted_when_the_default_takes_flashmla(hopper, case, layers):
+def test_staging_is_counted_when_the_default_takes_flashmla(hopper, rule_only, case, layers):
     assert pool_token_bytes.flashmla_staging_layers(kvc(**case)) == layers
+
+
+@pytest.mark.parametrize("case", [dict(width=17), dict(algorithm="DFLASH", width=16)])
+def test_the_shipped_table_counts_staging_for_the_default_tree(hopper, case):
+    """The shipped sm90 section sends a 16-head verify of 16 or 17 nodes through FlashMLA at
+    batch 8 (the rule kept the fused kernel below 1,024 query rows), so such a server's
+    pool counts the staging too."""
+    from sglang.srt.layers.attention.tree_verify.policy import VerifyShape, choose_strategy
+
+    width = case["width"]
+    assert choose_strategy((9, 0), VerifyShape(16, width, 8), {"fused", "flashinfer_split", "flashmla_split"}) \
+        == "flashmla_split"
+    assert pool_token_bytes.flashmla_staging_layers(kvc(**case)) == 1
 
 
 def test_staging_follows_the_gpu_and_the_strategy_variable(hopper, monkeypatch):
