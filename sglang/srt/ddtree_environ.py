@@ -59,7 +59,7 @@ with _declaring_fields():
         SGLANG_DDTREE_VERIFY_DRAW = EnvStr("fused")
         # Split each row of the whole-row floors search over several programs while the rows
         # are too few to fill the GPU (sampling_filters.row_slices). Off: one program per row
-        # (1.1x to 4.9x slower from 17 to 1,088 rows on an H100, docs/benchmarks.md).
+        # (1.1x to 6.3x slower from 17 to 1,088 rows on an H100, docs/benchmarks.md).
         SGLANG_DDTREE_FLOORS_SPLIT_ROWS = EnvBool(True)
 
         # DDTree metrics: verify steps between two logged summaries.
