@@ -413,9 +413,9 @@ _SEARCH_WARPS = 8
 #: fewest and most slices a row is split into below the rows per SM from which one program per
 #: row takes over, the fewest search tiles a slice of a row spans, and the SMs counted without
 #: a CUDA device (an H100's; the interpreter). On an H100 (152k logits, 2026-12-06) 16 slices
-#: were the fastest at 17 and 65 rows (2.3x to 4.9x one program per row), 8 at 272 and 1,088
-#: (1.9x and 1.1x): about half the rows are undecided and leave at once, so the rows alone fill
-#: the GPU only well past two per SM.
+#: were the fastest at 17 and 65 rows (2.8x to 6.3x one program per row), 8 at 272 and 1,088
+#: (1.9x to 2.3x and 1.1x to 1.65x): about half the rows are decided and leave at once, so the
+#: rows alone fill the GPU only well past two per SM.
 _SLICE_PROGRAMS_PER_SM = 16
 _MIN_SLICES = 8
 _MAX_SLICES = 16
