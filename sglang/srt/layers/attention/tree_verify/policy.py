@@ -10,10 +10,10 @@ measured table (``strategy_table.json`` next to this file, or the file
 timings of one arch family, with the date, hardware and command that measured
 them (``benchmarks/verify_strategy_table.py`` writes them). Per (heads, nodes,
 batch; for MHA/GQA also KV heads and head dim) the policy takes the nearest
-measured point (in log2 distance) and the strategy with the least total time
-over that point's prefix lengths: a server's
-prefixes vary from step to step while its captured CUDA graphs keep one
-strategy per batch size.
+measured point (in log2 distance) and the strategy whose time is nearest the
+fastest one's over that point's prefix lengths (least geometric mean of the
+ratios): a server's prefixes vary from step to step while its captured CUDA
+graphs keep one strategy per batch size.
 
 Without measured rows for a family a rule applies, what was measured before the
 table existed: FlashMLA's prefix pass on sm_90 from :data:`FLASHMLA_MIN_ROWS`
@@ -194,9 +194,12 @@ def _distance(row: Dict[str, Any], shape: VerifyShape) -> float:
 def measured_choice(
     rows: List[Dict[str, Any]], shape: VerifyShape, available: Collection[str]
 ) -> Optional[str]:
-    """The fastest available strategy at the measured point nearest ``shape``
-    (least total time over its prefix lengths, or at the prefix nearest
-    ``shape.prefix``); None when no available strategy was measured there."""
+    """The available strategy closest to the fastest at the measured point nearest
+    ``shape``: the least geometric mean, over the point's prefix lengths (or the
+    prefix nearest ``shape.prefix``), of its time over the fastest one's there.
+    A ratio, not a sum of times, so the long prefixes' milliseconds do not
+    outvote the short ones: one graph serves them all. None when no available
+    strategy was measured there."""
     if not rows:
         return None
     nearest = min(_distance(r, shape) for r in rows)
@@ -204,13 +207,13 @@ def measured_choice(
     if shape.prefix is not None:
         gap = min(abs(math.log2(max(r["P"], 1) / max(shape.prefix, 1))) for r in point)
         point = [r for r in point if abs(math.log2(max(r["P"], 1) / max(shape.prefix, 1))) == gap]
-    totals = {}
-    for name in SERVING_STRATEGIES:  # fused first: it keeps ties
-        if name in available and all(name in r["ms"] for r in point):
-            totals[name] = sum(r["ms"][name] for r in point)
-    if not totals:
+    # fused first: it keeps ties
+    names = [n for n in SERVING_STRATEGIES if n in available and all(n in r["ms"] for r in point)]
+    if not names:
         return None
-    return min(totals, key=totals.get)
+    fastest = [min(r["ms"][n] for n in names) for r in point]
+    log_ratio = {n: sum(math.log(r["ms"][n] / f) for r, f in zip(point, fastest)) for n in names}
+    return min(names, key=log_ratio.get)
 
 
 def choose_strategy(
