@@ -193,6 +193,105 @@ def test_forced_flashinfer_without_flashinfer_is_refused_at_startup(monkeypatch)
         _backend(verify, Pool(HKV, DQK, DV, torch.float16, mla=True))
 
 
+def test_lengths_staged_before_the_draft_plan_on_the_host(sm120_with_table):
+    """The DDTREE worker stages a step's committed lengths (the verify's seq_lens) before
+    it queues the draft: the plan then reads them on the host, in the pass's own host
+    arrays, and FlashInfer has nothing of the device's to copy back (no sync behind the
+    draft). A forward without a stage plans from the device, as before."""
+    gen = torch.Generator().manual_seed(11)
+    verify = Verify([17, 0, 40], 9, "DDTREE", gen)
+    pool = Pool(HKV, DQK, DV, torch.float16, mla=True)
+    be = _backend(verify, pool)
+    hook = be.tree_verify
+    assert hook.wants_prefix_lens
+    hook.stage_prefix_lens(verify.prefix)
+    fb = verify.forward_batch(seq_lens_cpu=verify.prefix + 9)
+    be.init_forward_metadata(fb)
+    (wrapper,) = PrefixWrapper.made
+    plan = wrapper.plans[-1]
+    assert plan["kv_indptr"] is not hook.metadata.prefix_kv_indptr and plan["kv_indptr"].device.type == "cpu"
+    assert wrapper.kv_indptr == [0, 17, 17, 57] and wrapper.qo_indptr == [0, 9, 18, 27]
+    assert hook.metadata.staged_prefix_lens.for_rows(3).tolist() == [17, 0, 40]
+    o, ref = _layer_output(be, verify, pool, gen, fb)
+    torch.testing.assert_close(o, ref, atol=2e-3, rtol=2e-3)
+    host_indptr = plan["kv_indptr"]
+
+    # The next step's stage reuses the pass's host arrays; their values are the new ones.
+    second = Verify([3, 25, 8], 9, "DDTREE", gen)
+    verify.req_to_token.copy_(second.req_to_token)
+    second.req_to_token = verify.req_to_token
+    hook.stage_prefix_lens(second.prefix)
+    be.init_forward_metadata(second.forward_batch())
+    assert wrapper.plans[-1]["kv_indptr"].data_ptr() == host_indptr.data_ptr()
+    assert wrapper.kv_indptr == [0, 3, 28, 36]
+    o, ref = _layer_output(be, second, pool, gen, second.forward_batch())
+    torch.testing.assert_close(o, ref, atol=2e-3, rtol=2e-3)
+
+    # A stage serves one verify: the next forward plans from the device's CSR.
+    be.init_forward_metadata(second.forward_batch())
+    assert wrapper.plans[-1]["kv_indptr"] is hook.metadata.prefix_kv_indptr
+    assert hook.metadata.staged_prefix_lens is None
+
+
+def test_staged_lengths_under_graphs_pad_as_the_runner_does(sm120_with_table):
+    """A replay pads the batch to the captured size with prefix length 1 (the backend's
+    ``get_cuda_graph_seq_len_fill_value``); the staged lengths, the raw batch's, are padded
+    the same way, so the host plan matches the device's CSR row for row."""
+    gen = torch.Generator().manual_seed(12)
+    pool = Pool(HKV, DQK, DV, torch.float16, mla=True)
+    verify = Verify([7, 30], 9, "DDTREE", gen)
+    be = _backend(verify, pool)
+    assert be.tree_verify.seq_len_fill_value == be.get_cuda_graph_seq_len_fill_value() == 1
+    be.tree_verify.init_graph_state(max_bs=4, max_num_tokens=4 * 9)
+    be.tree_verify.stage_prefix_lens(verify.prefix)
+    fb = verify.forward_batch(
+        batch_size=3,
+        req_pool_indices=torch.cat([verify.req_pool_indices, torch.zeros(1, dtype=torch.int64)]),
+        seq_lens=torch.cat([verify.prefix, torch.ones(1, dtype=torch.int64)]),
+    )
+    be.kv_indptr[1:4] = torch.cumsum(fb.seq_lens, 0)
+    meta = be.tree_verify.prepare(fb, be.kv_indptr, graph=True)
+    (wrapper,) = PrefixWrapper.made
+    assert wrapper.graph
+    assert meta.staged_prefix_lens.for_rows(3).tolist() == [7, 30, 1]
+    assert wrapper.kv_indptr == meta.prefix_kv_indptr[:4].tolist() == [0, 7, 37, 38]
+
+
+def test_a_stage_is_dropped_where_it_cannot_serve(sm120_with_table, monkeypatch):
+    gen = torch.Generator().manual_seed(13)
+    verify = Verify([17, 40], 9, "DDTREE", gen)
+    pool = Pool(HKV, DQK, DV, torch.float16, mla=True)
+    be = _backend(verify, pool)
+    hook = be.tree_verify
+    # Any other forward in between drops it (its lengths may not be this verify's).
+    hook.stage_prefix_lens(verify.prefix)
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    assert hook.prepare(verify.forward_batch(forward_mode=ForwardMode.DECODE)) is None
+    be.init_forward_metadata(verify.forward_batch())
+    assert hook.metadata.staged_prefix_lens is None
+    # More staged rows than the verify has: not this verify's.
+    hook.stage_prefix_lens(torch.tensor([17, 40, 5]))
+    be.init_forward_metadata(verify.forward_batch())
+    assert hook.metadata.staged_prefix_lens.for_rows(2) is None
+    (wrapper,) = PrefixWrapper.made
+    assert wrapper.plans[-1]["kv_indptr"] is hook.metadata.prefix_kv_indptr
+    # A batch size the table sends to the fused kernel plans nothing (and never waits
+    # for the staged copy).
+    wide = Verify([5] * 8, 9, "DDTREE", gen)
+    wide_be = _backend(wide, pool)
+    wide_be.tree_verify.stage_prefix_lens(wide.prefix)
+    wide_be.init_forward_metadata(wide.forward_batch())
+    assert wide_be.tree_verify.routes.strategy(8, 9, H) == "fused"
+    assert len(PrefixWrapper.made) == 1 and len(wrapper.plans) == 2
+    # A verify no strategy of which plans on the host stages nothing.
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "fused")
+    fused = _backend(verify, pool)
+    assert not fused.tree_verify.wants_prefix_lens
+    fused.tree_verify.stage_prefix_lens(verify.prefix)
+    assert fused.tree_verify._staged is None
+
+
 def test_a_gqa_target_takes_the_rows_of_its_own_layout(monkeypatch, tmp_path):
     """The route asks the policy with the target's KV heads and head dim: of two measured
     GQA layouts it follows the rows of its own (here flashinfer_split), not the other's."""

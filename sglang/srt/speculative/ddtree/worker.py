@@ -15,7 +15,9 @@ path and context-KV materialisation. Only the decode step differs:
    on hybrid linear-attention targets, keep the accepted node's recurrent
    state (``linear_state``).
 
-No step syncs the host, so the overlap scheduler keeps the GPU busy.
+No step syncs the host, so the overlap scheduler keeps the GPU busy; a verify
+planned from the prefix lengths on the host (FlashInfer's prefix pass) waits
+for them, copied before the draft, that is for the previous step's work only.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from sglang.srt.configs.hybrid_arch import mambaish_config
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.environ import envs
+from sglang.srt.layers.attention.tree_verify.hook import stage_verify_prefix_lens
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import (
@@ -198,6 +201,8 @@ class DDTreeWorker(DFlashWorkerV2):
         n = tree_budget.verify_width
         prefix_lens = batch.seq_lens
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        # Before the draft is queued, so the verify's plan need not wait for it.
+        stage_verify_prefix_lens(self.target_worker.model_runner.attn_backend, prefix_lens)
 
         # 1-3) draft, then the tree: from each depth's top-K, or from a DFlash 2
         # drafter's selector lattice (candidates per slot and their transitions).

@@ -120,8 +120,18 @@ def hook_for(backend: Any, model_runner: Any, **kw) -> TreeVerifyHook:
         target=None if is_draft else target_attention(backend, model_runner),
         kv_pool=kv_pool,
         sliding_window_size=window,
+        seq_len_fill_value=_seq_len_fill_value(backend),
         **kw,
     )
+
+
+def _seq_len_fill_value(backend: Any) -> int:
+    """The prefix length the backend's CUDA graphs give their padding rows."""
+    fill = getattr(backend, "get_cuda_graph_seq_len_fill_value", None)
+    try:
+        return int(fill()) if callable(fill) else 1
+    except NotImplementedError:
+        return 1
 
 
 def _hook(backend: Any, model_runner: Any, checks: List[Tuple[bool, str]], **kw) -> TreeVerifyHook:

@@ -135,6 +135,7 @@ class FlashInferPrefixPass:
         self.shape, self.bs, self.device = shape, bs, torch.device(device)
         self.graph_buffers = graph_buffers
         self.planned = False
+        self._host = None  # pinned host arrays of a plan from host lengths
         ws = _workspace(str(self.device))
         graph = graph_buffers is not None
         if shape.mla:
@@ -173,10 +174,7 @@ class FlashInferPrefixPass:
         if indptr.numel() - 1 != bs:
             raise ValueError(f"this pass is for batch size {bs}, got {indptr.numel() - 1} requests")
         if prefix_lens is not None:
-            lens = prefix_lens[:bs].to(device="cpu", dtype=torch.int32)
-            kv_indptr = torch.zeros(bs + 1, dtype=torch.int32)
-            kv_indptr[1:] = torch.cumsum(lens, 0)
-            qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32)
+            qo_indptr, kv_indptr, lens = self._host_arrays(prefix_lens)
         else:
             lens = (indptr[1:] - indptr[:-1]).to(torch.int32)
             kv_indptr = indptr
@@ -189,13 +187,34 @@ class FlashInferPrefixPass:
                 MLA_DIMS[0] - MLA_DIMS[1], 1, False, s.sm_scale, s.q_dtype, s.kv_dtype,
             )  # fmt: skip
         else:
-            last_page = torch.ones(bs, dtype=torch.int32, device=kv_indptr.device)
+            last_page = (
+                self._host["last_page"] if prefix_lens is not None
+                else torch.ones(bs, dtype=torch.int32, device=kv_indptr.device)
+            )  # fmt: skip
             self.wrapper.plan(
                 qo_indptr, kv_indptr, slots, last_page, s.num_heads, s.num_kv_heads,
                 s.head_dim_qk, 1, causal=False, sm_scale=s.sm_scale, q_data_type=s.q_dtype,
                 kv_data_type=s.kv_dtype,
             )  # fmt: skip
         self.planned = True
+
+    def _host_arrays(self, prefix_lens: torch.Tensor):
+        """``(qo_indptr, kv_indptr, lens)`` on the host from the exact lengths, in
+        pinned memory that this pass keeps, so FlashInfer's copies of them to the
+        device do not wait for the stream. A plan rewrites them only once the
+        previous forward's copies ran: the caller has waited for that forward."""
+        bs, n = self.bs, self.shape.width
+        if self._host is None:
+            pin = torch.cuda.is_available() and self.device.type == "cuda"
+            host = lambda size: torch.zeros(size, dtype=torch.int32, pin_memory=pin)  # noqa: E731
+            self._host = dict(qo_indptr=host(bs + 1), kv_indptr=host(bs + 1), lens=host(bs),
+                              last_page=host(bs))  # fmt: skip
+            torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, out=self._host["qo_indptr"])
+            self._host["last_page"].fill_(1)
+        lens, kv_indptr = self._host["lens"], self._host["kv_indptr"]
+        lens.copy_(prefix_lens[:bs])
+        torch.cumsum(lens, 0, out=kv_indptr[1:])
+        return self._host["qo_indptr"], kv_indptr, lens
 
     def run(self, q, k_buffer, v_buffer):
         """``(o [bs, N, H, Dv], lse [bs, N, H])``, the LSE base 2."""

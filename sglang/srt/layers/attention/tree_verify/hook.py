@@ -133,6 +133,14 @@ def active_hook(attn_backend: Any) -> Optional["TreeVerifyHook"]:
     return None
 
 
+def stage_verify_prefix_lens(attn_backend: Any, seq_lens: torch.Tensor) -> None:
+    """A speculative step's committed lengths, handed to the target backend's hook
+    before the step queues its draft (:meth:`TreeVerifyHook.stage_prefix_lens`)."""
+    hook = active_hook(attn_backend)
+    if hook is not None:
+        hook.stage_prefix_lens(seq_lens)
+
+
 @dataclass
 class SWAIndices:
     """A verify's KV slots in a hybrid SWA pool, for the layers whose KV lives there."""
@@ -154,6 +162,37 @@ class TreeVerifyMetadata:
     causal_mask: Optional[torch.Tensor] = None
     # Hybrid SWA pool only: the slots its sliding-window layers read.
     swa: Optional[SWAIndices] = None
+    # The exact prefix lengths on their way to the host, when the worker staged
+    # them ahead of this verify (``TreeVerifyHook.stage_prefix_lens``).
+    staged_prefix_lens: Optional["StagedPrefixLens"] = None
+
+
+@dataclass
+class StagedPrefixLens:
+    """A verify's prefix lengths on their way to the host: ``lens`` is valid once
+    ``ready`` (a CUDA event; None on the CPU) has completed. Only a planner that
+    reads them waits for that (:meth:`for_rows`)."""
+
+    lens: torch.Tensor  # int32 [raw bs], pinned on a GPU
+    ready: Any
+    fill_value: int  # a CUDA graph's padding rows
+    padded: torch.Tensor  # host buffer for the padded lengths
+
+    def for_rows(self, bs: int) -> Optional[torch.Tensor]:
+        """The lengths of a verify of ``bs`` rows (the raw batch's, then padding
+        rows at the fill value), or None when they cannot be this verify's."""
+        raw = self.lens.shape[0]
+        if raw > bs or self.padded.shape[0] < bs:
+            return None
+        if self.ready is not None:
+            self.ready.synchronize()
+            self.ready = None
+        if raw == bs:
+            return self.lens
+        out = self.padded[:bs]
+        out[:raw].copy_(self.lens)
+        out[raw:].fill_(self.fill_value)
+        return out
 
 
 def fill_prefix_indices(
@@ -215,8 +254,12 @@ class TreeVerifyHook:
         dense_mask_fallback: bool = True,
         kv_pool: Any = None,
         sliding_window_size: Optional[int] = None,
+        seq_len_fill_value: int = 1,
     ):
         self.backend_name = backend_name
+        # The prefix length a CUDA graph's padding rows get (the backend's
+        # ``get_cuda_graph_seq_len_fill_value``).
+        self.seq_len_fill_value = int(seq_len_fill_value)
         # The model's sliding window (upstream's ``model_runner.sliding_window_size``,
         # its layers' largest), and the hybrid SWA pool its sliding layers' KV lives in.
         self.sliding_window_size = (
@@ -270,6 +313,9 @@ class TreeVerifyHook:
                 max_context_len=self.max_context_len,
             )  # fmt: skip
         self.metadata: Optional[TreeVerifyMetadata] = None
+        self._staged: Optional[StagedPrefixLens] = None
+        self._staging: Optional[torch.Tensor] = None  # host buffer of the staged lengths
+        self._padded: Optional[torch.Tensor] = None  # host buffer of the padded ones
         # Eager-mode chain / all-ones masks, built once per (kind, bs, N).
         self._masks: Dict[Tuple[Any, int, int], torch.Tensor] = {}
         self._graph: Optional[Dict[str, torch.Tensor]] = None
@@ -277,6 +323,39 @@ class TreeVerifyHook:
     @property
     def consumes_tree_mask_bits(self) -> bool:
         return self.kind == TREE
+
+    # ------------------------------------------------------------ host lengths
+
+    @property
+    def wants_prefix_lens(self) -> bool:
+        """Whether a strategy this verify may take plans from host lengths."""
+        return self.routes is not None and self.routes.reads_host_lengths
+
+    def stage_prefix_lens(self, seq_lens: torch.Tensor) -> None:
+        """Start copying the next target verify's prefix lengths (``seq_lens``, the
+        committed lengths the verify's ``forward_batch.seq_lens`` will hold) to the
+        host. Called by the speculative worker before it queues the draft: the copy
+        then waits for the previous step's work only, and a planner that reads the
+        lengths on the host does not wait for the draft. The next :meth:`prepare`
+        of a target verify takes them; any other forward drops them."""
+        if not self.wants_prefix_lens:
+            return
+        bs = int(seq_lens.shape[0])
+        if self._staging is None or self._staging.shape[0] < bs:
+            rows = int(self.req_to_token.shape[0]) if self.req_to_token is not None else bs
+            size = max(bs, rows)
+            self._staging = torch.zeros(size, dtype=torch.int32, pin_memory=seq_lens.is_cuda)
+            # A graph pads to its captured batch size, at most the pool's rows (+ slack).
+            self._padded = torch.zeros(2 * size, dtype=torch.int32)
+        lens = self._staging[:bs]
+        ready = None
+        if seq_lens.is_cuda:
+            lens.copy_(seq_lens, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        else:
+            lens.copy_(seq_lens)
+        self._staged = StagedPrefixLens(lens, ready, self.seq_len_fill_value, self._padded)
 
     # ------------------------------------------------------------ metadata
 
@@ -357,6 +436,7 @@ class TreeVerifyHook:
         kind = self._verify_kind(forward_batch, graph)
         self.metadata = None
         causal = None
+        staged, self._staged = self._staged, None  # a stage serves the next verify only
         if kind is None:
             return None
         bs = int(forward_batch.req_pool_indices.shape[0])
@@ -424,6 +504,7 @@ class TreeVerifyHook:
             tree_mask=mask,
             causal_mask=causal,
             swa=swa,
+            staged_prefix_lens=staged if kind in (TREE, CHAIN) else None,
         )
         if self.routes is not None:
             self.routes.prepare(self.metadata, graph)

@@ -128,6 +128,9 @@ class VerifyPlanner:
     #: Set when the strategy gave up on this server for good (the fused kernel
     #: serves from then on, so captured graphs and eager forwards agree).
     off: bool = False
+    #: Its plan reads the exact prefix lengths on the host: given them ahead
+    #: (``TreeVerifyHook.stage_prefix_lens``) it does not wait for the draft.
+    reads_host_lengths: bool = False
 
     def prepare(self, meta: Any, graph: bool) -> None:
         """Per forward of this strategy, outside any graph."""

@@ -95,6 +95,15 @@ class VerifyRoutes:
                 backend_name, self.arch[0], self.arch[1], ", ".join(sorted(self.available)),
             )  # fmt: skip
 
+    @property
+    def reads_host_lengths(self) -> bool:
+        """Whether a strategy this verify may take plans from the exact prefix
+        lengths on the host."""
+        return any(
+            p.reads_host_lengths and not p.off and self.forced in (None, name)
+            for name, p in self.planners.items()
+        )
+
     # ------------------------------------------------------------ the choice
 
     def strategy(self, bs: int, width: int, heads: int) -> Optional[str]:

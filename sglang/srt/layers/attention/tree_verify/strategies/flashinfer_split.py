@@ -7,9 +7,10 @@ installed. Its plan runs on the host over the exact prefix lengths, once per
 forward, outside any graph (:class:`FlashInferPlanner`): FlashInfer's kernels
 take each request's length from the plan, and the host's ``seq_lens_cpu`` of a
 speculative verify is only an upper bound (it may lag the device under the
-overlap scheduler), so the plan copies the exact lengths to the host once per
-forward, as upstream's FlashInfer MLA backend does for its own verify. Under
-CUDA graphs each captured batch size keeps one pass whose buffers the replays
+overlap scheduler). The exact lengths come from the worker, copied to the host
+before it queued the draft (``TreeVerifyHook.stage_prefix_lens``), or else from
+the device once per forward, as upstream's FlashInfer MLA backend does for its
+own verify. Under CUDA graphs each captured batch size keeps one pass whose buffers the replays
 re-plan.
 """
 
@@ -61,6 +62,8 @@ class FlashInferPlanner(VerifyPlanner):
     """One planned prefix pass per (graph or eager, batch size, width), re-planned
     every forward that takes this strategy."""
 
+    reads_host_lengths = True
+
     def __init__(self, *, backend_name: str, target: Any, forced: bool, **_):
         self.backend_name = backend_name
         self.target = target
@@ -70,8 +73,9 @@ class FlashInferPlanner(VerifyPlanner):
         self._planned: Tuple[Any, Any] = (None, None)
 
     def prepare(self, meta, graph):
-        """FlashInfer's plan for this forward: one device-to-host copy of the prefix
-        row pointers."""
+        """FlashInfer's plan for this forward, from the prefix lengths staged on the
+        host ahead of the draft when the worker staged them, else from the device
+        (FlashInfer copies them to the host: a sync that waits for the draft)."""
         bs, width = meta.tree_kv_indices.shape
         key = (graph, bs, width)
         if key not in self._passes:
@@ -86,7 +90,9 @@ class FlashInferPlanner(VerifyPlanner):
                 graph_prefix_indices=meta.prefix_kv_indices if graph else None,
             )  # fmt: skip
         prefix_pass = self._passes[key]
-        prefix_pass.plan(meta.prefix_kv_indptr, meta.prefix_kv_indices)
+        staged = meta.staged_prefix_lens
+        host_lens = staged.for_rows(bs) if staged is not None else None
+        prefix_pass.plan(meta.prefix_kv_indptr, meta.prefix_kv_indices, prefix_lens=host_lens)
         self._planned = (meta, prefix_pass)
 
     def layer_options(self, meta, q, k_buffer, v_buffer, layer, logit_cap) -> Optional[dict]:
