@@ -75,9 +75,12 @@ def _mla_backend(verify, pool):
     return triton_backend(runner, pool, verify, mla=True)
 
 
+@pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize("proxy", [False, True])
 @pytest.mark.parametrize("prefix,n", [([16384], 65), ([1000, 0, 4097, 77], 65)])
-def test_flashinfer_route_matches_dense_attention(flashinfer_policy, proxy, prefix, n):
+def test_flashinfer_route_matches_dense_attention(flashinfer_policy, proxy, prefix, n, staged):
+    """``staged``: the lengths copied to pinned host memory ahead, as the workers do
+    before the draft, and the plan made from them."""
     flashinfer_policy(proxy)
     _, h, hkv, dqk, dv = MLA16
     gen = torch.Generator().manual_seed(11)
@@ -90,8 +93,13 @@ def test_flashinfer_route_matches_dense_attention(flashinfer_policy, proxy, pref
     layer = layer_for("mla", h, hkv, dqk, dv)
     q, k, v = qkv(verify, h, hkv, dqk, dv, torch.bfloat16, True, gen)
     fb = verify.forward_batch()
+    if staged:
+        be.tree_verify.stage_prefix_lens(verify.prefix)
     be.init_forward_metadata(fb)
     (prefix_pass,) = routes.planners["flashinfer_split"]._passes.values()
+    assert (prefix_pass._host is not None) == staged
+    if staged:
+        assert prefix_pass._host["lens"].is_pinned() and prefix_pass._host["lens"].tolist() == prefix
     if proxy:  # FlashInfer's kernels of an sm_120 GPU
         assert prefix_pass.wrapper._backend == "fa2"
     o = be.forward_extend(q, k, v, layer, fb).view(-1, h, dv)
@@ -99,10 +107,12 @@ def test_flashinfer_route_matches_dense_attention(flashinfer_policy, proxy, pref
     torch.testing.assert_close(o.float(), ref, atol=TOL, rtol=TOL)
 
 
+@pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize("proxy", [False, True])
-def test_flashinfer_route_replays_with_new_prefix_lengths(flashinfer_policy, proxy):
+def test_flashinfer_route_replays_with_new_prefix_lengths(flashinfer_policy, proxy, staged):
     """Captured once at batch 4; every replay is planned from its own lengths
-    (outside the graph) and reads the hook's persistent buffers."""
+    (outside the graph: from the device, or ``staged`` on the host ahead, as the
+    workers do before the draft) and reads the hook's persistent buffers."""
     flashinfer_policy(proxy)
     _, h, hkv, dqk, dv = MLA16
     n, graph_bs = 65, 4
@@ -141,6 +151,8 @@ def test_flashinfer_route_replays_with_new_prefix_lengths(flashinfer_policy, pro
         v2.req_to_token = be.req_to_token
         q, k, vv = qkv(v2, h, hkv, dqk, dv, torch.bfloat16, True, gen)
         pool.set_kv_buffer(layer, v2.out_cache_loc, k, vv)
+        if staged:
+            be.tree_verify.stage_prefix_lens(v2.prefix)
         prep(v2)
         static_q.copy_(q.view(-1, h, dqk))
         g.replay()
