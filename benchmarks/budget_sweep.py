@@ -631,12 +631,22 @@ def parse_sampling(spec: str) -> list[tuple[float, float, int]]:
     return out
 
 
+def point_prompts(prompts: list[dict], n: int, batch: int, min_waves: int) -> list[dict]:
+    """The prompts one run at ``batch`` sends: the first ``n``, or ``min_waves`` per
+    concurrent request when that is more, the file's prompts taken again in order when it
+    has fewer. A closed loop of ``batch`` clients ends with a tail in which fewer requests
+    remain (speculative requests finish at different times); more waves make it a smaller
+    share of the run. A prompt sent twice hits the radix cache, in every config alike."""
+    k = max(n, min_waves * batch)
+    return [prompts[i % len(prompts)] for i in range(k)]
+
+
 def run_points(servers: list[Server], prompts: list[dict], args, result: dict, out: Path, deadline: Deadline,
                points: list[tuple[int, tuple]]) -> None:
     n = args.num_prompts
     if len(prompts) < n:
         raise SystemExit(f"--num-prompts {n}: the prompt file has only {len(prompts)}")
-    measured, warm = prompts[:n], (prompts[n:] + prompts)[: max(args.batch)]
+    warm = (prompts[n:] + prompts)[: max(args.batch)]
     seen = result.setdefault("_point_s", {})
     for b, sampling in points:
         t, top_p, top_k = sampling
@@ -649,6 +659,7 @@ def run_points(servers: list[Server], prompts: list[dict], args, result: dict, o
                 continue
             t0 = time.monotonic()
             try:
+                measured = point_prompts(prompts, n, b, args.min_waves)
                 row = measure_point(s, measured, warm, b, args.max_new_tokens, t, top_p, top_k,
                                     args.repeats, args.token_ids and t == 0)
             except Exception as e:
@@ -701,6 +712,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sampling", help="sampling settings T[/top_k[/top_p]], comma-separated (e.g. "
                     "0,0.7/20/0.8,1); replaces --temperature/--top-p/--top-k")
     ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--min-waves", type=int, default=1,
+                    help="at batch b send at least this many prompts per client (b x waves), the file's "
+                         "prompts again in order if it has fewer: a shorter closed-loop tail")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=1, help="runs per point; the median throughput is kept")
     ap.add_argument("--token-ids", action=argparse.BooleanOptionalAction, default=True,
@@ -752,8 +766,8 @@ def main(argv=None) -> int:
         ap.error("--batch and --temperature take comma-separated numbers")
     if not args.batch or min(args.batch) < 1 or not args.temperature or min(args.temperature) < 0:
         ap.error("--batch needs positive integers, --temperature non-negative numbers")
-    if not 0 < args.top_p <= 1 or args.top_k < 0 or args.repeats < 1 or args.num_prompts < 1:
-        ap.error("top-p in (0, 1], top-k >= 0, repeats >= 1, num-prompts >= 1")
+    if not 0 < args.top_p <= 1 or args.top_k < 0 or args.repeats < 1 or args.num_prompts < 1 or args.min_waves < 1:
+        ap.error("top-p in (0, 1], top-k >= 0, repeats >= 1, num-prompts >= 1, min-waves >= 1")
     try:
         args.py_spy = [c for c in args.py_spy.split(",") if c]
         args.sampling = (parse_sampling(args.sampling) if args.sampling

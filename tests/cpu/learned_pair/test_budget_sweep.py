@@ -207,6 +207,24 @@ def test_sweep_metrics_are_the_dflash_clients(fakes, prompts, tmp_path):
     assert all("text" not in x and "token_ids" not in x for row in r["rows"] for x in row["records"])
 
 
+def test_more_waves_at_larger_batches(fakes, prompts, tmp_path):
+    """--num-prompts 2 --min-waves 3: each run sends 3 prompts per client (3 at batch 1, 6 at
+    batch 2, 12 at batch 4, the file's six again in order), never fewer than --num-prompts."""
+    assert [x["prompt"] for x in bs.point_prompts([{"prompt": i} for i in range(3)], 2, 2, 3)] == [0, 1, 2, 0, 1, 2]
+    start, servers = fakes
+    url = start("nospec", algo="NONE")
+    argv = ["--prompts", str(prompts), "--server", f"nospec={url}", "--batch", "1,2,4", "--temperature", "0",
+            "--num-prompts", "2", "--min-waves", "3", "--max-new-tokens", "8", "--tag", "w",
+            "--out-dir", str(tmp_path)]
+    assert bs.main(argv) == 0
+    r = json.loads((tmp_path / "budget_sweep_w.json").read_text())
+    assert {x["batch"]: x["num_prompts"] for x in r["rows"]} == {1: 3, 2: 6, 4: 12}
+    sent = [b for b in servers["nospec"][1].cfg["requests"] if b["max_tokens"] == 8]
+    assert len(sent) == 3 + 6 + 12 + (1 + 2 + 4)  # the runs, and each run's warm-up
+    with pytest.raises(SystemExit):
+        bs.main(argv[:-4] + ["--min-waves", "0"] + argv[-4:])
+
+
 def test_accept_length_at_smaller_budgets_from_the_servers_counters(fakes, prompts, tmp_path):
     """A DDTREE server's /metrics (prometheus_client's exposition of the counters
     speculative/ddtree/metrics.py exports) gives each run the accept length of every smaller
