@@ -10,8 +10,8 @@ speculative verify is only an upper bound (it may lag the device under the
 overlap scheduler). The exact lengths come from the worker, copied to the host
 before it queued the draft (``TreeVerifyHook.stage_prefix_lens``), or else from
 the device once per forward, as upstream's FlashInfer MLA backend does for its
-own verify. Under CUDA graphs each captured batch size keeps one pass whose buffers the replays
-re-plan.
+own verify. Under CUDA graphs each captured batch size keeps one pass whose
+buffers the replays re-plan.
 """
 
 from __future__ import annotations
