@@ -197,17 +197,22 @@ def test_lengths_staged_before_the_draft_plan_on_the_host(sm120_with_table):
     """The DDTREE worker stages a step's committed lengths (the verify's seq_lens) before
     it queues the draft: the plan then reads them on the host, in the pass's own host
     arrays, and FlashInfer has nothing of the device's to copy back (no sync behind the
-    draft). A forward without a stage plans from the device, as before."""
+    draft). A forward without a stage plans from the device, as before. The worker stages
+    while the last verify's strategy plans on the host: not before the first."""
     gen = torch.Generator().manual_seed(11)
     verify = Verify([17, 0, 40], 9, "DDTREE", gen)
     pool = Pool(HKV, DQK, DV, torch.float16, mla=True)
     be = _backend(verify, pool)
     hook = be.tree_verify
-    assert hook.wants_prefix_lens
-    hook.stage_prefix_lens(verify.prefix)
     fb = verify.forward_batch(seq_lens_cpu=verify.prefix + 9)
+    assert not hook.wants_prefix_lens
+    hook.stage_prefix_lens(verify.prefix)
     be.init_forward_metadata(fb)
     (wrapper,) = PrefixWrapper.made
+    assert wrapper.plans[-1]["kv_indptr"] is hook.metadata.prefix_kv_indptr  # from the device
+    assert hook.wants_prefix_lens
+    hook.stage_prefix_lens(verify.prefix)
+    be.init_forward_metadata(fb)
     plan = wrapper.plans[-1]
     assert plan["kv_indptr"] is not hook.metadata.prefix_kv_indptr and plan["kv_indptr"].device.type == "cpu"
     assert wrapper.kv_indptr == [0, 17, 17, 57] and wrapper.qo_indptr == [0, 9, 18, 27]
@@ -243,16 +248,17 @@ def test_staged_lengths_under_graphs_pad_as_the_runner_does(sm120_with_table):
     be = _backend(verify, pool)
     assert be.tree_verify.seq_len_fill_value == be.get_cuda_graph_seq_len_fill_value() == 1
     be.tree_verify.init_graph_state(max_bs=4, max_num_tokens=4 * 9)
-    be.tree_verify.stage_prefix_lens(verify.prefix)
     fb = verify.forward_batch(
         batch_size=3,
         req_pool_indices=torch.cat([verify.req_pool_indices, torch.zeros(1, dtype=torch.int64)]),
         seq_lens=torch.cat([verify.prefix, torch.ones(1, dtype=torch.int64)]),
     )
     be.kv_indptr[1:4] = torch.cumsum(fb.seq_lens, 0)
+    be.tree_verify.prepare(fb, be.kv_indptr, graph=True)  # the first replay: from the device
+    be.tree_verify.stage_prefix_lens(verify.prefix)
     meta = be.tree_verify.prepare(fb, be.kv_indptr, graph=True)
     (wrapper,) = PrefixWrapper.made
-    assert wrapper.graph
+    assert wrapper.graph and len(wrapper.plans) == 2
     assert meta.staged_prefix_lens.for_rows(3).tolist() == [7, 30, 1]
     assert wrapper.kv_indptr == meta.prefix_kv_indptr[:4].tolist() == [0, 7, 37, 38]
 
@@ -263,8 +269,10 @@ def test_a_stage_is_dropped_where_it_cannot_serve(sm120_with_table, monkeypatch)
     pool = Pool(HKV, DQK, DV, torch.float16, mla=True)
     be = _backend(verify, pool)
     hook = be.tree_verify
+    be.init_forward_metadata(verify.forward_batch())
     # Any other forward in between drops it (its lengths may not be this verify's).
     hook.stage_prefix_lens(verify.prefix)
+    assert hook._staged is not None
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     assert hook.prepare(verify.forward_batch(forward_mode=ForwardMode.DECODE)) is None
@@ -276,14 +284,16 @@ def test_a_stage_is_dropped_where_it_cannot_serve(sm120_with_table, monkeypatch)
     assert hook.metadata.staged_prefix_lens.for_rows(2) is None
     (wrapper,) = PrefixWrapper.made
     assert wrapper.plans[-1]["kv_indptr"] is hook.metadata.prefix_kv_indptr
-    # A batch size the table sends to the fused kernel plans nothing (and never waits
-    # for the staged copy).
+    # After a verify the table sends to the fused kernel (batch 8) nothing is staged; a
+    # stage made before it goes unread (the fused kernel plans nothing, never waits for it).
     wide = Verify([5] * 8, 9, "DDTREE", gen)
-    wide_be = _backend(wide, pool)
-    wide_be.tree_verify.stage_prefix_lens(wide.prefix)
-    wide_be.init_forward_metadata(wide.forward_batch())
-    assert wide_be.tree_verify.routes.strategy(8, 9, H) == "fused"
-    assert len(PrefixWrapper.made) == 1 and len(wrapper.plans) == 2
+    hook.stage_prefix_lens(verify.prefix)
+    be.init_forward_metadata(wide.forward_batch())
+    assert hook.routes.strategy(8, 9, H) == "fused"
+    assert len(PrefixWrapper.made) == 1 and len(wrapper.plans) == 3
+    assert not hook.wants_prefix_lens
+    hook.stage_prefix_lens(wide.prefix)
+    assert hook._staged is None
     # A verify no strategy of which plans on the host stages nothing.
     monkeypatch.setenv("SGLANG_DDTREE_VERIFY_STRATEGY", "fused")
     fused = _backend(verify, pool)

@@ -93,7 +93,9 @@ def test_flashinfer_route_matches_dense_attention(flashinfer_policy, proxy, pref
     layer = layer_for("mla", h, hkv, dqk, dv)
     q, k, v = qkv(verify, h, hkv, dqk, dv, torch.bfloat16, True, gen)
     fb = verify.forward_batch()
-    if staged:
+    if staged:  # the workers stage once a verify has taken a strategy that plans on the host
+        be.init_forward_metadata(fb)
+        assert be.tree_verify.wants_prefix_lens
         be.tree_verify.stage_prefix_lens(verify.prefix)
     be.init_forward_metadata(fb)
     (prefix_pass,) = routes.planners["flashinfer_split"]._passes.values()
@@ -151,7 +153,8 @@ def test_flashinfer_route_replays_with_new_prefix_lengths(flashinfer_policy, pro
         v2.req_to_token = be.req_to_token
         q, k, vv = qkv(v2, h, hkv, dqk, dv, torch.bfloat16, True, gen)
         pool.set_kv_buffer(layer, v2.out_cache_loc, k, vv)
-        if staged:
+        if staged:  # prep() above took flashinfer_split: the workers stage from here on
+            assert be.tree_verify.wants_prefix_lens
             be.tree_verify.stage_prefix_lens(v2.prefix)
         prep(v2)
         static_q.copy_(q.view(-1, h, dqk))

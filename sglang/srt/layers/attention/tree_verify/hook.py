@@ -328,7 +328,8 @@ class TreeVerifyHook:
 
     @property
     def wants_prefix_lens(self) -> bool:
-        """Whether a strategy this verify may take plans from host lengths."""
+        """Whether the next verify's plan most likely reads the lengths on the host
+        (the last one's did)."""
         return self.routes is not None and self.routes.reads_host_lengths
 
     def stage_prefix_lens(self, seq_lens: torch.Tensor) -> None:

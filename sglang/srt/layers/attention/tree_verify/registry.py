@@ -129,7 +129,8 @@ class VerifyPlanner:
     #: serves from then on, so captured graphs and eager forwards agree).
     off: bool = False
     #: Its plan reads the exact prefix lengths on the host: given them ahead
-    #: (``TreeVerifyHook.stage_prefix_lens``) it does not wait for the draft.
+    #: (``TreeVerifyHook.stage_prefix_lens``) it does not wait for the draft. The
+    #: worker stages them while the last verify's strategy is one that does.
     reads_host_lengths: bool = False
 
     def prepare(self, meta: Any, graph: bool) -> None:

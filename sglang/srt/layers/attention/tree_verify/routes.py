@@ -97,12 +97,11 @@ class VerifyRoutes:
 
     @property
     def reads_host_lengths(self) -> bool:
-        """Whether a strategy this verify may take plans from the exact prefix
-        lengths on the host."""
-        return any(
-            p.reads_host_lengths and not p.off and self.forced in (None, name)
-            for name, p in self.planners.items()
-        )
+        """Whether the last verify's strategy planned from the exact prefix lengths on
+        the host: the next one most likely takes it again (a batch size that changes
+        strategy plans its first forward from the device)."""
+        planner = self.planners.get(self._forward[0])
+        return planner is not None and planner.reads_host_lengths and not planner.off
 
     # ------------------------------------------------------------ the choice
 
