@@ -311,6 +311,18 @@ def run_once(server: Server, prompts: list[dict], warmup: list[dict], batch: int
     }
 
 
+def repeat_stats(run: dict, batch: int) -> dict:
+    """One repeat's closed-loop tokens/s beside what a batch kept full would give (Little's
+    law: batch x tokens over the summed request latencies). The closed loop ends in a tail
+    with fewer than ``batch`` requests in flight, which drags the first and not the second."""
+    latency = sum(x["latency_s"] for x in run["records"])
+    return {
+        "throughput_tok_s": run["throughput_tok_s"], "wall_s": run["wall_s"],
+        "spec_verify_ct": run["spec_verify_ct"], "latency_sum_s": latency,
+        "full_batch_tok_s": batch * run["output_tokens"] / max(latency, 1e-9),
+    }  # fmt: skip
+
+
 def measure_point(server: Server, prompts, warmup, batch, max_new_tokens, temperature, top_p, top_k,
                   repeats: int, token_ids: bool) -> dict:
     runs = [run_once(server, prompts, warmup, batch, max_new_tokens, temperature, top_p, top_k, token_ids)
@@ -332,6 +344,7 @@ def measure_point(server: Server, prompts, warmup, batch, max_new_tokens, temper
         "output_tokens": first["output_tokens"],
         "wall_s": statistics.median(r["wall_s"] for r in runs),
         "records": first["records"],
+        "repeat_stats": [repeat_stats(r, batch) for r in runs],
         **({"accept_length_at_budget": first["accept_length_at_budget"]}
            if "accept_length_at_budget" in first else {}),
     }

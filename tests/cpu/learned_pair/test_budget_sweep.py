@@ -219,6 +219,11 @@ def test_more_waves_at_larger_batches(fakes, prompts, tmp_path):
     assert bs.main(argv) == 0
     r = json.loads((tmp_path / "budget_sweep_w.json").read_text())
     assert {x["batch"]: x["num_prompts"] for x in r["rows"]} == {1: 3, 2: 6, 4: 12}
+    for row in r["rows"]:  # each repeat's closed-loop rate beside a kept-full batch's (Little's law)
+        (rep,) = row["repeat_stats"]
+        assert rep["throughput_tok_s"] == pytest.approx(row["throughput_tok_s"])
+        assert rep["latency_sum_s"] == pytest.approx(sum(x["latency_s"] for x in row["records"]))
+        assert rep["full_batch_tok_s"] == pytest.approx(row["batch"] * row["output_tokens"] / rep["latency_sum_s"])
     sent = [b for b in servers["nospec"][1].cfg["requests"] if b["max_tokens"] == 8]
     assert len(sent) == 3 + 6 + 12 + (1 + 2 + 4)  # the runs, and each run's warm-up
     with pytest.raises(SystemExit):
