@@ -176,22 +176,20 @@ class StagedPrefixLens:
     lens: torch.Tensor  # int32 [raw bs], pinned on a GPU
     ready: Any
     fill_value: int  # a CUDA graph's padding rows
-    padded: torch.Tensor  # host buffer for the padded lengths
 
     def for_rows(self, bs: int) -> Optional[torch.Tensor]:
         """The lengths of a verify of ``bs`` rows (the raw batch's, then padding
         rows at the fill value), or None when they cannot be this verify's."""
         raw = self.lens.shape[0]
-        if raw > bs or self.padded.shape[0] < bs:
+        if raw > bs:
             return None
         if self.ready is not None:
             self.ready.synchronize()
             self.ready = None
         if raw == bs:
             return self.lens
-        out = self.padded[:bs]
-        out[:raw].copy_(self.lens)
-        out[raw:].fill_(self.fill_value)
+        out = torch.full((bs,), self.fill_value, dtype=torch.int32)
+        out[:raw] = self.lens
         return out
 
 
@@ -315,7 +313,6 @@ class TreeVerifyHook:
         self.metadata: Optional[TreeVerifyMetadata] = None
         self._staged: Optional[StagedPrefixLens] = None
         self._staging: Optional[torch.Tensor] = None  # host buffer of the staged lengths
-        self._padded: Optional[torch.Tensor] = None  # host buffer of the padded ones
         # Eager-mode chain / all-ones masks, built once per (kind, bs, N).
         self._masks: Dict[Tuple[Any, int, int], torch.Tensor] = {}
         self._graph: Optional[Dict[str, torch.Tensor]] = None
@@ -346,8 +343,6 @@ class TreeVerifyHook:
             rows = int(self.req_to_token.shape[0]) if self.req_to_token is not None else bs
             size = max(bs, rows)
             self._staging = torch.zeros(size, dtype=torch.int32, pin_memory=seq_lens.is_cuda)
-            # A graph pads to its captured batch size, at most the pool's rows (+ slack).
-            self._padded = torch.zeros(2 * size, dtype=torch.int32)
         lens = self._staging[:bs]
         ready = None
         if seq_lens.is_cuda:
@@ -356,7 +351,7 @@ class TreeVerifyHook:
             ready.record()
         else:
             lens.copy_(seq_lens)
-        self._staged = StagedPrefixLens(lens, ready, self.seq_len_fill_value, self._padded)
+        self._staged = StagedPrefixLens(lens, ready, self.seq_len_fill_value)
 
     # ------------------------------------------------------------ metadata
 
