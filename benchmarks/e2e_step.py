@@ -183,7 +183,12 @@ TARGETS = {
     "gptoss-20b": {"dirs": ("gptoss-20b-shape", "gptoss-20b-shape-dflash"), "kind": "swa-shapes",
                    "architecture": "GptOssForCausalLM", "title": "gpt-oss-20b", "sliding_window": True,
                    "ddtree_goals": {16: 1.3}},
+    # The learned pair (docs/learned-pair.md) at its own shape: --models is the unpacked pair.
+    "learned": {"dirs": ("target", "drafter"), "kind": None,
+                "architecture": "Qwen3ForCausalLM", "title": "learned pair (12.6M Qwen3)"},
 }  # fmt: skip
+#: The targets scripts/make_test_models.py writes (the others are given with --models).
+GENERATED_TARGETS = [t for t, info in TARGETS.items() if info["kind"] is not None]
 
 
 def check_target(target: str, specs: list[Spec], expert_routing: str = "model") -> None:
@@ -233,7 +238,11 @@ def shape_models(models: Path, target: str) -> tuple[Path, Path]:
     pairs come with a tokenizer, which only has to load: the server skips tokenizer init)."""
     info = TARGETS[target]
     target_dir, drafter_dir = (models / d for d in info["dirs"])
-    if not all((d / "config.json").exists() for d in (target_dir, drafter_dir)):
+    present = all((d / "config.json").exists() for d in (target_dir, drafter_dir))
+    if not present and info["kind"] is None:
+        raise SystemExit(f"--target {target}: {target_dir} and {drafter_dir} need a config.json each; give "
+                         "--models the unpacked pair (python3 -m scripts.learned_pair unpack ... --to DIR)")
+    if not present:
         subprocess.run([sys.executable, str(REPO / "scripts" / "make_test_models.py"), str(models),
                         "--only", info["kind"]], check=True)  # fmt: skip
     return target_dir, drafter_dir

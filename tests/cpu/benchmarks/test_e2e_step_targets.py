@@ -33,9 +33,9 @@ def models(tmp_path_factory):
 
 def test_targets_are_the_generators_shape_pairs():
     pairs = {name: kind for kind, name, _, _ in _generator().SHAPE_PAIRS}
-    for target, info in es.TARGETS.items():
-        name, drafter = info["dirs"]
-        assert pairs[name] == info["kind"] and drafter == f"{name}-dflash", target
+    for target in es.GENERATED_TARGETS:
+        name, drafter = es.TARGETS[target]["dirs"]
+        assert pairs[name] == es.TARGETS[target]["kind"] and drafter == f"{name}-dflash", target
 
 
 def test_qwen3_8b_pair_keeps_the_shape_the_benchmark_wrote():
@@ -54,7 +54,15 @@ def test_qwen3_8b_pair_keeps_the_shape_the_benchmark_wrote():
     assert drafter["dflash_config"]["target_layer_ids"] == [1, 9, 17, 25, 33]
 
 
-@pytest.mark.parametrize("target", list(es.TARGETS))
+def test_a_given_pair_that_is_missing_is_named_not_generated(tmp_path):
+    """The learned pair is not generated: a --models dir without it stops with what to give."""
+    assert "learned" not in es.GENERATED_TARGETS
+    with pytest.raises(SystemExit, match="unpacked pair"):
+        es.shape_models(tmp_path, "learned")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("target", es.GENERATED_TARGETS)
 def test_target_dirs_are_generated_when_missing(models, target):
     """Each target's pair, written by the generator's own ``--only`` kind into a dir that
     lacks it: transformers reads the target with the listed architecture, the pinned
