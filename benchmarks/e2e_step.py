@@ -184,7 +184,7 @@ TARGETS = {
                    "architecture": "GptOssForCausalLM", "title": "gpt-oss-20b", "sliding_window": True,
                    "ddtree_goals": {16: 1.3}},
     # The learned pair (docs/learned-pair.md) at its own shape: --models is the unpacked pair.
-    "learned": {"dirs": ("target", "drafter"), "kind": None,
+    "learned": {"dirs": ("target", "drafter"), "kind": None, "context_length": 4096,
                 "architecture": "Qwen3ForCausalLM", "title": "learned pair (12.6M Qwen3)"},
 }  # fmt: skip
 #: The targets scripts/make_test_models.py writes (the others are given with --models).
@@ -248,6 +248,11 @@ def shape_models(models: Path, target: str) -> tuple[Path, Path]:
     return target_dir, drafter_dir
 
 
+def context_length(target: str, max_ctx: int) -> int:
+    """The servers' context: the longest prompt and room to decode, within what the target has."""
+    return min(max_ctx + CONTEXT_MARGIN, TARGETS[target].get("context_length", max_ctx + CONTEXT_MARGIN))
+
+
 def prefill_chunk(max_ctx: int) -> int:
     """Chunked-prefill size that takes the longest prompt in one pass (at least upstream's 16K)."""
     return max(16384, max_ctx + CONTEXT_MARGIN)
@@ -261,7 +266,7 @@ def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int], targ
         "--attention-backend", spec.backend,
         "--disable-radix-cache",
         "--skip-tokenizer-init",
-        "--context-length", str(max_ctx + CONTEXT_MARGIN),
+        "--context-length", str(context_length(target, max_ctx)),
         "--max-running-requests", str(max_running),
         "--cuda-graph-bs-decode", *[str(b) for b in sorted(set(batches))],
         "--mem-fraction-static", "0.8",
@@ -972,6 +977,9 @@ def main(argv=None) -> int:
             check_target(args.target, specs, args.expert_routing)
         except ValueError as e:
             ap.error(str(e))
+        if max(ctxs) + BATCH_TOKEN_CAP > context_length(args.target, max(ctxs)):
+            ap.error(f"--ctx {max(ctxs)}: {args.target} holds {context_length(args.target, max(ctxs))} tokens, and a "
+                     f"point decodes up to {BATCH_TOKEN_CAP} past its prompt")
         result = run(args, specs, ctxs, batches, out, reference)
     plot(result, out.with_suffix(".png"))
     print(f"{'config':36} {'ctx':>6} {'bs':>3} {'ms/step':>8} {'accept':>6}")

@@ -2,6 +2,8 @@
 # Source on the GPU host after scripts/gpu_host/install.sh: the installed stack ahead of the image's.
 export DDTREE_SITE=${DDTREE_SITE:-/tmp/site}
 case ":${PYTHONPATH:-}:" in *":$DDTREE_SITE:"*) ;; *) export PYTHONPATH="$DDTREE_SITE${PYTHONPATH:+:$PYTHONPATH}" ;; esac
+# Its console scripts (py-spy for the budget sweep's host profiles) after the image's own.
+case ":$PATH:" in *":$DDTREE_SITE/bin:"*) ;; *) export PATH="$PATH:$DDTREE_SITE/bin" ;; esac
 # The repository root after the installed stack: `benchmarks` and `tests` import as packages, so
 # `python3 benchmarks/e2e_step.py` works as well as `python3 -m benchmarks.e2e_step`.
 _ddtree_repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -237,3 +237,16 @@ def test_the_step_goal_and_no_v2lite_reference_on_the_new_targets():
     v2 = {q["ratio"]: q for q in es.finish({"target": "v2lite", "rows": rows}, reference)["ratios"]}
     assert v2["DDTREE B=64 fused / DFLASH fused"]["target"] == 1.25 and "target" not in v2["DDTREE B=16 fused / DFLASH fused"]
     assert any(q["source"] != "this run" for q in v2.values())
+
+
+def test_the_learned_pair_runs_within_its_context(tmp_path, capsys):
+    """Its servers get the pair's 4,096 tokens, not the margin the generated shapes get, and a
+    point that could decode past them is refused before any server starts."""
+    assert es.context_length("learned", 512) == 4096
+    assert es.context_length("v2lite", 16384) == 16384 + es.CONTEXT_MARGIN
+    args = es.server_args(es.parse_spec("ddtree16"), "d", 512, [1, 8], "learned")
+    assert args[args.index("--context-length") + 1] == "4096"
+    with pytest.raises(SystemExit):
+        es.main(["--target", "learned", "--models", str(tmp_path), "--ctx", "2048", "--configs", "nospec",
+                 "--out-dir", str(tmp_path)])
+    assert "learned holds 4096 tokens" in capsys.readouterr().err
