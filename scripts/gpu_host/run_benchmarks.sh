@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # The benchmarks behind docs/benchmarks.md's open rows, one after another within a time budget, on
 # the GPU host (after scripts/gpu_host/install.sh; the learned pair, for `learned`,
-# `learned_dflash2` and `sampling_check`, in /tmp/learned-pair: docs/learned-pair.md).
+# `learned_dflash2`, `learned_phases`, `learned_hostprof` and the sampling checks, in /tmp/learned-pair:
+# docs/learned-pair.md).
 #
 #   scripts/gpu_host/run_benchmarks.sh [--only P,P] [--seconds S] [--out DIR] [--list] [--dry-run]
 #
@@ -29,9 +30,12 @@ PIECES=(
     "steps_gptoss|300|560|python3 -m benchmarks.e2e_step --target gptoss-20b --configs nospec,dflash,ddtree16 --ctx 1024,16384 --batch 1,8 --profile-host --deadline-s {deadline} --tag gptoss_20b_phases_{gpu}_{date} --out-dir {out}"
     "steps_sampled|180|420|python3 -m benchmarks.e2e_step --target qwen3-8b --backend flashinfer --configs nospec,dflash,ddtree16 --ctx 1024 --batch 1,8 --sampling 0.7/20/0.8 --profile-host --deadline-s {deadline} --tag qwen3_8b_sampled_{gpu}_{date} --out-dir {out}"
     "learned|300|560|bash scripts/learned_pair/serve_sweep.sh --seconds {deadline} --out {out}/learned -- --configs nospec,dflash,ddtree16 --batch 1,8 --temperature 0,1 --repeats 3 --min-waves 8 --step-ctx 512 --sampling-max-s 0 --tag learned_{gpu}_{date}"
+    "learned_phases|150|300|python3 -m benchmarks.e2e_step --target learned --models /tmp/learned-pair --configs nospec,dflash,ddtree16 --ctx 512 --batch 1,8 --profile-host --profile-at 512x1 --deadline-s {deadline} --tag learned_phases_{gpu}_{date} --out-dir {out}"
+    "learned_hostprof|150|300|bash scripts/learned_pair/serve_sweep.sh --seconds {deadline} --out {out}/learned_hostprof -- --configs nospec,dflash,ddtree16 --batch 1 --temperature 0,1 --repeats 1 --sampling-max-s 0 --py-spy dflash,ddtree16 --tag learned_hostprof_{gpu}_{date}"
     "steps_v2lite_routes|420|600|python3 -m benchmarks.e2e_step --target v2lite --configs dflash@auto+sm120,ddtree16@auto+sm120,dflash@auto,ddtree16@auto --ctx 1024,16384 --batch 1 --deadline-s {deadline} --tag v2lite_routes_{gpu}_{date} --out-dir {out}"
     "learned_dflash2|600|900|{ [ -d /tmp/learned-pair/drafter-dflash2 ] || python3 -m scripts.learned_pair add-drafter /tmp/learned-pair --kind dflash2 --deadline-s 300; } && bash scripts/learned_pair/serve_sweep.sh --seconds \$(( {deadline} - 330 )) --out {out}/learned_dflash2 -- --draft-model-path /tmp/learned-pair/drafter-dflash2 --configs nospec,dflash,ddtree16,ddtree16-transitions --batch 1,8 --temperature 0,1 --repeats 3 --sampling-max-s 0 --tag learned_dflash2_{gpu}_{date}"
     "sampling_check|600|900|python3 -m benchmarks.sampling_boundaries /tmp/learned-pair/target --prompts /tmp/learned-pair/prompts.jsonl --settings temperature=0.7:top_k=20:top_p=0.8:min_p=0.05 --positions 4 --best 1 --write {out}/sampling_prompts_decided.json --tag learned_prompts_{gpu}_{date} --out-dir {out} && bash scripts/learned_pair/serve_sweep.sh --seconds \$(( {deadline} - 150 )) --out {out}/sampling_check -- --configs nospec,dflash,ddtree16 --batch 1 --temperature 0 --num-prompts 4 --sampling-prompts {out}/sampling_prompts_decided.json --sampling-samples 27000 --sampling-max-s \$(( {deadline} - 300 )) --tag learned_sampling_check_{gpu}_{date}"
+    "sampling_check_t1|420|540|bash scripts/learned_pair/serve_sweep.sh --seconds {deadline} --out {out}/sampling_check_t1 -- --configs nospec,dflash,ddtree16 --batch 1 --temperature 0 --num-prompts 4 --sampling-samples 27000 --sampling-settings temperature=1:repetition_penalty=1.1 --sampling-boundary-delta 0 --sampling-max-s \$(( {deadline} - 120 )) --tag learned_sampling_check_t1_rep_{gpu}_{date}"
     "tables_mla_proxy|240|540|python3 benchmarks/verify_strategy_table.py --sm120-proxy --deadline-s {deadline} --tag {gpu}_sm120_proxy_{date} --out-dir {out} --table {out}/strategy_table.json"
     "tables_gqa_proxy|240|540|python3 benchmarks/verify_strategy_table.py --attn gqa --sm120-proxy --strategies fused,flashinfer_split,xqa --deadline-s {deadline} --tag {gpu}_sm120_proxy_gqa_{date} --out-dir {out} --table {out}/strategy_table.json"
     "tables_sm90|240|540|python3 benchmarks/verify_strategy_table.py --deadline-s {deadline} --tag {gpu}_{date} --out-dir {out} --table {out}/strategy_table.json"
@@ -40,7 +44,7 @@ PIECES=(
 )
 MARGIN_S=20
 
-usage() { sed -n '3,17p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '3,18p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "run_benchmarks.sh: $*" >&2; exit 2; }
 only="" seconds=1500 list=0 dry=0 OUTDIR=/tmp/ddtree-out/bench
 while [ $# -gt 0 ]; do
