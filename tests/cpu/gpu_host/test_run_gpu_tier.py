@@ -151,3 +151,14 @@ def test_the_whole_gpu_piece_runs_with_one_gpu(tmp_path, piece):
     assert f"--- start {piece} (tests/gpu/{piece}, every GPU, alone)" in r.stdout, r.stdout
     assert (tmp_path / f"{piece}-pytest.log").exists()
 
+
+
+def test_env_sh_puts_the_installed_stacks_scripts_on_path_once(tmp_path):
+    """py-spy and the other console scripts of the installed wheel set run by name (the budget
+    sweep's host profiles look py-spy up on PATH), after the image's own, and sourcing twice
+    adds nothing."""
+    env_sh = REPO / "scripts" / "gpu_host" / "env.sh"
+    r = subprocess.run(["bash", "-c", f'source "{env_sh}"; source "{env_sh}"; echo "$PATH"'], capture_output=True,
+                       text=True, env={"PATH": "/usr/bin:/bin", "DDTREE_SITE": str(tmp_path)}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().split(":") == ["/usr/bin", "/bin", f"{tmp_path}/bin"]
