@@ -250,7 +250,8 @@ def shape_models(models: Path, target: str) -> tuple[Path, Path]:
 
 def context_length(target: str, max_ctx: int) -> int:
     """The servers' context: the longest prompt and room to decode, within what the target has."""
-    return min(max_ctx + CONTEXT_MARGIN, TARGETS[target].get("context_length", max_ctx + CONTEXT_MARGIN))
+    wanted = max_ctx + CONTEXT_MARGIN
+    return min(wanted, TARGETS[target].get("context_length", wanted))
 
 
 def prefill_chunk(max_ctx: int) -> int:
