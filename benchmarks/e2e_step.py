@@ -78,12 +78,14 @@ REPO = Path(__file__).resolve().parents[1]
 from benchmarks import e2e_profile
 
 #: Named configurations; ``ddtree<B>`` (any budget the server takes, e.g. ddtree63) is
-#: parsed by config_args.
+#: parsed by config_args, and ``ddtree<B>-eager-segments`` is that server with the step's
+#: tree build and greedy tail run eagerly instead of as CUDA graphs (their A/B).
 CONFIGS = {
     "nospec": [],
     "dflash": ["--speculative-algorithm", "DFLASH"],
 }
-DDTREE_CONFIG = re.compile(r"ddtree([1-9][0-9]*)")
+EAGER_SEGMENTS = "-eager-segments"
+DDTREE_CONFIG = re.compile(r"ddtree([1-9][0-9]*)(" + EAGER_SEGMENTS + ")?")
 DDTREE_BUDGETS = range(1, 257)  # --speculative-ddtree-budget's range (speculative/ddtree/budget.py)
 
 
@@ -103,10 +105,17 @@ def ddtree_budget(config: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+def config_env(config: str) -> dict:
+    """Server environment a configuration name sets."""
+    return {"SGLANG_DDTREE_STEP_GRAPHS": "0"} if config.endswith(EAGER_SEGMENTS) else {}
+
+
 def config_order(config: str) -> tuple:
-    """Table order: nospec, dflash, then DDTREE by budget."""
+    """Table order: nospec, dflash, then DDTREE by budget (step graphs first)."""
     b = ddtree_budget(config)
-    return (len(CONFIGS), b) if b is not None else (list(CONFIGS).index(config), 0)
+    if b is not None:
+        return (len(CONFIGS), b, config.endswith(EAGER_SEGMENTS))
+    return (list(CONFIGS).index(config), 0, False)
 
 
 BACKENDS = ("triton", "flashinfer")
@@ -141,7 +150,7 @@ class Spec:
 
 def parse_spec(text: str, verify: str = "fused", backend: str = "triton") -> Spec:
     """``CONFIG[@VERIFY][:BACKEND][+sm120]`` with the run's defaults for what is left out."""
-    m = re.fullmatch(r"([a-z0-9]+)(?:@([a-z_0-9]+))?(?::([a-z0-9_]+))?(\+sm120)?", text.strip())
+    m = re.fullmatch(r"([a-z0-9]+(?:-[a-z-]+)?)(?:@([a-z_0-9]+))?(?::([a-z0-9_]+))?(\+sm120)?", text.strip())
     if not m:
         raise ValueError(f"bad configuration {text!r}: expected CONFIG[@VERIFY][:BACKEND][+sm120], "
                          f"e.g. ddtree64@upstream_extend or ddtree16@auto+sm120")
@@ -354,7 +363,8 @@ def request_payload(ids: list[int], new_tokens: int, sampling: Optional[dict] = 
 
 def server_env(spec: Spec, triton_cache: Path, routing: str = "model", moe_tile_rule: str = "rows_per_expert",
                strategy_table: Optional[Path] = None) -> dict:
-    env = {"TRITON_CACHE_DIR": str(triton_cache), **EXPERT_ROUTING[routing], **MOE_TILE_RULES[moe_tile_rule]}
+    env = {"TRITON_CACHE_DIR": str(triton_cache), **EXPERT_ROUTING[routing], **MOE_TILE_RULES[moe_tile_rule],
+           **config_env(spec.config)}
     if strategy_table is not None:
         env["SGLANG_DDTREE_STRATEGY_TABLE"] = str(strategy_table)
     if spec.verify not in ("-", "auto"):
@@ -601,6 +611,10 @@ def ratios(rows: list[dict], reference: list[dict], goals: Optional[dict] = None
                 target=goals.get(b))
             add(f"DDTREE B={b} upstream / DDTREE B={b} fused (speedup)", get(f"ddtree{b}", "upstream_extend"),
                 get(f"ddtree{b}", "fused"))
+        for b in sorted({ddtree_budget(r["config"]) for r in rows} - {None}):
+            for verify in ("auto", "fused"):
+                add(f"DDTREE B={b} eager segments / DDTREE B={b}, {verify} (step graphs' speedup)",
+                    get(f"ddtree{b}{EAGER_SEGMENTS}", verify), get(f"ddtree{b}", verify))
         add("DFLASH fused / no speculation", fused, get("nospec", "-"))
         ref_note = "reference run, not this run (benchmarks/reference/e2e_baseline_h200.jsonl)"
         add("DFLASH fused / reference DFLASH flashinfer (causal, sm_90)", fused,

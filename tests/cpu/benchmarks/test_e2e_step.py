@@ -62,8 +62,30 @@ def test_ddtree_budgets_are_the_servers(upstream_parser):
 
 
 def test_table_orders_ddtree_by_budget():
-    names = ["ddtree128", "dflash", "ddtree16", "nospec", "ddtree63"]
-    assert sorted(names, key=es.config_order) == ["nospec", "dflash", "ddtree16", "ddtree63", "ddtree128"]
+    names = ["ddtree128", "dflash", "ddtree16-eager-segments", "ddtree16", "nospec", "ddtree63"]
+    assert sorted(names, key=es.config_order) == [
+        "nospec", "dflash", "ddtree16", "ddtree16-eager-segments", "ddtree63", "ddtree128"]  # fmt: skip
+
+
+def test_eager_segments_is_the_same_server_without_step_graphs(upstream_parser):
+    spec = es.parse_spec("ddtree16-eager-segments@auto")
+    assert (spec.config, spec.verify, es.ddtree_budget(spec.config)) == ("ddtree16-eager-segments", "auto", 16)
+    ns = upstream_parser.parse_args(["--model-path", "/m", *es.server_args(spec, "/d", 4096, [1])])
+    assert (ns.speculative_algorithm, ns.speculative_ddtree_budget) == ("DDTREE", 16)
+    env = es.server_env(spec, Path("/tmp/tc"))
+    assert env["SGLANG_DDTREE_STEP_GRAPHS"] == "0"
+    assert "SGLANG_DDTREE_STEP_GRAPHS" not in es.server_env(es.parse_spec("ddtree16@auto"), Path("/tmp/tc"))
+    # The variable exists where the server reads it.
+    from sglang.srt.ddtree_environ import ddtree_envs
+
+    assert ddtree_envs.SGLANG_DDTREE_STEP_GRAPHS.get() is True
+    for bad in ("ddtree16-eager", "dflash-eager-segments", "nospec-eager-segments"):
+        with pytest.raises(ValueError):
+            es.parse_spec(bad)
+    rows = [{"config": c, "verify": "auto", "backend": "triton", "policy": "native", "ctx": 512, "batch": 1,
+             "ms_per_step": ms} for c, ms in (("ddtree16", 2.0), ("ddtree16-eager-segments", 3.0))]  # fmt: skip
+    (speedup,) = [r for r in es.ratios(rows, []) if "step graphs" in r["ratio"]]
+    assert speedup["value"] == pytest.approx(1.5)
 
 
 def test_verify_paths_are_the_dispatchers_strategies():

@@ -132,6 +132,18 @@ class DFlashInternals:
             step_io.tree_cache_locs(req_to_token, req_pool_indices, prefix_lens, block)
         )
 
+    def draft_context_buffers(self) -> Tuple[int, ...]:
+        """Addresses of the buffers the context-KV writer reuses from step to step (its
+        workspaces grow with the rows written, the RoPE cache with the positions): a CUDA
+        graph that captured the writer is valid while they hold."""
+        helper = getattr(self._worker, "_fused_kv_helper", None)
+        if helper is None:
+            return ()
+        buffers = [getattr(helper, name, None) for name in ("_proj_workspace", "_k_workspace", "_v_workspace")]
+        rotary = getattr(helper, "rotary_emb", None)
+        buffers.append(getattr(rotary, "cos_sin_cache", None))
+        return tuple(0 if b is None else b.data_ptr() for b in buffers)
+
     def append_draft_context(
         self,
         *,

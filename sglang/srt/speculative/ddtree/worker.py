@@ -22,12 +22,14 @@ for them, copied before the draft, that is for the previous step's work only.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Tuple
 
 import torch
 
 from sglang.srt.configs.hybrid_arch import mambaish_config
+from sglang.srt.ddtree_environ import ddtree_envs
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.tree_verify.hook import stage_verify_prefix_lens
@@ -53,9 +55,10 @@ from sglang.srt.speculative.ddtree.info import (
 )
 from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats, budget_tiers
 from sglang.srt.speculative.ddtree.selector_tree import build_selector_tree
+from sglang.srt.speculative.ddtree.step_graphs import SegmentGraphs
 from sglang.srt.speculative.ddtree.step_phases import phase
 from sglang.srt.speculative.ddtree.tree_build import build_tree
-from sglang.srt.speculative.ddtree.tree_compile import compile_tree
+from sglang.srt.speculative.ddtree.tree_compile import CompiledTree, compile_tree
 from sglang.srt.speculative.dflash2.dflash_step import is_selector_drafter
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
@@ -67,8 +70,13 @@ from sglang.srt.speculative.spec_utils import (
     prepare_mamba_track_for_verify,
 )
 from sglang.srt.speculative.verify_sampling.node_logits import NodePaths
+from sglang.srt.speculative.verify_sampling.verify_sampler import plain_argmax
+from sglang.srt.utils.async_probe import sanitize_nan_logits
 
 logger = logging.getLogger(__name__)
+
+#: The tensors of a ``CompiledTree``, in the order the greedy tail takes them.
+_TREE_TENSORS = tuple(f.name for f in dataclasses.fields(CompiledTree) if f.name != "max_depth")
 
 
 class DDTreeWorker(DFlashWorkerV2):
@@ -93,6 +101,16 @@ class DDTreeWorker(DFlashWorkerV2):
                     "the fixed policy."
                 )
             self.budget_policy = AdaptiveBudget(self.tree.budget, step_budgets, self.stats.accept_lengths)
+        # The tree's build and compile, and the greedy tail of a step, each one CUDA graph
+        # per batch size (step_graphs).
+        self._tree_graphs = self._tail_graphs = None
+        if (
+            ddtree_envs.SGLANG_DDTREE_STEP_GRAPHS.get()
+            and torch.cuda.is_available()
+            and not getattr(server_args, "disable_cuda_graph", False)
+        ):
+            self._tree_graphs = SegmentGraphs("DDTREE tree build", self._build_and_compile)
+            self._tail_graphs = SegmentGraphs("DDTREE greedy step tail", self._greedy_tail)
         self.tree_from_transitions = server_args.speculative_ddtree_tree == "transitions"
         if self.tree_from_transitions and not is_selector_drafter(getattr(self, "draft_model", None)):
             raise ValueError(
@@ -206,6 +224,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
         # 1-3) draft, then the tree: from each depth's top-K, or from a DFlash 2
         # drafter's selector lattice (candidates per slot and their transitions).
+        head_read = False
         with phase("draft"):
             draft_hidden, draft_replayed = self._draft_block_hidden(batch, draft_input, bs)
             if self.tree_from_transitions:
@@ -217,21 +236,33 @@ class DDTreeWorker(DFlashWorkerV2):
             elif draft_replayed and self._dflash.draft_graph_head is not None:
                 # The draft graph's replay scored each depth (``DraftTopKHead``).
                 logprobs, token_ids = self._dflash.draft_graph_head.read(bs, tree_budget.topk)
+                head_read = tree_budget.topk == self._dflash.draft_graph_head.topk
             else:
                 logprobs, token_ids = self._draft_topk(draft_hidden[:, 1:, :], tree_budget.topk)
+        tree_replayed = False
         with phase("tree"):
+            tree_args = (draft_input.bonus_tokens.view(bs), prefix_lens.view(bs), batch.req_pool_indices)
             if self.tree_from_transitions:
-                tree = build_selector_tree(candidate_ids, scores, tree_budget.budget)
+                compiled = compile_tree(
+                    build_selector_tree(candidate_ids, scores, tree_budget.budget),
+                    bonus=tree_args[0].to(torch.int64),
+                    committed_len=tree_args[1],
+                    max_depth=tree_budget.max_depth,
+                    req_to_token=req_to_token,
+                    req_pool_indices=tree_args[2],
+                )
+            elif head_read and self._tree_graphs is not None:
+                # The head's buffers hold the top-K at the same addresses every replay.
+                compiled = self._tree_graphs.run(
+                    (tree_budget.budget, tree_budget.max_depth),
+                    fixed=(logprobs, token_ids, req_to_token),
+                    fed=tree_args,
+                )
+                tree_replayed = self._tree_graphs.last_replayed
             else:
-                tree = build_tree(logprobs, token_ids, tree_budget.budget)
-            compiled = compile_tree(
-                tree,
-                bonus=draft_input.bonus_tokens.view(bs).to(torch.int64),
-                committed_len=prefix_lens.view(bs),
-                max_depth=tree_budget.max_depth,
-                req_to_token=req_to_token,
-                req_pool_indices=batch.req_pool_indices,
-            )
+                compiled = self._build_and_compile(
+                    tree_budget.budget, tree_budget.max_depth, logprobs, token_ids, req_to_token, *tree_args
+                )
             grammar_tree = (
                 GrammarTree.from_device(
                     compiled.retrive_next_token, compiled.retrive_next_sibling, compiled.tokens
@@ -241,15 +272,29 @@ class DDTreeWorker(DFlashWorkerV2):
             )
 
         # 4) verify.
-        # The tree window's KV slots (``step_io.tree_cache_locs``), read by the compile launch.
+        # The tree window's KV slots (``step_io.tree_cache_locs``), read by the compile launch;
+        # the batch keeps its own copy of a graph's (the next replay overwrites it).
         cache_loc_2d = compiled.cache_loc
-        batch.out_cache_loc = cache_loc_2d.reshape(-1)
+        batch.out_cache_loc = cache_loc_2d.reshape(-1).clone() if tree_replayed else cache_loc_2d.reshape(-1)
         if self._linear_state:
             # The radix cache's state snapshots go to the requests' current
             # track slots (rebuilt from the requests, as EAGLE's verify does).
             prepare_mamba_track_for_verify(batch)
         with phase("verify"):
             logits_output, can_run_cuda_graph = self._verify(batch, draft_input, compiled, bs)
+        hidden = logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTREE verify requires target hidden states, but got None.")
+
+        if self._greedy_tail_applies(batch, can_run_cuda_graph):
+            # 5-6) the argmax, the walk, the commit and the drafter's context as one graph.
+            with phase("commit"):
+                commit, next_bonus = self._run_greedy_tail(
+                    logits_output.next_token_logits, hidden, compiled, tree_replayed, tree_budget, prefix_lens, batch
+                )
+                new_seq_lens = commit.new_seq_lens
+                self._step_committed(new_seq_lens, on_publish)
+            return self._step_result(logits_output, commit, next_bonus, new_seq_lens, n, can_run_cuda_graph)
 
         # 5) accept: the target's token at every node as the sampler would pick it
         # (argmax, or one draw per node), then the greedy walk over those tokens.
@@ -279,9 +324,6 @@ class DDTreeWorker(DFlashWorkerV2):
             )
 
         with phase("draft_context"):
-            hidden = logits_output.hidden_states
-            if hidden is None:
-                raise RuntimeError("DDTREE verify requires target hidden states, but got None.")
             self._dflash.append_draft_context(
                 target_hidden=hidden.index_select(0, commit.ctx_rows),
                 cache_loc=commit.ctx_cache_loc.reshape(-1),
@@ -289,19 +331,99 @@ class DDTreeWorker(DFlashWorkerV2):
                 positions=commit.ctx_positions,
                 commit_lens=commit.commit_lens,
             )
-        logits_output.hidden_states = None
+        return self._step_result(logits_output, commit, res.next_bonus, new_seq_lens, n, can_run_cuda_graph)
 
+    def _step_result(self, logits_output, commit, next_bonus, new_seq_lens, n, can_run_cuda_graph):
+        logits_output.hidden_states = None
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=commit.output_tokens.reshape(-1),
             accept_lens=commit.commit_lens,
             can_run_cuda_graph=can_run_cuda_graph,
-            next_draft_input=make_draft_input_v2(
-                bonus_tokens=res.next_bonus, new_seq_lens=new_seq_lens
-            ),
+            next_draft_input=make_draft_input_v2(bonus_tokens=next_bonus, new_seq_lens=new_seq_lens),
             speculative_num_draft_tokens=n,
             new_seq_lens=new_seq_lens,
         )
+
+    # ------------------------------------------------------ greedy step tail
+
+    def _greedy_tail_applies(self, batch: ScheduleBatch, verify_replayed: bool) -> bool:
+        """The tail replays as a graph when the verify replayed one (its logits and hidden
+        states sit in the verify graph's buffers) and every node's token is a bare argmax;
+        grammars, penalties, sampling and hybrid targets' recurrent states stay eager."""
+        return (
+            self._tail_graphs is not None
+            and verify_replayed
+            and not batch.has_grammar
+            and not self._linear_state
+            and plain_argmax(batch.sampling_info)
+        )
+
+    def _run_greedy_tail(self, logits, hidden, compiled, tree_replayed, tree_budget, prefix_lens, batch):
+        """``_greedy_tail`` through ``self._tail_graphs``: the step's commit and next bonus,
+        copied out of the graph's memory (they outlive the step). A tree from the tree graph
+        is read where that graph left it; any other is copied in."""
+        sanitize_nan_logits(logits, "verify: next_token_logits")
+        tree_tensors = tuple(getattr(compiled, name) for name in _TREE_TENSORS)
+        fixed = (
+            logits,
+            hidden,
+            self.stats.counters(hidden.device, tree_budget.budget),
+            self.model_runner.req_to_token_pool.req_to_token,
+        )
+        commit = self._tail_graphs.run(
+            (compiled.max_depth, tree_replayed),
+            fixed=fixed + tree_tensors if tree_replayed else fixed,
+            fed=(prefix_lens, batch.req_pool_indices) if tree_replayed else tree_tensors + (prefix_lens, batch.req_pool_indices),
+            guard=self._dflash.draft_context_buffers(),
+        )
+        commit = dataclasses.replace(
+            commit,
+            output_tokens=commit.output_tokens.clone(),
+            commit_lens=commit.commit_lens.clone(),
+            new_seq_lens=commit.new_seq_lens.clone(),
+        )
+        return commit, commit.accept.next_bonus.clone()
+
+    def _build_and_compile(
+        self, budget, max_depth, logprobs, token_ids, req_to_token, bonus, prefix_lens, req_pool_indices
+    ) -> CompiledTree:
+        """The tree from each depth's top-K, compiled with its KV window: no host sync
+        (``SegmentGraphs``)."""
+        return compile_tree(
+            build_tree(logprobs, token_ids, budget),
+            bonus=bonus.to(torch.int64),
+            committed_len=prefix_lens,
+            max_depth=max_depth,
+            req_to_token=req_to_token,
+            req_pool_indices=req_pool_indices,
+        )
+
+    def _greedy_tail(self, max_depth, _tree_in_place, logits, hidden, stats_counts, req_to_token, *rest):
+        """The target's argmax at every node, the greedy walk, the commit (``step_io``) and the
+        drafter's context KV: no host sync, no host-side effect (``SegmentGraphs``). ``rest``:
+        the compiled tree's tensors (``_TREE_TENSORS``), the prefix lengths, the requests' rows."""
+        *tree_tensors, prefix_lens, req_pool_indices = rest
+        tree = CompiledTree(max_depth=max_depth, **dict(zip(_TREE_TENSORS, tree_tensors)))
+        bs, n = tree.tokens.shape
+        accepted = greedy_accept(tree, torch.argmax(logits, dim=-1).view(bs, n), read_back=False)
+        commit = step_io.commit_accepted(
+            accepted,
+            tree.cache_loc,
+            prefix_lens,
+            req_to_token,
+            req_pool_indices,
+            stats_counts=stats_counts,
+            tree_depth=tree.depth,
+        )
+        self._dflash.append_draft_context(
+            target_hidden=hidden.index_select(0, commit.ctx_rows),
+            cache_loc=commit.ctx_cache_loc.reshape(-1),
+            cache_loc_2d=commit.ctx_cache_loc,
+            positions=commit.ctx_positions,
+            commit_lens=commit.commit_lens,
+        )
+        return commit
 
     def _accept_and_commit(
         self, batch, compiled, verify, tree_budget, cache_loc_2d, prefix_lens, req_to_token, on_publish
@@ -324,19 +446,24 @@ class DDTreeWorker(DFlashWorkerV2):
             stats_counts=self.stats.counters(cache_loc_2d.device, tree_budget.budget),
             tree_depth=compiled.depth,
         )
-        self.stats.step_counted()
-        if self.budget_policy is not None and self.ps.tp_rank == 0:
-            if self.stats.steps % (self.stats.interval * self.stats.log_every) == 0:
-                logger.info("DDTREE budget policy: %s", "; ".join(self.budget_policy.summary()))
         self.verify_sampler.commit(verify, compiled.tokens[:, 0], commit.output_tokens, commit.commit_lens)
         res = commit.accept
         if self._linear_state:
             self._commit_linear_state(batch, res, prefix_lens)
         new_seq_lens = commit.new_seq_lens
+        self._step_committed(new_seq_lens, on_publish)
+        return res, commit, new_seq_lens
+
+    def _step_committed(self, new_seq_lens: torch.Tensor, on_publish) -> None:
+        """After the commit is queued: the statistics, the new lengths to the scheduler and
+        the WAR barrier's event."""
+        self.stats.step_counted()
+        if self.budget_policy is not None and self.ps.tp_rank == 0:
+            if self.stats.steps % (self.stats.interval * self.stats.log_every) == 0:
+                logger.info("DDTREE budget policy: %s", "; ".join(self.budget_policy.summary()))
         if on_publish is not None:
             on_publish(new_seq_lens)
         self._publish_req_to_token_done()
-        return res, commit, new_seq_lens
 
     # ----------------------------------------------------------------- draft
 

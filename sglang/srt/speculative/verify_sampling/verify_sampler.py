@@ -153,6 +153,17 @@ class VerifySampler:
             self.table.commit(step.penalties, root, emitted, num_emitted)
 
 
+def plain_argmax(sampling_info: Any) -> bool:
+    """Whether every node's target token is the bare argmax of its verify logits: all requests
+    greedy, with no penalty, logit bias or custom logit processor (a grammar is the batch's)."""
+    return sampling_info is None or (
+        bool(sampling_info.is_all_greedy)
+        and sampling_info.logit_bias is None
+        and not sampling_info.has_custom_logit_processor
+        and not _penalised(sampling_info)
+    )
+
+
 def _penalised(sampling_info: Any) -> bool:
     """Whether any request of the batch has a penalty (upstream accumulates its penalizers'
     state into these tensors for the forward exactly when one is required)."""

@@ -1,0 +1,131 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CUDA graphs of the eager segments of a DDTREE decode step.
+
+The drafter's forward and the target's verify replay the model runners' CUDA graphs, but what
+runs between and after them is a few dozen small launches, each a Python call: on a small
+target, or at a small batch, the step is host time (the learned pair's DDTREE step keeps the
+GPU busy 0.42 of its 3.3 ms, docs/benchmarks.md). ``SegmentGraphs`` captures such a segment
+once per shape and replays it as one launch.
+
+A segment is a function of tensors (after a few hashable constants) with no host sync and no
+host-visible side effect. Its tensor arguments are of two kinds: ``fixed`` tensors, whose storage is the same on every call (the
+verify graph's output buffers, ``req_to_token``, the statistics counters), are read in place
+and their addresses are part of the key; ``fed`` tensors (this step's tree, the prefix lengths)
+are copied into the graph's own buffers before each replay. The first call at a key runs
+eagerly, which compiles and sizes what the segment uses; the second captures, and every later
+one replays. ``guard`` names what else a capture holds the address of (a workspace that may be
+reallocated): a new value is a new key. What the segment returns lives in the graph's memory until the next replay at
+that key: a caller clones what outlives the step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Optional, Sequence, Tuple
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Graph:
+    graph: "torch.cuda.CUDAGraph"
+    fed: Tuple[torch.Tensor, ...]  # the graph's copies of the fed arguments
+    out: Any
+
+
+def _signature(tensors: Sequence[Optional[torch.Tensor]], with_address: bool) -> Tuple:
+    sig = []
+    for t in tensors:
+        if t is None:
+            sig.append(None)
+        else:
+            entry = (tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+            sig.append(entry + ((t.data_ptr(),) if with_address else ()))
+    return tuple(sig)
+
+
+class SegmentGraphs:
+    """One CUDA graph of ``fn(*consts, *fixed, *fed)`` per key (the constants, the guard, the
+    arguments' shapes and the fixed ones' addresses), the ``max_graphs`` most recently used
+    kept."""
+
+    def __init__(self, name: str, fn: Callable[..., Any], *, max_graphs: int = 16):
+        self.name = name
+        self._fn = fn
+        self._max_graphs = max(1, int(max_graphs))
+        self._graphs: "OrderedDict[Hashable, _Graph]" = OrderedDict()
+        # Keys run eagerly once, captured on the next call (bounded: fixed arguments that
+        # move every call never come back).
+        self._seen: "OrderedDict[Hashable, None]" = OrderedDict()
+        self._pool = None
+        self.disabled_reason: Optional[str] = None
+        self.replays = 0
+        self.captures = 0
+        #: Whether the last ``run`` replayed a graph (its outputs sit at the same addresses as
+        #: the previous replay's at that key).
+        self.last_replayed = False
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def clear(self) -> None:
+        self._graphs.clear()
+        self._seen.clear()
+
+    def run(
+        self,
+        consts: Tuple[Hashable, ...],
+        fixed: Sequence[Optional[torch.Tensor]],
+        fed: Sequence[torch.Tensor],
+        guard: Hashable = (),
+    ) -> Any:
+        """``fn(*consts, *fixed, *fed)``: replayed, captured, or (first call at a key, or
+        graphs turned off after a failed capture) run eagerly."""
+        self.last_replayed = False
+        if self.disabled_reason is not None:
+            return self._fn(*consts, *fixed, *fed)
+        full_key = (tuple(consts), guard, _signature(fixed, True), _signature(fed, False))
+        entry = self._graphs.get(full_key)
+        if entry is not None:
+            self._graphs.move_to_end(full_key)
+            for mine, theirs in zip(entry.fed, fed):
+                mine.copy_(theirs)
+            entry.graph.replay()
+            self.replays += 1
+            self.last_replayed = True
+            return entry.out
+        if full_key not in self._seen:
+            self._seen[full_key] = None
+            while len(self._seen) > 4 * self._max_graphs:
+                self._seen.popitem(last=False)
+            return self._fn(*consts, *fixed, *fed)
+        return self._capture(full_key, consts, fixed, fed)
+
+    def _capture(self, full_key: Hashable, consts, fixed, fed) -> Any:
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        mine = tuple(t.clone() for t in fed)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            # thread_local: the scheduler's other threads may call CUDA while this captures.
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                out = self._fn(*consts, *fixed, *mine)
+        except Exception as e:  # an op that cannot be captured: keep the segment eager
+            self.disabled_reason = f"{type(e).__name__}: {e}"
+            self.clear()
+            logger.warning("%s: CUDA graph capture failed, running the segment eagerly: %s", self.name, e)
+            return self._fn(*consts, *fixed, *fed)
+        self.captures += 1
+        self._graphs[full_key] = _Graph(graph, mine, out)
+        while len(self._graphs) > self._max_graphs:
+            old, _ = self._graphs.popitem(last=False)
+            self._seen.pop(old, None)
+        # Capture runs nothing: this call's work is the first replay.
+        graph.replay()
+        self.replays += 1
+        self.last_replayed = True
+        return out

@@ -1,0 +1,165 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``step_graphs.SegmentGraphs`` on a real GPU, with the worker's own segments: the tree's build
+and compile (``DDTreeWorker._build_and_compile``) and the greedy tail
+(``DDTreeWorker._greedy_tail``: the argmax, the acceptance kernel, the commit launch), the
+drafter's context write stood in for by a row copy at the committed slots. Every replay must
+return and write what the eager segments do on the same inputs, with the tree read where its
+graph left it; a new shape or guard captures anew; a segment that cannot be captured runs
+eagerly.
+
+Run on the GPU host: ``python3 -m pytest tests/gpu/ddtree_logic -q``.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from sglang.srt.speculative.ddtree.step_graphs import SegmentGraphs  # noqa: E402
+from sglang.srt.speculative.ddtree.tree_compile import max_tree_depth  # noqa: E402
+from sglang.srt.speculative.ddtree.worker import _TREE_TENSORS, DDTreeWorker  # noqa: E402
+
+DEV = "cuda"
+VOCAB, DEPTHS, HIDDEN, POOL_ROWS, ROW_LEN = 512, 15, 64, 40, 4096
+_OUTPUTS = ("new_cache_loc", "output_tokens", "commit_lens", "new_seq_lens", "ctx_rows", "ctx_positions",
+            "ctx_cache_loc")  # fmt: skip
+
+
+class _State:
+    """The buffers a server's step reads in place: the draft head's top-K, the verify graph's
+    logits and hidden states, ``req_to_token`` and a KV pool of rows (its last row takes the
+    rows past each request's commit)."""
+
+    def __init__(self, max_bs, budget):
+        n = budget + 1
+        self.logprobs = torch.empty(max_bs * DEPTHS, budget, device=DEV)
+        self.ids = torch.empty(max_bs * DEPTHS, budget, device=DEV, dtype=torch.int64)
+        self.logits = torch.empty(max_bs * n, VOCAB, device=DEV)
+        self.hidden = torch.empty(max_bs * n, HIDDEN, device=DEV, dtype=torch.bfloat16)
+        self.req_to_token = torch.randperm(POOL_ROWS * ROW_LEN, device=DEV).view(POOL_ROWS, ROW_LEN).to(torch.int32)
+        self.kv = torch.zeros(POOL_ROWS * ROW_LEN + 1, HIDDEN, device=DEV, dtype=torch.bfloat16)
+
+    def snapshot(self):
+        return self.req_to_token.clone(), self.kv.clone()
+
+
+def _worker(state):
+    def write_rows(*, target_hidden, cache_loc_2d, commit_lens, **_):
+        width = cache_loc_2d.shape[1]
+        live = torch.arange(width, device=DEV).unsqueeze(0) < commit_lens.unsqueeze(1)
+        dest = torch.where(live, cache_loc_2d, state.kv.shape[0] - 1).reshape(-1)
+        state.kv.index_copy_(0, dest, target_hidden)
+
+    w = object.__new__(DDTreeWorker)
+    w._dflash = SimpleNamespace(append_draft_context=write_rows)
+    return w
+
+
+def _new_step(state, bs, budget, seed):
+    """This step's draft top-K and, once the tree is known, target logits that agree with most
+    nodes' first child (long accepted paths). Returns the fed tensors and a function that fills
+    the verify outputs from a compiled tree."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    lp = torch.randn(bs, DEPTHS, VOCAB, device=DEV, generator=g).log_softmax(-1)
+    top = lp.topk(budget, dim=-1)
+    state.logprobs[: bs * DEPTHS].copy_(top.values.view(-1, budget))
+    state.ids[: bs * DEPTHS].copy_(top.indices.view(-1, budget))
+    n = budget + 1
+    rows = torch.randperm(POOL_ROWS, device=DEV, generator=g)[:bs]
+    prefix = torch.randint(1, ROW_LEN - 2 * n, (bs,), device=DEV, generator=g)
+    bonus = torch.randint(0, VOCAB, (bs,), device=DEV, generator=g)
+
+    def verify(tree):
+        child = tree.retrive_next_token.clamp(min=0)
+        agree = torch.gather(tree.tokens, 1, child)
+        noise = torch.randint(0, VOCAB, (bs, n), device=DEV, generator=g)
+        pick = torch.where(torch.rand(bs, n, device=DEV, generator=g) < 0.8, agree, noise)
+        state.logits[: bs * n].normal_(generator=g)
+        state.logits[: bs * n].scatter_(1, pick.view(-1, 1), 100.0)
+        state.hidden[: bs * n].normal_(generator=g)
+        return state.logits[: bs * n], state.hidden[: bs * n]
+
+    head = (state.logprobs[: bs * DEPTHS].view(bs, DEPTHS, budget), state.ids[: bs * DEPTHS].view(bs, DEPTHS, budget))
+    return head, (bonus, prefix, rows), verify
+
+
+def _step(w, trees, tails, state, bs, budget, seed, guard=()):
+    """One step through the graphs, checked against the eager segments on the same inputs."""
+    max_depth = max_tree_depth(budget, DEPTHS)
+    head, (bonus, prefix, rows), verify = _new_step(state, bs, budget, seed)
+    want_tree = w._build_and_compile(budget, max_depth, *head, state.req_to_token, bonus, prefix, rows)
+    tree = trees.run((budget, max_depth), (*head, state.req_to_token), (bonus, prefix, rows))
+    in_place = trees.last_replayed
+    for name in _TREE_TENSORS:
+        assert torch.equal(getattr(tree, name), getattr(want_tree, name)), name
+    logits, hidden = verify(tree)
+
+    r2t, kv = state.snapshot()
+    tree_tensors = tuple(getattr(tree, name) for name in _TREE_TENSORS)
+    fixed = (logits, hidden, None, state.req_to_token)
+    got = tails.run(
+        (max_depth, in_place),
+        fixed + tree_tensors if in_place else fixed,
+        (prefix, rows) if in_place else tree_tensors + (prefix, rows),
+        guard=guard,
+    )
+    torch.cuda.synchronize()
+    r2t_got, kv_got = state.snapshot()
+    state.req_to_token.copy_(r2t)
+    state.kv.copy_(kv)
+    want = w._greedy_tail(max_depth, False, logits, hidden, None, state.req_to_token, *tree_tensors, prefix, rows)
+    for name in _OUTPUTS:
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert torch.equal(got.accept.next_bonus, want.accept.next_bonus)
+    assert torch.equal(r2t_got, state.req_to_token), "req_to_token writes differ"
+    # The last row takes every dead row (which of them lands there is not defined).
+    assert torch.equal(kv_got[:-1], state.kv[:-1]), "context rows differ"
+    return got
+
+
+@pytest.mark.parametrize("bs,budget", [(1, 16), (8, 64)])
+def test_replays_return_and_write_what_the_eager_segments_do(bs, budget):
+    state = _State(bs, budget)
+    w = _worker(state)
+    trees, tails = SegmentGraphs("tree", w._build_and_compile), SegmentGraphs("tail", w._greedy_tail)
+    accepted = [_step(w, trees, tails, state, bs, budget, seed).commit_lens.float().mean().item() for seed in range(7)]
+    # Trees: step 0 eager, step 1 captured (and replayed), steps 2-6 replayed. Tails: step 0
+    # copies an eager tree in (eager); step 1 reads the tree graph's output in place (eager,
+    # a new key), step 2 captures, steps 3-6 replay.
+    assert (trees.captures, trees.replays) == (1, 6)
+    assert (tails.captures, tails.replays) == (1, 5) and tails.last_replayed
+    assert trees.disabled_reason is None and tails.disabled_reason is None
+    assert sum(accepted) / len(accepted) > 2, "the inputs must exercise accepted paths"
+
+
+def test_a_new_batch_size_or_guard_is_a_new_graph():
+    budget = 16
+    state = _State(4, budget)
+    w = _worker(state)
+    trees, tails = SegmentGraphs("tree", w._build_and_compile), SegmentGraphs("tail", w._greedy_tail)
+    plan = [(2, 0)] * 3 + [(4, 0)] * 3 + [(2, 1)] * 3 + [(2, 0), (4, 0)]
+    for seed, (bs, guard) in enumerate(plan):
+        _step(w, trees, tails, state, bs, budget, 100 + seed, guard=(guard,))
+    # Trees by batch size: 2 and 4 each eager, captured, then replayed.
+    assert trees.captures == 2 and len(trees) == 2
+    # Tails: a graph each for (2, guard 0), (4, guard 0), (2, guard 1) with the tree in place;
+    # the last two steps replay theirs.
+    assert tails.captures == 3 and len(tails) == 3 and tails.last_replayed
+
+
+def test_a_segment_that_cannot_be_captured_runs_eagerly():
+    calls = []
+
+    def syncing(scale, x):
+        calls.append(1)
+        return x * scale + x.sum().item()  # a host read: not capturable
+
+    graphs = SegmentGraphs("test syncing", syncing)
+    x = torch.arange(4.0, device=DEV)
+    for _ in range(4):
+        assert torch.equal(graphs.run((2.0,), (), (x,)), x * 2 + 6)
+    assert graphs.disabled_reason is not None and graphs.captures == 0 and len(graphs) == 0
+    assert len(calls) == 5  # eager, the failed capture, then eager twice
