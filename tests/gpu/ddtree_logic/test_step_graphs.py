@@ -163,3 +163,11 @@ def test_a_segment_that_cannot_be_captured_runs_eagerly():
         assert torch.equal(graphs.run((2.0,), (), (x,)), x * 2 + 6)
     assert graphs.disabled_reason is not None and graphs.captures == 0 and len(graphs) == 0
     assert len(calls) == 5  # eager, the failed capture, then eager twice
+
+
+def test_keys_that_keep_changing_stop_capturing():
+    graphs = SegmentGraphs("test moving", lambda x: x * 2, max_captures=2)
+    for size in (1, 1, 2, 2, 3, 3, 3):
+        x = torch.ones(size, device=DEV)
+        assert torch.equal(graphs.run((), (), (x,)), x * 2)
+    assert graphs.captures == 2 and "keep changing" in graphs.disabled_reason and len(graphs) == 0

@@ -51,12 +51,14 @@ def _signature(tensors: Sequence[Optional[torch.Tensor]], with_address: bool) ->
 class SegmentGraphs:
     """One CUDA graph of ``fn(*consts, *fixed, *fed)`` per key (the constants, the guard, the
     arguments' shapes and the fixed ones' addresses), the ``max_graphs`` most recently used
-    kept."""
+    kept. Past ``max_captures`` (keys that keep changing: a capture syncs the device) the
+    segment stays eager."""
 
-    def __init__(self, name: str, fn: Callable[..., Any], *, max_graphs: int = 16):
+    def __init__(self, name: str, fn: Callable[..., Any], *, max_graphs: int = 16, max_captures: int = 64):
         self.name = name
         self._fn = fn
         self._max_graphs = max(1, int(max_graphs))
+        self._max_captures = max(1, int(max_captures))
         self._graphs: "OrderedDict[Hashable, _Graph]" = OrderedDict()
         # Keys run eagerly once, captured on the next call (bounded: fixed arguments that
         # move every call never come back).
@@ -106,6 +108,9 @@ class SegmentGraphs:
         return self._capture(full_key, consts, fixed, fed)
 
     def _capture(self, full_key: Hashable, consts, fixed, fed) -> Any:
+        if self.captures >= self._max_captures:
+            self._disable(f"{self.captures} captures: its keys keep changing")
+            return self._fn(*consts, *fixed, *fed)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         mine = tuple(t.clone() for t in fed)
@@ -115,9 +120,7 @@ class SegmentGraphs:
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 out = self._fn(*consts, *fixed, *mine)
         except Exception as e:  # an op that cannot be captured: keep the segment eager
-            self.disabled_reason = f"{type(e).__name__}: {e}"
-            self.clear()
-            logger.warning("%s: CUDA graph capture failed, running the segment eagerly: %s", self.name, e)
+            self._disable(f"capture failed: {type(e).__name__}: {e}")
             return self._fn(*consts, *fixed, *fed)
         self.captures += 1
         self._graphs[full_key] = _Graph(graph, mine, out)
@@ -129,3 +132,8 @@ class SegmentGraphs:
         self.replays += 1
         self.last_replayed = True
         return out
+
+    def _disable(self, reason: str) -> None:
+        self.disabled_reason = reason
+        self.clear()
+        logger.warning("%s: running eagerly from now on (%s).", self.name, reason)
