@@ -93,6 +93,7 @@ def _step(w, trees, tails, state, bs, budget, seed, guard=()):
     want_tree = w._build_and_compile(budget, max_depth, *head, state.req_to_token, bonus, prefix, rows)
     tree = trees.run((budget, max_depth), (*head, state.req_to_token), (bonus, prefix, rows))
     in_place = trees.last_replayed
+    step_rows = trees.last_fed[1:] if in_place else (prefix, rows)
     for name in _TREE_TENSORS:
         assert torch.equal(getattr(tree, name), getattr(want_tree, name)), name
     logits, hidden = verify(tree)
@@ -102,8 +103,8 @@ def _step(w, trees, tails, state, bs, budget, seed, guard=()):
     fixed = (logits, hidden, None, state.req_to_token)
     got = tails.run(
         (max_depth, in_place),
-        fixed + tree_tensors if in_place else fixed,
-        (prefix, rows) if in_place else tree_tensors + (prefix, rows),
+        fixed + tree_tensors + step_rows if in_place else fixed,
+        () if in_place else tree_tensors + step_rows,
         guard=guard,
     )
     torch.cuda.synchronize()

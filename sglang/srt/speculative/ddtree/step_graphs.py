@@ -68,8 +68,10 @@ class SegmentGraphs:
         self.replays = 0
         self.captures = 0
         #: Whether the last ``run`` replayed a graph (its outputs sit at the same addresses as
-        #: the previous replay's at that key).
+        #: the previous replay's at that key), and the graph's copies of its fed arguments
+        #: (which a later segment of the step may read in place).
         self.last_replayed = False
+        self.last_fed: Tuple[torch.Tensor, ...] = ()
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -87,7 +89,7 @@ class SegmentGraphs:
     ) -> Any:
         """``fn(*consts, *fixed, *fed)``: replayed, captured, or (first call at a key, or
         graphs turned off after a failed capture) run eagerly."""
-        self.last_replayed = False
+        self.last_replayed, self.last_fed = False, ()
         if self.disabled_reason is not None:
             return self._fn(*consts, *fixed, *fed)
         full_key = (tuple(consts), guard, _signature(fixed, True), _signature(fed, False))
@@ -98,7 +100,7 @@ class SegmentGraphs:
                 mine.copy_(theirs)
             entry.graph.replay()
             self.replays += 1
-            self.last_replayed = True
+            self.last_replayed, self.last_fed = True, entry.fed
             return entry.out
         if full_key not in self._seen:
             self._seen[full_key] = None
@@ -130,7 +132,7 @@ class SegmentGraphs:
         # Capture runs nothing: this call's work is the first replay.
         graph.replay()
         self.replays += 1
-        self.last_replayed = True
+        self.last_replayed, self.last_fed = True, mine
         return out
 
     def _disable(self, reason: str) -> None:

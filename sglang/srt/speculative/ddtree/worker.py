@@ -240,6 +240,8 @@ class DDTreeWorker(DFlashWorkerV2):
             else:
                 logprobs, token_ids = self._draft_topk(draft_hidden[:, 1:, :], tree_budget.topk)
         tree_replayed = False
+        # The prefix lengths and pool rows the greedy tail reads.
+        step_rows = (prefix_lens, batch.req_pool_indices)
         with phase("tree"):
             tree_args = (draft_input.bonus_tokens.view(bs), prefix_lens.view(bs), batch.req_pool_indices)
             if self.tree_from_transitions:
@@ -258,7 +260,10 @@ class DDTreeWorker(DFlashWorkerV2):
                     fixed=(logprobs, token_ids, req_to_token),
                     fed=tree_args,
                 )
-                tree_replayed = self._tree_graphs.last_replayed
+                if self._tree_graphs.last_replayed:
+                    tree_replayed = True
+                    # The graph's copies, which the tail graph reads in place.
+                    step_rows = self._tree_graphs.last_fed[1:]
             else:
                 compiled = self._build_and_compile(
                     tree_budget.budget, tree_budget.max_depth, logprobs, token_ids, req_to_token, *tree_args
@@ -290,7 +295,7 @@ class DDTreeWorker(DFlashWorkerV2):
             # 5-6) the argmax, the walk, the commit and the drafter's context as one graph.
             with phase("commit"):
                 commit, next_bonus = self._run_greedy_tail(
-                    logits_output.next_token_logits, hidden, compiled, tree_replayed, tree_budget, prefix_lens, batch
+                    logits_output.next_token_logits, hidden, compiled, tree_replayed, tree_budget, step_rows
                 )
                 new_seq_lens = commit.new_seq_lens
                 self._step_committed(new_seq_lens, on_publish)
@@ -359,10 +364,11 @@ class DDTreeWorker(DFlashWorkerV2):
             and plain_argmax(batch.sampling_info)
         )
 
-    def _run_greedy_tail(self, logits, hidden, compiled, tree_replayed, tree_budget, prefix_lens, batch):
+    def _run_greedy_tail(self, logits, hidden, compiled, tree_replayed, tree_budget, step_rows):
         """``_greedy_tail`` through ``self._tail_graphs``: the step's commit and next bonus,
-        copied out of the graph's memory (they outlive the step). A tree from the tree graph
-        is read where that graph left it; any other is copied in."""
+        copied out of the graph's memory (they outlive the step). ``step_rows``: the prefix
+        lengths and the requests' pool rows. A tree from the tree graph, and that graph's
+        copies of the rows, are read where that graph left them; anything else is copied in."""
         sanitize_nan_logits(logits, "verify: next_token_logits")
         tree_tensors = tuple(getattr(compiled, name) for name in _TREE_TENSORS)
         fixed = (
@@ -373,8 +379,8 @@ class DDTreeWorker(DFlashWorkerV2):
         )
         commit = self._tail_graphs.run(
             (compiled.max_depth, tree_replayed),
-            fixed=fixed + tree_tensors if tree_replayed else fixed,
-            fed=(prefix_lens, batch.req_pool_indices) if tree_replayed else tree_tensors + (prefix_lens, batch.req_pool_indices),
+            fixed=fixed + tree_tensors + step_rows if tree_replayed else fixed,
+            fed=() if tree_replayed else tree_tensors + step_rows,
             guard=self._dflash.draft_context_buffers(),
         )
         commit = dataclasses.replace(
