@@ -109,8 +109,11 @@ class DDTreeWorker(DFlashWorkerV2):
             and torch.cuda.is_available()
             and not getattr(server_args, "disable_cuda_graph", False)
         ):
-            self._tree_graphs = SegmentGraphs("DDTREE tree build", self._build_and_compile)
-            self._tail_graphs = SegmentGraphs("DDTREE greedy step tail", self._greedy_tail)
+            # A graph per raw batch size met (the segments are not padded to the model graphs'
+            # buckets), each small: room for every size up to 256, with some keys moving.
+            limits = dict(max_graphs=256, max_captures=1024)
+            self._tree_graphs = SegmentGraphs("DDTREE tree build", self._build_and_compile, **limits)
+            self._tail_graphs = SegmentGraphs("DDTREE greedy step tail", self._greedy_tail, **limits)
         self.tree_from_transitions = server_args.speculative_ddtree_tree == "transitions"
         if self.tree_from_transitions and not is_selector_drafter(getattr(self, "draft_model", None)):
             raise ValueError(
