@@ -133,7 +133,7 @@ def test_replays_return_and_write_what_the_eager_segments_do(bs, budget):
     assert (trees.captures, trees.replays) == (1, 6)
     assert (tails.captures, tails.replays) == (1, 5) and tails.last_replayed
     assert trees.disabled_reason is None and tails.disabled_reason is None
-    assert sum(accepted) / len(accepted) > 2, "the inputs must exercise accepted paths"
+    assert sum(accepted) / len(accepted) > 1.5, "the inputs must exercise accepted paths"
 
 
 def test_a_new_batch_size_or_guard_is_a_new_graph():
