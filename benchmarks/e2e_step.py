@@ -79,7 +79,7 @@ from benchmarks import e2e_profile
 
 #: Named configurations; ``ddtree<B>`` (any budget the server takes, e.g. ddtree63) is
 #: parsed by config_args, and ``ddtree<B>-eager-segments`` is that server with the step's
-#: tree build and greedy tail run eagerly instead of as CUDA graphs (their A/B).
+#: tree build and tail run eagerly instead of as CUDA graphs (their A/B).
 CONFIGS = {
     "nospec": [],
     "dflash": ["--speculative-algorithm", "DFLASH"],

@@ -435,7 +435,7 @@ class StepWorld:
                 _dflash=DFlashInternals(w), _linear_state=False, tree=tree, tree_from_transitions=False,
                 budget_policy=None,
                 # The step graphs (step_graphs.SegmentGraphs) need CUDA: these are the eager counts.
-                _tree_graphs=None, _tail_graphs=None,
+                _tree_graphs=None, _tail_graphs=None, _sampled_tail_graphs=None,
                 _algo=SpeculativeAlgorithm.from_string("DDTREE"), _context_len=self.CONTEXT,
                 stats=DDTreeStepStats(budget, interval=1 << 30),
             )  # fmt: skip

@@ -62,10 +62,10 @@ with _declaring_fields():
         # (1.1x to 6.3x slower from 17 to 1,088 rows on an H100, docs/benchmarks.md).
         SGLANG_DDTREE_FLOORS_SPLIT_ROWS = EnvBool(True)
 
-        # DDTREE step: replay the tree's build and compile, and the greedy tail of a step (the
-        # target's argmax at every node, the acceptance walk, the commit and the drafter's
-        # context KV), each as one CUDA graph per batch size (speculative/ddtree/step_graphs.py).
-        # False runs them eagerly (A/B runs).
+        # DDTREE step: replay the tree's build and compile, and the tail of a step (the
+        # target's token at every node, argmax or draw, the acceptance walk, the commit and the
+        # drafter's context KV), each as one CUDA graph per batch size
+        # (speculative/ddtree/step_graphs.py). False runs them eagerly (A/B runs).
         SGLANG_DDTREE_STEP_GRAPHS = EnvBool(True)
 
         # DDTree metrics: verify steps between two logged summaries.

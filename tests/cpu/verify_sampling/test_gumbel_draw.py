@@ -32,15 +32,21 @@ def _kernel_chunked(logits, temps):
     rows_per_program = 256
     gd._gumbel_draw_kernel[(triton.cdiv(rows, rows_per_program),)](
         logits, logits.stride(0), temps, temps.stride(0), logits, out, int(torch.randint(0, 2**31 - 1, (1,))),
-        rows, v, 1, ROWS=rows_per_program, BLOCK=4, HAS_FLOOR=False,
+        out, rows, v, 1, ROWS=rows_per_program, BLOCK=4, HAS_FLOOR=False, SEED_FROM_PTR=False,
     )  # fmt: skip
     return out
+
+
+def _seed():
+    return torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64)
 
 
 DRAWS = {
     "kernel": lambda logits, temps: gd.gumbel_draw(logits, temps, use_triton=True),
     "kernel, chunked": _kernel_chunked,
+    "kernel, seed tensor": lambda logits, temps: gd.gumbel_draw(logits, temps, use_triton=True, seed=_seed()),
     "reference": lambda logits, temps: gd.gumbel_draw(logits, temps, use_triton=False),
+    "reference, seed tensor": lambda logits, temps: gd.gumbel_draw(logits, temps, use_triton=False, seed=_seed()),
 }
 
 
@@ -93,6 +99,30 @@ def test_masked_logits_are_never_drawn(impl):
             tokens = DRAWS[impl](logits, temps)
             assert torch.isfinite(logits[torch.arange(len(logits)), tokens]).all()
             assert tokens[rows:].tolist() == [0, 3, 4, v - 1]
+
+
+@pytest.mark.parametrize("use_triton", [True, False], ids=["kernel", "reference"])
+def test_a_seed_tensor_keys_the_draw(use_triton):
+    """The same seed tensor draws the same tokens, another seed others; the kernel reading its
+    seed from the tensor draws what it draws given that seed as a number."""
+    logits = torch.randn(64, 300, generator=torch.Generator().manual_seed(8))
+    temps = torch.ones(64, 1)
+    draw = lambda seed: gd.gumbel_draw(logits, temps, use_triton=use_triton, seed=torch.tensor([seed]))  # noqa: E731
+    assert torch.equal(draw(12345), draw(12345))
+    assert not torch.equal(draw(12345), draw(54321))
+    if use_triton:
+        by_number = torch.empty(64, dtype=torch.int64)
+        gd._gumbel_draw_kernel[(64,)](
+            logits, logits.stride(0), temps, temps.stride(0), logits, by_number, 12345, by_number, 64, 300, 1,
+            ROWS=1, BLOCK=512, HAS_FLOOR=False, SEED_FROM_PTR=False,
+        )  # fmt: skip
+        assert torch.equal(draw(12345), by_number)
+
+
+@pytest.mark.parametrize("bad", [torch.tensor([1, 2]), torch.tensor([1], dtype=torch.int32), torch.tensor(1)])
+def test_a_seed_tensor_of_another_shape_or_type_is_refused(bad):
+    with pytest.raises(ValueError, match="seed must be int64"):
+        gd.gumbel_draw(torch.zeros(2, 4), torch.ones(2, 1), seed=bad)
 
 
 def test_a_row_of_only_masked_logits_gives_token_zero():

@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """``step_graphs.SegmentGraphs`` on a real GPU, with the worker's own segments: the tree's build
-and compile (``DDTreeWorker._build_and_compile``) and the greedy tail
-(``DDTreeWorker._greedy_tail``: the argmax, the acceptance kernel, the commit launch), the
+and compile (``DDTreeWorker._build_and_compile``) and the step tail
+(``DDTreeWorker._step_tail``: the argmax, the acceptance kernel, the commit launch), the
 drafter's context write stood in for by a row copy at the committed slots. Every replay must
 return and write what the eager segments do on the same inputs, with the tree read where its
 graph left it; a new shape or guard captures anew; a segment that cannot be captured runs
-eagerly.
+eagerly. A sampled tail's draw, keyed by a seed drawn on the device inside the graph, draws
+softmax(logits / T) afresh on every replay.
 
 Run on the GPU host: ``python3 -m pytest tests/gpu/ddtree_logic -q``.
 """
@@ -102,7 +103,7 @@ def _step(w, trees, tails, state, bs, budget, seed, guard=()):
     tree_tensors = tuple(getattr(tree, name) for name in _TREE_TENSORS)
     fixed = (logits, hidden, None, state.req_to_token)
     got = tails.run(
-        (max_depth, in_place),
+        (max_depth, in_place, None),
         fixed + tree_tensors + step_rows if in_place else fixed,
         () if in_place else tree_tensors + step_rows,
         guard=guard,
@@ -111,7 +112,8 @@ def _step(w, trees, tails, state, bs, budget, seed, guard=()):
     r2t_got, kv_got = state.snapshot()
     state.req_to_token.copy_(r2t)
     state.kv.copy_(kv)
-    want = w._greedy_tail(max_depth, False, logits, hidden, None, state.req_to_token, *tree_tensors, prefix, rows)
+    want = w._step_tail(max_depth, False, None, logits, hidden, None, state.req_to_token, *tree_tensors, prefix,
+                        rows)
     for name in _OUTPUTS:
         assert torch.equal(getattr(got, name), getattr(want, name)), name
     assert torch.equal(got.accept.next_bonus, want.accept.next_bonus)
@@ -125,7 +127,7 @@ def _step(w, trees, tails, state, bs, budget, seed, guard=()):
 def test_replays_return_and_write_what_the_eager_segments_do(bs, budget):
     state = _State(bs, budget)
     w = _worker(state)
-    trees, tails = SegmentGraphs("tree", w._build_and_compile), SegmentGraphs("tail", w._greedy_tail)
+    trees, tails = SegmentGraphs("tree", w._build_and_compile), SegmentGraphs("tail", w._step_tail)
     accepted = [_step(w, trees, tails, state, bs, budget, seed).commit_lens.float().mean().item() for seed in range(7)]
     # Trees: step 0 eager, step 1 captured (and replayed), steps 2-6 replayed. Tails: step 0
     # copies an eager tree in (eager); step 1 reads the tree graph's output in place (eager,
@@ -140,7 +142,7 @@ def test_a_new_batch_size_or_guard_is_a_new_graph():
     budget = 16
     state = _State(4, budget)
     w = _worker(state)
-    trees, tails = SegmentGraphs("tree", w._build_and_compile), SegmentGraphs("tail", w._greedy_tail)
+    trees, tails = SegmentGraphs("tree", w._build_and_compile), SegmentGraphs("tail", w._step_tail)
     plan = [(2, 0)] * 3 + [(4, 0)] * 3 + [(2, 1)] * 3 + [(2, 0), (4, 0)]
     for seed, (bs, guard) in enumerate(plan):
         _step(w, trees, tails, state, bs, budget, 100 + seed, guard=(guard,))
@@ -172,3 +174,32 @@ def test_keys_that_keep_changing_stop_capturing():
         x = torch.ones(size, device=DEV)
         assert torch.equal(graphs.run((), (), (x,)), x * 2)
     assert graphs.captures == 2 and "keep changing" in graphs.disabled_reason and len(graphs) == 0
+
+
+def test_a_sampled_draw_in_a_graph_draws_afresh_on_every_replay():
+    """The tail's draw (``GraphDraw.tokens`` keyed by ``torch.randint`` on the device, as
+    ``_step_tail`` does) captured once: each replay's rows fit softmax(logits / T) and no two
+    replays draw alike."""
+    from scipy import stats
+
+    from sglang.srt.speculative.verify_sampling.verify_sampler import GraphDraw
+
+    def draw_rows(draw, logits, temperatures):
+        seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=logits.device)
+        return draw.tokens(logits, temperatures, None, None, None, nodes=logits.shape[0], seed=seed)
+
+    base = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.0], device=DEV)
+    rows, t = 20000, 0.7
+    logits = base.expand(rows, -1).contiguous()
+    temperatures = torch.full((1, 1), t, device=DEV)
+    graphs = SegmentGraphs("draws", draw_rows)
+    probs = torch.softmax(base.double() / t, -1).cpu()
+    seen = []
+    for _ in range(6):
+        tokens = graphs.run((GraphDraw(False, False, False, None),), (logits,), (temperatures,))
+        counts = torch.bincount(tokens.cpu(), minlength=5).double()
+        assert stats.chisquare(counts.numpy(), (probs * rows).numpy()).pvalue > 1e-4, counts
+        seen.append(tokens.clone())
+    assert graphs.captures == 1 and graphs.replays == 5
+    assert all(not torch.equal(a, b) for i, a in enumerate(seen) for b in seen[i + 1 :]), "replays drew alike"
+

@@ -11,7 +11,7 @@ A segment is a function of tensors (after a few hashable constants) with no host
 host-visible side effect. Its tensor arguments are of two kinds: ``fixed`` tensors, whose storage is the same on every call (the
 verify graph's output buffers, ``req_to_token``, the statistics counters), are read in place
 and their addresses are part of the key; ``fed`` tensors (this step's tree, the prefix lengths)
-are copied into the graph's own buffers before each replay. The first call at a key runs
+are copied into the graph's own buffers before each replay (a None stays None). The first call at a key runs
 eagerly, which compiles and sizes what the segment uses; the second captures, and every later
 one replays. ``guard`` names what else a capture holds the address of (a workspace that may be
 reallocated): a new value is a new key. What the segment returns lives in the graph's memory until the next replay at
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class _Graph:
     graph: "torch.cuda.CUDAGraph"
-    fed: Tuple[torch.Tensor, ...]  # the graph's copies of the fed arguments
+    fed: Tuple[Optional[torch.Tensor], ...]  # the graph's copies of the fed arguments
     out: Any
 
 
@@ -84,7 +84,7 @@ class SegmentGraphs:
         self,
         consts: Tuple[Hashable, ...],
         fixed: Sequence[Optional[torch.Tensor]],
-        fed: Sequence[torch.Tensor],
+        fed: Sequence[Optional[torch.Tensor]],
         guard: Hashable = (),
     ) -> Any:
         """``fn(*consts, *fixed, *fed)``: replayed, captured, or (first call at a key, or
@@ -97,7 +97,8 @@ class SegmentGraphs:
         if entry is not None:
             self._graphs.move_to_end(full_key)
             for mine, theirs in zip(entry.fed, fed):
-                mine.copy_(theirs)
+                if mine is not None:
+                    mine.copy_(theirs)
             entry.graph.replay()
             self.replays += 1
             self.last_replayed, self.last_fed = True, entry.fed
@@ -115,7 +116,7 @@ class SegmentGraphs:
             return self._fn(*consts, *fixed, *fed)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        mine = tuple(t.clone() for t in fed)
+        mine = tuple(None if t is None else t.clone() for t in fed)
         graph = torch.cuda.CUDAGraph()
         try:
             # thread_local: the scheduler's other threads may call CUDA while this captures.

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -70,12 +70,12 @@ from sglang.srt.speculative.spec_utils import (
     prepare_mamba_track_for_verify,
 )
 from sglang.srt.speculative.verify_sampling.node_logits import NodePaths
-from sglang.srt.speculative.verify_sampling.verify_sampler import plain_argmax
+from sglang.srt.speculative.verify_sampling.verify_sampler import GraphDraw, plain_argmax
 from sglang.srt.utils.async_probe import sanitize_nan_logits
 
 logger = logging.getLogger(__name__)
 
-#: The tensors of a ``CompiledTree``, in the order the greedy tail takes them.
+#: The tensors of a ``CompiledTree``, in the order the step tail takes them.
 _TREE_TENSORS = tuple(f.name for f in dataclasses.fields(CompiledTree) if f.name != "max_depth")
 
 
@@ -101,9 +101,10 @@ class DDTreeWorker(DFlashWorkerV2):
                     "the fixed policy."
                 )
             self.budget_policy = AdaptiveBudget(self.tree.budget, step_budgets, self.stats.accept_lengths)
-        # The tree's build and compile, and the greedy tail of a step, each one CUDA graph
-        # per batch size (step_graphs).
-        self._tree_graphs = self._tail_graphs = None
+        # The tree's build and compile, and the tail of a step (greedy or sampled, apart so
+        # that a sampled batch's capture failing leaves the greedy graphs be), each one CUDA
+        # graph per batch size (step_graphs).
+        self._tree_graphs = self._tail_graphs = self._sampled_tail_graphs = None
         if (
             ddtree_envs.SGLANG_DDTREE_STEP_GRAPHS.get()
             and torch.cuda.is_available()
@@ -113,7 +114,8 @@ class DDTreeWorker(DFlashWorkerV2):
             # buckets), each small: room for every size up to 256, with some keys moving.
             limits = dict(max_graphs=256, max_captures=1024)
             self._tree_graphs = SegmentGraphs("DDTREE tree build", self._build_and_compile, **limits)
-            self._tail_graphs = SegmentGraphs("DDTREE greedy step tail", self._greedy_tail, **limits)
+            self._tail_graphs = SegmentGraphs("DDTREE greedy step tail", self._step_tail, **limits)
+            self._sampled_tail_graphs = SegmentGraphs("DDTREE sampled step tail", self._step_tail, **limits)
         self.tree_from_transitions = server_args.speculative_ddtree_tree == "transitions"
         if self.tree_from_transitions and not is_selector_drafter(getattr(self, "draft_model", None)):
             raise ValueError(
@@ -243,7 +245,7 @@ class DDTreeWorker(DFlashWorkerV2):
             else:
                 logprobs, token_ids = self._draft_topk(draft_hidden[:, 1:, :], tree_budget.topk)
         tree_replayed = False
-        # The prefix lengths and pool rows the greedy tail reads.
+        # The prefix lengths and pool rows the step tail reads.
         step_rows = (prefix_lens, batch.req_pool_indices)
         with phase("tree"):
             tree_args = (draft_input.bonus_tokens.view(bs), prefix_lens.view(bs), batch.req_pool_indices)
@@ -294,11 +296,14 @@ class DDTreeWorker(DFlashWorkerV2):
         if hidden is None:
             raise RuntimeError("DDTREE verify requires target hidden states, but got None.")
 
-        if self._greedy_tail_applies(batch, can_run_cuda_graph):
-            # 5-6) the argmax, the walk, the commit and the drafter's context as one graph.
+        replayable, draw = self._tail_draw(batch, can_run_cuda_graph)
+        if replayable:
+            # 5-6) the target's tokens (argmax or draws), the walk, the commit and the
+            # drafter's context as one graph.
             with phase("commit"):
-                commit, next_bonus = self._run_greedy_tail(
-                    logits_output.next_token_logits, hidden, compiled, tree_replayed, tree_budget, step_rows
+                commit, next_bonus = self._run_step_tail(
+                    logits_output.next_token_logits, hidden, compiled, tree_replayed, tree_budget, step_rows,
+                    draw, batch.sampling_info,
                 )
                 new_seq_lens = commit.new_seq_lens
                 self._step_committed(new_seq_lens, on_publish)
@@ -353,25 +358,28 @@ class DDTreeWorker(DFlashWorkerV2):
             new_seq_lens=new_seq_lens,
         )
 
-    # ------------------------------------------------------ greedy step tail
+    # ------------------------------------------------------------- step tail
 
-    def _greedy_tail_applies(self, batch: ScheduleBatch, verify_replayed: bool) -> bool:
-        """The tail replays as a graph when the verify replayed one (its logits and hidden
-        states sit in the verify graph's buffers) and every node's token is a bare argmax;
-        grammars, penalties, sampling and hybrid targets' recurrent states stay eager."""
-        return (
-            self._tail_graphs is not None
-            and verify_replayed
-            and not batch.has_grammar
-            and not self._linear_state
-            and plain_argmax(batch.sampling_info)
-        )
+    def _tail_draw(self, batch: ScheduleBatch, verify_replayed: bool) -> Tuple[bool, Optional[GraphDraw]]:
+        """Whether the step's tail replays as a graph, and how it picks the target's tokens
+        there (None: the argmax). It does when the verify replayed its graph (its logits and
+        hidden states sit in that graph's buffers) and every node's token is a bare argmax or
+        a draw the verify sampler can make in a graph (``VerifySampler.graph_draw``); grammars,
+        penalties, logit biases, seeds and hybrid targets' recurrent states stay eager."""
+        if self._tail_graphs is None or not verify_replayed or batch.has_grammar or self._linear_state:
+            return False, None
+        info = batch.sampling_info
+        if plain_argmax(info):
+            return True, None
+        draw = self.verify_sampler.graph_draw(info, batch.reqs)
+        return draw is not None, draw
 
-    def _run_greedy_tail(self, logits, hidden, compiled, tree_replayed, tree_budget, step_rows):
-        """``_greedy_tail`` through ``self._tail_graphs``: the step's commit and next bonus,
+    def _run_step_tail(self, logits, hidden, compiled, tree_replayed, tree_budget, step_rows, draw, sampling_info):
+        """``_step_tail`` through the tail graphs: the step's commit and next bonus,
         copied out of the graph's memory (they outlive the step). ``step_rows``: the prefix
         lengths and the requests' pool rows. A tree from the tree graph, and that graph's
-        copies of the rows, are read where that graph left them; anything else is copied in."""
+        copies of the rows, are read where that graph left them; anything else is copied in,
+        as are a sampled batch's parameters."""
         sanitize_nan_logits(logits, "verify: next_token_logits")
         tree_tensors = tuple(getattr(compiled, name) for name in _TREE_TENSORS)
         fixed = (
@@ -380,10 +388,15 @@ class DDTreeWorker(DFlashWorkerV2):
             self.stats.counters(hidden.device, tree_budget.budget),
             self.model_runner.req_to_token_pool.req_to_token,
         )
-        commit = self._tail_graphs.run(
-            (compiled.max_depth, tree_replayed),
+        params = ()
+        if draw is not None:
+            params = (sampling_info.temperatures.view(-1, 1), sampling_info.top_ks, sampling_info.top_ps,
+                      sampling_info.min_ps)  # fmt: skip
+        graphs = self._tail_graphs if draw is None else self._sampled_tail_graphs
+        commit = graphs.run(
+            (compiled.max_depth, tree_replayed, draw),
             fixed=fixed + tree_tensors + step_rows if tree_replayed else fixed,
-            fed=() if tree_replayed else tree_tensors + step_rows,
+            fed=(() if tree_replayed else tree_tensors + step_rows) + params,
             guard=self._dflash.draft_context_buffers(),
         )
         commit = dataclasses.replace(
@@ -408,14 +421,26 @@ class DDTreeWorker(DFlashWorkerV2):
             req_pool_indices=req_pool_indices,
         )
 
-    def _greedy_tail(self, max_depth, _tree_in_place, logits, hidden, stats_counts, req_to_token, *rest):
-        """The target's argmax at every node, the greedy walk, the commit (``step_io``) and the
-        drafter's context KV: no host sync, no host-side effect (``SegmentGraphs``). ``rest``:
-        the compiled tree's tensors (``_TREE_TENSORS``), the prefix lengths, the requests' rows."""
+    def _step_tail(self, max_depth, _tree_in_place, draw, logits, hidden, stats_counts, req_to_token, *rest):
+        """The target's token at every node (the argmax, or ``draw``'s draw keyed by a seed
+        drawn on the device, fresh on every replay), the greedy walk, the commit (``step_io``)
+        and the drafter's context KV: no host sync, no host-side effect (``SegmentGraphs``).
+        ``rest``: the compiled tree's tensors (``_TREE_TENSORS``), the prefix lengths, the
+        requests' rows, then with ``draw`` the temperatures ``[bs, 1]``, top-ks, top-ps and
+        min-ps."""
+        params = ()
+        if draw is not None:
+            *rest, temperatures, top_ks, top_ps, min_ps = rest
+            params = (temperatures, top_ks, top_ps, min_ps)
         *tree_tensors, prefix_lens, req_pool_indices = rest
         tree = CompiledTree(max_depth=max_depth, **dict(zip(_TREE_TENSORS, tree_tensors)))
         bs, n = tree.tokens.shape
-        accepted = greedy_accept(tree, torch.argmax(logits, dim=-1).view(bs, n), read_back=False)
+        if draw is None:
+            tokens = torch.argmax(logits, dim=-1)
+        else:
+            seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=logits.device)
+            tokens = draw.tokens(logits, *params, nodes=n, seed=seed)
+        accepted = greedy_accept(tree, tokens.view(bs, n), read_back=False)
         commit = step_io.commit_accepted(
             accepted,
             tree.cache_loc,

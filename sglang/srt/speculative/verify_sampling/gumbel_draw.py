@@ -7,8 +7,9 @@ call (ATen checks the probabilities before drawing) and passes over ``[rows, V]`
 several times. ``argmax_v (logits[v] / T + g_v)`` with ``g_v = -log(-log(u_v))``, ``u_v``
 uniform, is an exact sample from the same distribution; the kernel reads each row once
 (vocabulary chunks, a running max and argmax), draws its uniforms with Philox keyed by a
-seed taken from torch's CPU generator (no device RNG state, no sync) and never
-materialises probabilities. The logits are read, not modified.
+seed taken from torch's CPU generator (no device RNG state, no sync), or read from a device
+tensor where a CUDA graph holds the draw (drawn there by the device's generator, fresh on
+every replay), and never materialises probabilities. The logits are read, not modified.
 
 The temperatures are the requests' own (``nodes`` rows per request, row = request * nodes +
 node): the kernel reads request ``row // nodes``, so a step copies no parameter per node.
@@ -45,6 +46,7 @@ def gumbel_draw(
     *,
     nodes: int = 1,
     use_triton: Optional[bool] = None,
+    seed: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``[rows]`` int64 draws from ``softmax(logits / temperatures)``, restricted to the
     logits ``>= floors`` where given.
@@ -53,7 +55,9 @@ def gumbel_draw(
     restriction); ``temperatures`` ``[rows / nodes, 1]`` float32, all > 0, one per request of
     ``nodes`` consecutive rows (1: one per row). The seed comes from torch's default CPU
     generator, so ``torch.manual_seed`` makes the draws repeatable (whatever ``nodes``: the
-    uniforms are keyed by row and column).
+    uniforms are keyed by row and column). ``seed``, an int64 ``[1]`` tensor on the logits'
+    device, keys them instead, read when the kernel runs: a CUDA graph that draws it on the
+    device before the draw gets fresh uniforms on every replay.
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [rows, V], got {tuple(logits.shape)}")
@@ -64,11 +68,16 @@ def gumbel_draw(
         raise ValueError(f"temperatures must be [requests={rows // nodes}, 1], got {tuple(temperatures.shape)}")
     if floors is not None and floors.shape != (rows,):
         raise ValueError(f"floors must be [rows={rows}], got {tuple(floors.shape)}")
+    if seed is not None and (seed.shape != (1,) or seed.dtype != torch.int64 or seed.device != logits.device):
+        raise ValueError(f"seed must be int64 [1] on {logits.device}, got {seed.dtype} {tuple(seed.shape)} on {seed.device}")
     if use_triton is None:
         use_triton = logits.is_cuda or _interpreted()
     if use_triton:
-        return _draw_triton(logits, temperatures, floors, nodes)
-    return gumbel_draw_reference(logits, temperatures, floors, nodes=nodes)
+        return _draw_triton(logits, temperatures, floors, nodes, seed)
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=logits.device).manual_seed(int(seed))
+    return gumbel_draw_reference(logits, temperatures, floors, generator, nodes=nodes)
 
 
 def gumbel_draw_reference(
@@ -106,7 +115,11 @@ _BLOCK_V = 2048
 
 
 def _draw_triton(
-    logits: torch.Tensor, temperatures: torch.Tensor, floors: Optional[torch.Tensor] = None, nodes: int = 1
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    floors: Optional[torch.Tensor] = None,
+    nodes: int = 1,
+    seed_tensor: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     rows, v = logits.shape
     if logits.stride(1) != 1:
@@ -116,7 +129,7 @@ def _draw_triton(
         return out
     block = min(_BLOCK_V, triton.next_power_of_2(v))
     per_program = min(_BLOCK_V // block, triton.next_power_of_2(rows))
-    seed = int(torch.randint(0, 2**31 - 1, (1,)))
+    seed = 0 if seed_tensor is not None else int(torch.randint(0, 2**31 - 1, (1,)))
     _gumbel_draw_kernel[(triton.cdiv(rows, per_program),)](
         logits,
         logits.stride(0),
@@ -125,12 +138,14 @@ def _draw_triton(
         logits if floors is None else floors,  # not read without a floor
         out,
         seed,
+        out if seed_tensor is None else seed_tensor,  # not read without a seed tensor
         rows,
         v,
         nodes,
         ROWS=per_program,
         BLOCK=block,
         HAS_FLOOR=floors is not None,
+        SEED_FROM_PTR=seed_tensor is not None,
     )
     return out
 
@@ -144,13 +159,17 @@ def _gumbel_draw_kernel(
     floor_ptr,
     out_ptr,
     seed,
+    seed_ptr,  # SEED_FROM_PTR: int64 [1], read here instead of ``seed``
     rows,
     v,
     nodes,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_FLOOR: tl.constexpr,
+    SEED_FROM_PTR: tl.constexpr,
 ):
+    if SEED_FROM_PTR:
+        seed = tl.load(seed_ptr).to(tl.int32)
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = r < rows
     inv_t = 1.0 / tl.load(temp_ptr + (r // nodes) * stride_temp, mask=live, other=1.0)

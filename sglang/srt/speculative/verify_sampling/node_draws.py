@@ -152,17 +152,21 @@ def draw_node_tokens(
     positions: torch.Tensor,
     max_rows: int,
     fused: Optional[FusedDraw] = None,
+    seed: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``[rows]`` int64 draws. ``probs_from_logits`` ``[rows, V]`` float32 holds the adjusted
     logits, ``info.nodes`` rows per request. With ``fused`` (or in the plain case) unseeded rows
     are drawn by the fused kernel, which only reads them; otherwise they are overwritten with
     the sampling probabilities (as ``Sampler.forward`` does) and
     ``sample_from_probs(probs, info, positions, simple)``, the sampler's draw, picks the tokens
-    (with the parameters repeated per row)."""
+    (with the parameters repeated per row). ``seed`` (``gumbel_draw``'s) keys the fused draw's
+    uniforms; only the fused draw takes one."""
     if info.sampling_seed is None and (info.simple or fused is not None):
         if info.simple:
-            return gumbel_draw(probs_from_logits, info.temperatures, nodes=info.nodes)
-        return _fused_filtered_draw(probs_from_logits, info, fused)
+            return gumbel_draw(probs_from_logits, info.temperatures, nodes=info.nodes, seed=seed)
+        return _fused_filtered_draw(probs_from_logits, info, fused, seed)
+    if seed is not None:
+        raise ValueError("a seed tensor keys the fused draw only; this batch takes the sampler's path")
     info = info.per_row()
     rows = probs_from_logits.shape[0]
     out = torch.empty((rows,), dtype=torch.int64, device=probs_from_logits.device)
@@ -176,7 +180,9 @@ def draw_node_tokens(
     return out
 
 
-def _fused_filtered_draw(logits: torch.Tensor, info: NodeSamplingInfo, fused: FusedDraw) -> torch.Tensor:
+def _fused_filtered_draw(
+    logits: torch.Tensor, info: NodeSamplingInfo, fused: FusedDraw, seed: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     rows = logits.shape[0]
 
     def floors_of(start: int, end: int) -> torch.Tensor:
@@ -203,4 +209,4 @@ def _fused_filtered_draw(logits: torch.Tensor, info: NodeSamplingInfo, fused: Fu
         for start in range(0, rows, fused.max_rows):
             end = min(rows, start + fused.max_rows)
             floors[start:end] = floors_of(start, end)
-    return gumbel_draw(logits, info.temperatures, floors, nodes=info.nodes)
+    return gumbel_draw(logits, info.temperatures, floors, nodes=info.nodes, seed=seed)

@@ -12,6 +12,7 @@ step advances the penalty table (``penalty_table``) by what it commits.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
@@ -45,6 +46,27 @@ DRAWS = ("fused", "sampler")
 class VerifyTokens(NamedTuple):
     tokens: torch.Tensor  # [bs, N] int64: the target's token at every node
     penalties: Optional[PenaltyRows]  # the rows this step read, advanced by ``commit``
+
+
+@dataclass(frozen=True)
+class GraphDraw:
+    """A sampled batch's per-node draw as a CUDA graph holds it: which filters the batch uses
+    and the fused draw's cut (``None``: no filter, the plain Gumbel draw). Fixed while the
+    batch's requests are; their parameters are tensors, read per step."""
+
+    need_top_k: bool
+    need_top_p: bool
+    need_min_p: bool
+    fused: Optional[FusedDraw]
+
+    def tokens(self, logits, temperatures, top_ks, top_ps, min_ps, nodes: int, seed: torch.Tensor) -> torch.Tensor:
+        """``[rows]`` draws, exactly ``target_tokens``'s for the batch (``temperatures``
+        ``[requests, 1]``, the others ``[requests]`` or None; ``seed`` keys the uniforms)."""
+        info = NodeSamplingInfo(
+            temperatures, top_ks, top_ps, min_ps, None,
+            self.need_top_k, self.need_top_p, self.need_min_p, nodes=nodes,
+        )  # fmt: skip
+        return draw_node_tokens(logits, info, None, None, 0, self.fused, seed=seed)
 
 
 class VerifySampler:
@@ -126,6 +148,34 @@ class VerifySampler:
                 # draws decide, so every rank commits the same tokens and KV.
                 tp_group.broadcast(tokens, src=0)
         return VerifyTokens(tokens.view(bs, n), penalties)
+
+    def graph_draw(self, sampling_info: Any, reqs: Sequence[Any]) -> Optional[GraphDraw]:
+        """How a sampled batch's nodes are drawn inside a CUDA graph, or None where the step
+        draws eagerly: a penalty, a logit bias or a custom logit processor (the logits are
+        adjusted first), a seeded request (the sampler's seeded path), tensor parallelism
+        (rank 0's draws are broadcast), or a filter drawn by the sampler's kernels
+        (``SGLANG_DDTREE_VERIFY_DRAW=sampler``). A greedy batch is the argmax: None too."""
+        if sampling_info is None or sampling_info.is_all_greedy:
+            return None
+        if (
+            _penalised(sampling_info)
+            or sampling_info.logit_bias is not None
+            or sampling_info.has_custom_logit_processor
+            or sampling_info.sampling_seed is not None
+            or get_tp_group().world_size > 1
+        ):
+            return None
+        info = NodeSamplingInfo.for_nodes(sampling_info, 1)
+        if info.simple:
+            return GraphDraw(False, False, False, None)
+        if not self.fused:
+            return None
+        return GraphDraw(
+            info.need_top_k_sampling,
+            info.need_top_p_sampling,
+            info.need_min_p_sampling,
+            self._fused_draw(sampling_info, reqs),
+        )
 
     def _fused_draw(self, sampling_info: Any, reqs: Sequence[Any]) -> FusedDraw:
         params = [r.sampling_params for r in reqs]

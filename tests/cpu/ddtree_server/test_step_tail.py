@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The greedy tail of a DDTREE step (argmax, walk, commit, drafter context), which the worker
-replays as one CUDA graph: which batches take it, and that the segment the graph captures does
-what the step's eager phases do, on CPU tensors. Replay against eager on a GPU:
-``tests/gpu/ddtree_logic/test_step_graphs.py``; whole servers: the GPU tier's e2e tests."""
+"""The tail of a DDTREE step (the target's tokens, the walk, the commit, the drafter's
+context), which the worker replays as one CUDA graph: which batches take it, and that the
+segment the graph captures does what the step's eager phases do, greedy and sampled, on CPU
+tensors. Replay against eager on a GPU: ``tests/gpu/ddtree_logic/test_step_graphs.py``; whole
+servers: the GPU tier's e2e tests."""
 
 import dataclasses
 from types import SimpleNamespace
@@ -15,7 +16,8 @@ from sglang.srt.speculative.ddtree.accept import greedy_accept
 from sglang.srt.speculative.ddtree.tree_build import build_tree
 from sglang.srt.speculative.ddtree.tree_compile import CompiledTree, compile_tree, max_tree_depth
 from sglang.srt.speculative.ddtree.worker import DDTreeWorker
-from sglang.srt.speculative.verify_sampling.verify_sampler import plain_argmax
+from sglang.srt.speculative.verify_sampling.gumbel_draw import gumbel_draw
+from sglang.srt.speculative.verify_sampling.verify_sampler import GraphDraw, plain_argmax
 
 
 def _info(**over):
@@ -47,25 +49,41 @@ def test_plain_argmax(info, plain):
     assert plain_argmax(info) is plain
 
 
-def _worker(graphs=True, linear=False):
+_DRAW = GraphDraw(True, True, False, None)
+
+
+def _worker(graphs=True, linear=False, draw=_DRAW):
     w = object.__new__(DDTreeWorker)
-    w.__dict__.update(_tail_graphs=object() if graphs else None, _linear_state=linear)
+    asked = []
+
+    def graph_draw(info, reqs):
+        asked.append(info)
+        return draw
+
+    w.__dict__.update(_tail_graphs=object() if graphs else None, _linear_state=linear,
+                      verify_sampler=SimpleNamespace(graph_draw=graph_draw), asked=asked)  # fmt: skip
     return w
 
 
+def _batch(grammar=False, **info):
+    return SimpleNamespace(has_grammar=grammar, sampling_info=_info(**info), reqs=[])
+
+
 def test_which_steps_take_the_tail_graph():
-    batch = SimpleNamespace(has_grammar=False, sampling_info=_info())
-    assert _worker()._greedy_tail_applies(batch, verify_replayed=True)
-    assert not _worker(graphs=False)._greedy_tail_applies(batch, True)  # graphs off
-    assert not _worker()._greedy_tail_applies(batch, False)  # eager verify: its buffers move
-    assert not _worker(linear=True)._greedy_tail_applies(batch, True)  # recurrent states
-    assert not _worker()._greedy_tail_applies(SimpleNamespace(has_grammar=True, sampling_info=_info()), True)
-    sampled = SimpleNamespace(has_grammar=False, sampling_info=_info(is_all_greedy=False))
-    assert not _worker()._greedy_tail_applies(sampled, True)
+    assert _worker()._tail_draw(_batch(), verify_replayed=True) == (True, None)  # the argmax
+    assert _worker(graphs=False)._tail_draw(_batch(), True) == (False, None)  # graphs off
+    assert _worker()._tail_draw(_batch(), False) == (False, None)  # eager verify: its buffers move
+    assert _worker(linear=True)._tail_draw(_batch(), True) == (False, None)  # recurrent states
+    assert _worker()._tail_draw(_batch(grammar=True), True) == (False, None)
+    # A sampled batch: as the verify sampler can draw it in a graph, or eagerly.
+    w = _worker()
+    assert w._tail_draw(_batch(is_all_greedy=False), True) == (True, _DRAW) and len(w.asked) == 1
+    assert _worker(draw=None)._tail_draw(_batch(is_all_greedy=False), True) == (False, None)
 
 
+@pytest.mark.parametrize("draw", [None, GraphDraw(False, False, False, None)], ids=["argmax", "sampled"])
 @pytest.mark.parametrize("seed", range(3))
-def test_the_captured_segment_is_the_eager_phases(seed):
+def test_the_captured_segment_is_the_eager_phases(seed, draw):
     bs, depths, budget, vocab, hidden_size, row_len = 3, 6, 12, 30, 5, 64
     g = torch.Generator().manual_seed(seed)
     lp = torch.log_softmax(torch.randn(bs, depths, vocab, generator=g) * 3, -1)
@@ -90,11 +108,22 @@ def test_the_captured_segment_is_the_eager_phases(seed):
     w._dflash = SimpleNamespace(append_draft_context=lambda **kw: written.append(kw))
     fed = tuple(getattr(compiled, f.name) for f in dataclasses.fields(CompiledTree) if f.name != "max_depth")
     r2t = req_to_token.clone()
-    got = w._greedy_tail(compiled.max_depth, False, logits, hidden, None, r2t, *fed, prefix, rows)
+    temperatures = torch.full((bs, 1), 0.5)
+    params = () if draw is None else (temperatures, None, None, None)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        got = w._step_tail(compiled.max_depth, False, draw, logits, hidden, None, r2t, *fed, prefix, rows, *params)
+        torch.manual_seed(seed)
+        draw_seed = torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64)
 
-    # The eager phases: the sampler's argmax, the walk, the commit, the drafter's context.
+    # The eager phases: the sampler's argmax or the draw, the walk, the commit, the drafter's
+    # context.
     want_r2t = req_to_token.clone()
-    accepted = greedy_accept(compiled, logits.argmax(-1).view(bs, n), read_back=False)
+    if draw is None:
+        tokens = logits.argmax(-1)
+    else:
+        tokens = gumbel_draw(logits, temperatures, nodes=n, seed=draw_seed)
+    accepted = greedy_accept(compiled, tokens.view(bs, n), read_back=False)
     want = step_io.commit_accepted(accepted, compiled.cache_loc, prefix, want_r2t, rows)
     for name in ("new_cache_loc", "output_tokens", "commit_lens", "new_seq_lens", "ctx_rows", "ctx_positions",
                  "ctx_cache_loc"):  # fmt: skip
