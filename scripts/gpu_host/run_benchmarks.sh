@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # The benchmarks behind docs/benchmarks.md's open rows, one after another within a time budget, on
 # the GPU host (after scripts/gpu_host/install.sh; the learned pair, for `learned`,
-# `learned_dflash2`, `learned_phases`, `learned_hostprof` and the sampling checks, in /tmp/learned-pair:
+# `learned_dflash2`, `learned_phases`, `learned_step_graphs`, `learned_sampled`, `learned_hostprof` and the
+# sampling checks, in /tmp/learned-pair:
 # docs/learned-pair.md).
 #
 #   scripts/gpu_host/run_benchmarks.sh [--only P,P] [--seconds S] [--out DIR] [--list] [--dry-run]
@@ -31,6 +32,8 @@ PIECES=(
     "steps_sampled|180|420|python3 -m benchmarks.e2e_step --target qwen3-8b --backend flashinfer --configs nospec,dflash,ddtree16 --ctx 1024 --batch 1,8 --sampling 0.7/20/0.8 --profile-host --deadline-s {deadline} --tag qwen3_8b_sampled_{gpu}_{date} --out-dir {out}"
     "learned|300|560|bash scripts/learned_pair/serve_sweep.sh --seconds {deadline} --out {out}/learned -- --configs nospec,dflash,ddtree16 --batch 1,8 --temperature 0,1 --repeats 3 --min-waves 8 --step-ctx 512 --sampling-max-s 0 --tag learned_{gpu}_{date}"
     "learned_phases|150|300|python3 -m benchmarks.e2e_step --target learned --models /tmp/learned-pair --configs nospec,dflash,ddtree16 --ctx 512 --batch 1,8 --profile-host --profile-at 512x1 --deadline-s {deadline} --tag learned_phases_{gpu}_{date} --out-dir {out}"
+    "learned_step_graphs|360|560|python3 -m benchmarks.e2e_step --target learned --models /tmp/learned-pair --configs nospec,dflash,ddtree16,ddtree16-eager-segments --ctx 512 --batch 1,8 --start-estimate-s 90 --deadline-s {deadline} --tag learned_step_graphs_{gpu}_{date} --out-dir {out}"
+    "learned_sampled|300|560|bash scripts/learned_pair/serve_sweep.sh --seconds {deadline} --out {out}/learned_sampled -- --configs nospec,dflash,ddtree16 --batch 1,8 --sampling 0.7/20/0.8,1 --repeats 3 --sampling-max-s 0 --tag learned_sampled_{gpu}_{date}"
     "learned_hostprof|150|300|bash scripts/learned_pair/serve_sweep.sh --seconds {deadline} --out {out}/learned_hostprof -- --configs nospec,dflash,ddtree16 --batch 1 --temperature 0,1 --repeats 1 --sampling-max-s 0 --py-spy dflash,ddtree16 --tag learned_hostprof_{gpu}_{date} && python3 -m benchmarks.host_profile {out}/learned_hostprof/hostprof_learned_hostprof_{gpu}_{date}_dflash.json {out}/learned_hostprof/hostprof_learned_hostprof_{gpu}_{date}_ddtree16.json --tag learned_{gpu}_{date} --out-dir {out}"
     "steps_v2lite_routes|420|600|python3 -m benchmarks.e2e_step --target v2lite --configs dflash@auto+sm120,ddtree16@auto+sm120,dflash@auto,ddtree16@auto --ctx 1024,16384 --batch 1 --deadline-s {deadline} --tag v2lite_routes_{gpu}_{date} --out-dir {out}"
     "learned_dflash2|600|900|{ [ -d /tmp/learned-pair/drafter-dflash2 ] || python3 -m scripts.learned_pair add-drafter /tmp/learned-pair --kind dflash2 --deadline-s 300; } && bash scripts/learned_pair/serve_sweep.sh --seconds \$(( {deadline} - 330 )) --out {out}/learned_dflash2 -- --draft-model-path /tmp/learned-pair/drafter-dflash2 --configs nospec,dflash,ddtree16,ddtree16-transitions --batch 1,8 --temperature 0,1 --repeats 3 --sampling-max-s 0 --tag learned_dflash2_{gpu}_{date}"
