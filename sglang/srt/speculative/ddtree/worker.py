@@ -337,13 +337,7 @@ class DDTreeWorker(DFlashWorkerV2):
             )
 
         with phase("draft_context"):
-            self._dflash.append_draft_context(
-                target_hidden=hidden.index_select(0, commit.ctx_rows),
-                cache_loc=commit.ctx_cache_loc.reshape(-1),
-                cache_loc_2d=commit.ctx_cache_loc,
-                positions=commit.ctx_positions,
-                commit_lens=commit.commit_lens,
-            )
+            self._append_committed_context(hidden, commit)
         return self._step_result(logits_output, commit, res.next_bonus, new_seq_lens, n, can_run_cuda_graph)
 
     def _step_result(self, logits_output, commit, next_bonus, new_seq_lens, n, can_run_cuda_graph):
@@ -450,6 +444,11 @@ class DDTreeWorker(DFlashWorkerV2):
             stats_counts=stats_counts,
             tree_depth=tree.depth,
         )
+        self._append_committed_context(hidden, commit)
+        return commit
+
+    def _append_committed_context(self, hidden: torch.Tensor, commit) -> None:
+        """The kept nodes' verify hidden states into the drafter's context KV at their slots."""
         self._dflash.append_draft_context(
             target_hidden=hidden.index_select(0, commit.ctx_rows),
             cache_loc=commit.ctx_cache_loc.reshape(-1),
@@ -457,7 +456,6 @@ class DDTreeWorker(DFlashWorkerV2):
             positions=commit.ctx_positions,
             commit_lens=commit.commit_lens,
         )
-        return commit
 
     def _accept_and_commit(
         self, batch, compiled, verify, tree_budget, cache_loc_2d, prefix_lens, req_to_token, on_publish
