@@ -204,11 +204,14 @@ def ddtree_sources():
     # program, compile on first use).
     fn = gumbel_draw._gumbel_draw_kernel
     types = {n: "i32" for n in fn.arg_names if not n.endswith("_ptr")}
-    types.update(logits_ptr="*fp32", temp_ptr="*fp32", floor_ptr="*fp32", out_ptr="*i64")
+    types.update(logits_ptr="*fp32", temp_ptr="*fp32", floor_ptr="*fp32", out_ptr="*i64", seed_ptr="*i64")
+    # The seed as a number (an eager step) or read from a tensor (a DDTREE step tail's graph).
     for floor in (False, True):
-        consts = dict(ROWS=1, BLOCK=gumbel_draw._BLOCK_V, HAS_FLOOR=floor)
-        sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
-        yield (f"verify_gumbel_draw floor={floor}", ASTSource(fn, sig, constexprs=consts), {"num_warps": 4})
+        for seed_from_ptr in (False, True):
+            consts = dict(ROWS=1, BLOCK=gumbel_draw._BLOCK_V, HAS_FLOOR=floor, SEED_FROM_PTR=seed_from_ptr)
+            sig = {a: ("constexpr" if a in consts else types[a]) for a in fn.arg_names}
+            yield (f"verify_gumbel_draw floor={floor} seed_tensor={seed_from_ptr}", ASTSource(fn, sig, constexprs=consts),
+                   {"num_warps": 4})
     from sglang.srt.speculative.verify_sampling import sampling_filters
 
     # DFLASH/DDTREE verify: each row's logit floor from its candidates (top-k 32, the top-p
