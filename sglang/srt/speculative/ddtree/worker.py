@@ -250,14 +250,10 @@ class DDTreeWorker(DFlashWorkerV2):
         with phase("tree"):
             tree_args = (draft_input.bonus_tokens.view(bs), prefix_lens.view(bs), batch.req_pool_indices)
             if self.tree_from_transitions:
-                compiled = compile_tree(
+                compiled = self._compile(
                     build_selector_tree(candidate_ids, scores, tree_budget.budget),
-                    bonus=tree_args[0].to(torch.int64),
-                    committed_len=tree_args[1],
-                    max_depth=tree_budget.max_depth,
-                    req_to_token=req_to_token,
-                    req_pool_indices=tree_args[2],
-                )
+                    tree_budget.max_depth, req_to_token, *tree_args,
+                )  # fmt: skip
             elif head_read and self._tree_graphs is not None:
                 # The head's buffers hold the top-K at the same addresses every replay.
                 compiled = self._tree_graphs.run(
@@ -406,8 +402,15 @@ class DDTreeWorker(DFlashWorkerV2):
     ) -> CompiledTree:
         """The tree from each depth's top-K, compiled with its KV window: no host sync
         (``SegmentGraphs``)."""
+        return self._compile(
+            build_tree(logprobs, token_ids, budget), max_depth, req_to_token, bonus, prefix_lens, req_pool_indices
+        )
+
+    @staticmethod
+    def _compile(tree, max_depth, req_to_token, bonus, prefix_lens, req_pool_indices) -> CompiledTree:
+        """A drafted tree (from marginals or a selector) compiled with its KV window."""
         return compile_tree(
-            build_tree(logprobs, token_ids, budget),
+            tree,
             bonus=bonus.to(torch.int64),
             committed_len=prefix_lens,
             max_depth=max_depth,

@@ -158,9 +158,7 @@ class VerifySampler:
         if sampling_info is None or sampling_info.is_all_greedy:
             return None
         if (
-            _penalised(sampling_info)
-            or sampling_info.logit_bias is not None
-            or sampling_info.has_custom_logit_processor
+            _adjusts_logits(sampling_info)
             or sampling_info.sampling_seed is not None
             or get_tp_group().world_size > 1
         ):
@@ -206,11 +204,16 @@ class VerifySampler:
 def plain_argmax(sampling_info: Any) -> bool:
     """Whether every node's target token is the bare argmax of its verify logits: all requests
     greedy, with no penalty, logit bias or custom logit processor (a grammar is the batch's)."""
-    return sampling_info is None or (
-        bool(sampling_info.is_all_greedy)
-        and sampling_info.logit_bias is None
-        and not sampling_info.has_custom_logit_processor
-        and not _penalised(sampling_info)
+    return sampling_info is None or (bool(sampling_info.is_all_greedy) and not _adjusts_logits(sampling_info))
+
+
+def _adjusts_logits(sampling_info: Any) -> bool:
+    """Whether the batch's logits are adjusted before its tokens are picked: a penalty, a
+    logit bias or a custom logit processor."""
+    return (
+        _penalised(sampling_info)
+        or sampling_info.logit_bias is not None
+        or bool(sampling_info.has_custom_logit_processor)
     )
 
 
