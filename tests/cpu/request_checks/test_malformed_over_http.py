@@ -26,12 +26,18 @@ def test_every_case_refused_and_the_next_request_served(over_http, served, caplo
     cases = [c for c in CASES if not c.spec_only]
     ctx = Ctx(model="tiny", context_len=CONTEXT, vocab_size=VOCAB, prompt=(1, 17, 18, 300))
     before = len(served.sent)
+    messages = {}
     with caplog.at_level(logging.INFO):
-        problems, answers = malformed_problems(over_http, ctx, cases)
+        problems, answers = malformed_problems(over_http, ctx, cases, messages=messages)
     assert problems == []
     assert answers == {c.name: 400 for c in cases} and list(answers) == [c.name for c in cases]
     assert len(served.sent) - before == len(cases)  # only the normal requests reached the scheduler
     assert any("[http_server] Error" in r.getMessage() for r in caplog.records)  # the log is seen
+    # The soak sends these during its load and checks the load's log: each refusal's line is
+    # excused by the message its 400 carried, and nothing else is.
+    log = "\n".join(f"[2026-12-06 10:00:00] {r.getMessage()}" for r in caplog.records)
+    assert set(messages) == {c.name for c in cases} and all(messages.values())
+    assert error_lines(log) and error_lines(log, messages.values()) == []
     assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
     assert not [r for r in caplog.records if any(m in r.getMessage() for m in ("hit an exception", "Internal server"))]
 

@@ -42,7 +42,9 @@ def test_the_gpu_module_runs_on_stand_ins(tmp_path):
     assert fig["requests_served"] > 0 and fig["retracted_requests_in_log"] > 0 and fig["latency_ms_p99"] > 0
     assert data["context_edge"]["problems"] == []
     phases = data["phases_s"]
-    assert set(phases) == {"setup", "warmup", "load", "references", "idle", "context_edge"}, phases
+    assert set(phases) == {"setup", "warmup", "load", "references", "idle"}, phases
     assert all(v >= 0 for v in phases.values()) and phases["load"] >= 3.0
-    assert sum(v for k, v in phases.items() if k != "context_edge") <= data["soak_wall_s"] + 0.1
+    assert sum(phases.values()) <= data["soak_wall_s"] + 0.1
+    # the request filling the context ran during the load (the malformed ones are deselected)
+    assert set(data["during_load_s"]) == {"context_edge"} and data["during_load_s"]["context_edge"] > 0
     assert (tmp_path / "logs" / "soak.json").exists() and (tmp_path / "logs" / "server-soak-mla-ddtree.log").exists()

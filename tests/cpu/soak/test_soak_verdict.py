@@ -81,6 +81,19 @@ def test_error_lines():
     assert _verdict.error_lines(log) == [log.splitlines()[1], log.splitlines()[4]]
 
 
+def test_error_lines_excuse_only_the_refusals_provoked():
+    log = "\n".join([
+        "[2026-12-06 10:00:00] [http_server] Error: top_k must be -1 (disable) or a positive integer, got -5.",
+        "[2026-12-06 10:00:01] [http_server] Error: top_k must be -1 (disable) or a positive integer, got -7.",
+        "[2026-12-06 10:00:02] [http_server] Error: ",
+        "[2026-12-06 10:00:03] Scheduler hit an exception: top_k must be -1 (disable) or a positive integer, got -5.",
+    ])  # fmt: skip
+    lines = log.splitlines()
+    provoked = ["top_k must be -1 (disable) or a positive integer, got -5.\nmore detail", ""]
+    assert _verdict.error_lines(log, provoked) == lines[1:]
+    assert _verdict.error_lines(log) == lines
+
+
 @pytest.mark.parametrize("values,q,want", [([], 50, None), ([3.0], 99, 3.0), ([1, 2, 3, 4], 50, 2.5),
                                            (list(range(101)), 99, 99.0), ([5, 1, 3], 0, 1)])  # fmt: skip
 def test_percentile(values, q, want):

@@ -9,12 +9,12 @@ import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from tests.gpu.soak import _verdict
 from tests.gpu.soak._client import send
 from tests.gpu.soak._load_mix import SoakRequest
-from tests.gpu.soak._malformed import Ctx, Malformed, rejection_problem
+from tests.gpu.soak._malformed import Ctx, Malformed, error_message, rejection_problem
 from tests.gpu.soak._soak import ServerSoak, SoakSettings
 
 LEAK_MARKS = ("memory leak", "Mem Leak", "double free", "use-after-free")
@@ -35,7 +35,7 @@ def served_problems(r: ServerSoak) -> List[str]:
     if not any(o.completed for o in r.outcomes):
         problems.append(f"{r.name}: no request was served")
     problems += [f"{r.name} answered 5xx: {line}" for line in _verdict.server_error_answers(r.log)]
-    problems += [f"{r.name} logged: {line}" for line in _verdict.error_lines(r.log)]
+    problems += [f"{r.name} logged: {line}" for line in _verdict.error_lines(r.log, r.refused)]
     return problems
 
 
@@ -81,13 +81,15 @@ def post(server, path: str, payload: bytes, timeout: float = 300.0) -> Tuple[int
         return e.code, e.read()
 
 
-def malformed_problems(server, ctx: Ctx, cases: List[Malformed], workers: int = 4) -> Tuple[List[str], dict]:
+def malformed_problems(server, ctx: Ctx, cases: List[Malformed], workers: int = 4,
+                       messages: Optional[dict] = None) -> Tuple[List[str], dict]:  # fmt: skip
     """Every case on ``server``; after each, a normal request must be served. ``workers``
     cases at a time, so that the waits one after another would add up (round trips, each
     normal request's decode, the ~10 MB bodies' transfer and parsing) overlap; the ~10 MB
     ones first, so that none is left running alone at the end. Once the server is found
     dead nothing more is sent, and the cases then in flight are named: any of them may have
-    killed it. Returns the problems and the status each case got, in the order of ``cases``."""
+    killed it. Returns the problems and the status each case got, in the order of ``cases``;
+    ``messages``, if given, receives each answer's error message by case name."""
     normal = SoakRequest(client=-2, seq=0, api="generate", prompt=tuple(ctx.prompt), max_tokens=8, greedy=True,
                          stream=False)  # fmt: skip
     rank = {case.name: i for i, case in enumerate(cases)}
@@ -112,6 +114,8 @@ def malformed_problems(server, ctx: Ctx, cases: List[Malformed], workers: int = 
         except OSError as e:
             status, body = 0, f"{type(e).__name__}: {e}".encode()
         answers[case.name] = status
+        if messages is not None:
+            messages[case.name] = error_message(body)
         if (p := rejection_problem(case, status, body)) is not None:
             problems.append(f"{server.name}: {p}")
         if dead():

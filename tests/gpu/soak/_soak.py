@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from tests.gpu.soak import _verdict
 from tests.gpu.soak._client import LoadTarget, Outcome, References, run_load, send
@@ -100,6 +101,8 @@ class ServerSoak:
     metrics_before: Dict[str, float] = field(default_factory=dict)
     #: what went wrong with its first requests, before the load (it was then left out)
     warmup_problems: List[str] = field(default_factory=list)
+    #: messages of the 400s it answered to requests malformed on purpose during the load
+    refused: tuple = ()
 
     def figures(self, duration_s: float) -> dict:
         fig = _verdict.figures(self.outcomes, duration_s)
@@ -120,7 +123,7 @@ class ServerSoak:
             "greedy_mismatches": len(_verdict.greedy_mismatches(self.outcomes, self.references)),
             "server_errors_in_access_log": len(_verdict.server_error_answers(self.log)),
             "access_log_statuses": _verdict.access_statuses(self.log),
-            "error_lines_in_log": len(_verdict.error_lines(self.log)),
+            "error_lines_in_log": len(_verdict.error_lines(self.log, self.refused)),
         })  # fmt: skip
         return fig
 
@@ -184,18 +187,24 @@ def wait_idle(server, timeout_s: float) -> Dict[str, float]:
 
 #: The phases of ``run_soak``, in order; their wall seconds add up to the run's.
 PHASES = ("setup", "warmup", "load", "references", "idle")
+#: When ``run_soak``'s ``during_load`` starts, as a fraction of the load's duration: early
+#: enough that it ends before the load does, late enough that the pools are already full.
+DURING_LOAD_AT = 1 / 3
 
 
 def run_soak(spec: Dict[str, object], refs: Dict[str, object], mixes: Dict[str, LoadMix],
              settings: SoakSettings, log=print, log_starts: Optional[dict] = None,
-             phases_s: Optional[dict] = None) -> Dict[str, ServerSoak]:  # fmt: skip
+             phases_s: Optional[dict] = None,
+             during_load: Optional[Callable[[], None]] = None) -> Dict[str, ServerSoak]:  # fmt: skip
     """Load every server of ``spec`` (name -> handle; its target is ``SPEC_SERVERS[name][0]``)
     with ``settings.clients`` clients for ``settings.duration_s``, the greedy requests
     answered again by ``refs[target]``; then wait for idle and collect. ``log_starts``, if
     given, receives every server's log size (bytes) when the load starts, by handle name.
     ``phases_s``, if given, receives the wall seconds of each phase of ``PHASES`` as it ends
     (``load`` includes the drain), so that a run that fails midway still shows where its
-    time went."""
+    time went. ``during_load``, if given, runs in a thread from ``DURING_LOAD_AT`` of the
+    load on (more requests, under the load rather than after it); the load phase ends when
+    it has returned too. It must not raise: what it finds, it keeps."""
     phases = phases_s if phases_s is not None else {}
     lap = [time.monotonic()]
 
@@ -244,7 +253,14 @@ def run_soak(spec: Dict[str, object], refs: Dict[str, object], mixes: Dict[str, 
                           on_outcome(SPEC_SERVERS[name][0])) for name, h in loaded.items()]  # fmt: skip
     t0 = time.monotonic()
     log(f"[soak] {settings.clients} clients x {len(loaded)} servers for {settings.duration_s:.0f} s")
+    side = None
+    if during_load is not None:
+        side = threading.Timer(settings.duration_s * DURING_LOAD_AT, during_load)
+        side.daemon = True
+        side.start()
     outcomes = run_load(targets, settings.clients, settings.duration_s, settings.request_timeout_s, settings.drain_s)
+    if side is not None:
+        side.join()
     phase_done("load")
     outcomes.update({n: [] for n in spec if n not in loaded})
     log(f"[soak] load done after {time.monotonic() - t0:.0f} s: "

@@ -45,8 +45,17 @@ ACCESS_LINE = re.compile(r'"(?:GET|POST|PUT|DELETE) (\S+) HTTP/[0-9.]+" (\d{3})'
 RETRACT_LINE = re.compile(r"KV cache pool is full\. Retract requests\. #retracted_reqs: (\d+)")
 
 
-def error_lines(log: str) -> List[str]:
-    return [line for line in log.splitlines() if any(p in line for p in ERROR_PATTERNS)]
+#: The HTTP layer's line for a request it refuses with a 400: ``[http_server] Error: <message>``.
+HTTP_REFUSAL = "[http_server] Error: "
+
+
+def error_lines(log: str, refused: Iterable[str] = ()) -> List[str]:
+    """The lines of ``log`` that say something went wrong. ``refused``: the messages of the
+    400 answers the soak provoked on purpose (its malformed requests, sent during the load);
+    the HTTP layer's line for each of those is the refusal working, not an error."""
+    said = {first for m in refused if (first := m.strip().splitlines()[0].strip() if m.strip() else "")}
+    return [line for line in log.splitlines()
+            if any(p in line for p in ERROR_PATTERNS) and line.partition(HTTP_REFUSAL)[2].strip() not in said]  # fmt: skip
 
 
 def access_statuses(log: str) -> Dict[int, int]:

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Soak: DDTREE and DFLASH on the tiny MLA and GQA pairs under 64 clients each for 5 minutes,
-KV pools a quarter of the load, then malformed requests (GPU host only).
+KV pools a quarter of the load, malformed requests among them (GPU host only).
 
 The load (``_load_mix``): prompts of 1 token up to the context, shared prefixes, short to
 long outputs, greedy and sampled, streamed and not, the native and the OpenAI API, and one
@@ -14,13 +14,15 @@ request in ten a stream the client drops. Afterwards, per speculative server:
 * the pool was small enough: the scheduler retracted requests; the clients' disconnects
   and the shared prefixes happened (aborts, radix hits).
 
-Then every malformed request of ``_malformed.CASES`` gets its 400 with a message naming
-the problem from every speculative server, which serves a normal request right after, and
-a request that fills the context exactly is served and equals no speculation.
+From a third of the load on (``DURING_LOAD``), every malformed request of
+``_malformed.CASES`` gets its 400 with a message naming the problem from every speculative
+server, which serves a normal request right after, and a request that fills the context
+exactly is served and equals no speculation; the HTTP layer's log line for each refusal is
+not an error line. Both under load rather than after it: the piece stays within 8 minutes.
 
 Figures (requests served, retractions, aborts, p50/p99 latency, ...) and the wall seconds
-of each phase (``phases_s``: ``_soak.PHASES``, then ``malformed`` and ``context_edge``; the
-malformed requests' per server in ``malformed_wall_s``) go to
+of each phase (``phases_s``: ``_soak.PHASES``; of the requests sent during the load in
+``during_load_s``, the malformed requests' per server in ``malformed_wall_s``) go to
 ``DDTREE_SOAK_JSON`` (the tier runner: ``soak.json`` in its --out folder) and to ``soak.json`` in the
 server-log dir.
 
@@ -36,6 +38,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import List
 
 import pytest
 
@@ -64,23 +67,36 @@ def _write_results(gpu_log_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def soak(soak_servers, soak_settings, soak_mixes, gpu_log_dir):
+def soak(request, soak_servers, soak_settings, soak_mixes, gpu_log_dir):
     spec = {n: soak_servers[n] for n in soak_settings.servers}
     refs = {t: soak_servers[f"{t}-reference"] for t in soak_settings.targets}
     phases = RESULTS.setdefault("phases_s", {})
+    selected = {getattr(item, "originalname", item.name) for item in request.session.items}
+    tasks = {name: task for name, task in DURING_LOAD.items() if f"test_{name}" in selected}
+
+    def during_load():
+        with ThreadPoolExecutor(len(tasks) or 1) as ex:
+            for name, future in [(n, ex.submit(_timed, t, soak_servers, soak_mixes, soak_settings))
+                                 for n, t in tasks.items()]:  # fmt: skip
+                DURING[name] = future.result()
+
     t0 = time.monotonic()
     try:
         report = run_soak(spec, refs, soak_mixes, soak_settings, log=lambda m: print(m, flush=True),
-                          log_starts=LOG_STARTS, phases_s=phases)  # fmt: skip
+                          log_starts=LOG_STARTS, phases_s=phases,
+                          during_load=during_load if tasks else None)  # fmt: skip
     except BaseException:
         _write_results(gpu_log_dir)  # the phases that ended: where a failed run's time went
         raise
+    for name, r in report.items():
+        r.refused = tuple(DURING.get("malformed_requests_get_a_400", {}).get(name, {}).get("messages", {}).values())
     RESULTS.update(results(report, soak_settings, {
         "gpu": torch.cuda.get_device_name(0),
         "date": time.strftime("%Y-%m-%d"),
         "soak_wall_s": round(time.monotonic() - t0, 1),
         "server_ready_s": {s.name: round(s.ready_s or 0, 1) for s in soak_servers.values()},
     }, phases_s=phases))  # fmt: skip
+    _record_during_load()
     _write_results(gpu_log_dir)
     print(json.dumps(RESULTS["servers"], indent=1), flush=True)
     return report
@@ -119,7 +135,7 @@ def test_reference_servers_stayed_clean(soak, soak_servers, soak_settings):
     assert not problems, _checks.listed(problems)
 
 
-# ------------------------------------------------------------------------------ after the soak
+# ----------------------------------------------------------------- requests sent during the load
 
 
 def _ctx(server, soak_mixes, name):
@@ -128,7 +144,7 @@ def _ctx(server, soak_mixes, name):
                prompt=mix.prefixes[0])  # fmt: skip
 
 
-def test_malformed_requests_get_a_400(soak, soak_servers, soak_mixes, soak_settings, gpu_log_dir):
+def _malformed(soak_servers, soak_mixes, soak_settings) -> dict:
     """Every case on every speculative server, the servers in parallel and a few cases at a
     time on each (``_checks.malformed_problems``); after each, a normal request must be served."""
 
@@ -137,33 +153,28 @@ def test_malformed_requests_get_a_400(soak, soak_servers, soak_mixes, soak_setti
     heavy_on = {SPEC_SERVERS[n][0]: n for n in reversed(soak_settings.servers)}
 
     def one_server(name):
-        server, t0 = soak_servers[name], time.monotonic()
+        server, t0, messages = soak_servers[name], time.monotonic(), {}
         if not server.alive():
-            return [f"{name} is not running"], {}, 0.0
+            return {"problems": [f"{name} is not running"], "answers": {}, "messages": {}, "wall_s": 0.0}
         cases = [c for c in CASES if not c.heavy or heavy_on[SPEC_SERVERS[name][0]] == name]
-        problems, answers = _checks.malformed_problems(server, _ctx(server, soak_mixes, name), cases)
-        return problems, answers, round(time.monotonic() - t0, 2)
+        problems, answers = _checks.malformed_problems(server, _ctx(server, soak_mixes, name), cases,
+                                                       messages=messages)  # fmt: skip
+        return {"problems": problems, "answers": answers, "messages": messages,
+                "wall_s": round(time.monotonic() - t0, 2)}  # fmt: skip
 
-    t0 = time.monotonic()
     with ThreadPoolExecutor(len(soak_settings.servers)) as ex:
-        done = dict(zip(soak_settings.servers, ex.map(one_server, soak_settings.servers)))
-    RESULTS.setdefault("phases_s", {})["malformed"] = round(time.monotonic() - t0, 2)
-    RESULTS["malformed_wall_s"] = {name: wall for name, (_, _, wall) in done.items()}
-    RESULTS["malformed"] = {name: answers for name, (_, answers, _) in done.items()}
-    _write_results(gpu_log_dir)
-    problems = [p for ps, _, _ in done.values() for p in ps]
-    assert not problems, _checks.listed(problems, 40)
+        return dict(zip(soak_settings.servers, ex.map(one_server, soak_settings.servers)))
 
 
-def test_a_request_filling_the_context_is_served(soak, soak_servers, soak_mixes, soak_settings, gpu_log_dir):
+def _context_edge(soak_servers, soak_mixes, soak_settings) -> dict:
     """prompt + max_tokens == the context length, which upstream accepts (the scheduler
     then stops two tokens short of the context): the last steps draft and verify at the
-    context's edge; the answer equals no speculation's."""
+    context's edge, here with the pool short and requests being retracted around it."""
 
     def one_server(name):
         server, target = soak_servers[name], SPEC_SERVERS[name][0]
         if not server.alive():
-            return [f"{name} is not running"], (0, 0)
+            return {"problems": [f"{name} is not running"], "output_tokens": (0, 0)}
         mix = soak_mixes[target]
         prompt = mix.prefixes[-1]
         req = SoakRequest(client=-3, seq=0, api="generate", prompt=prompt, greedy=True, stream=False,
@@ -178,20 +189,62 @@ def test_a_request_filling_the_context_is_served(soak, soak_servers, soak_mixes,
                          min(len(got.output_ids), len(want.output_ids)))  # fmt: skip
             problems.append(f"{name}: differs from no speculation at output position {first} of "
                             f"{len(want.output_ids)}")  # fmt: skip
-        return problems, (len(got.output_ids or []), len(want.output_ids or []))
+        return {"problems": problems, "output_tokens": (len(got.output_ids or []), len(want.output_ids or []))}
 
-    t0 = time.monotonic()
     with ThreadPoolExecutor(len(soak_settings.servers)) as ex:
-        done = dict(zip(soak_settings.servers, ex.map(one_server, soak_settings.servers)))
-    RESULTS.setdefault("phases_s", {})["context_edge"] = round(time.monotonic() - t0, 2)
-    problems = [p for ps, _ in done.values() for p in ps]
-    RESULTS["context_edge"] = {"output_tokens": {n: lengths for n, (_, lengths) in done.items()},
-                               "problems": problems}  # fmt: skip
-    _write_results(gpu_log_dir)
+        return dict(zip(soak_settings.servers, ex.map(one_server, soak_settings.servers)))
+
+
+#: What runs during the load, each only when its test (``test_<name>``) is selected.
+DURING_LOAD = {"malformed_requests_get_a_400": _malformed, "a_request_filling_the_context_is_served": _context_edge}
+DURING: dict = {}  # name -> (server name -> what it found)
+DURING_WALL: dict = {}  # task function name -> its wall seconds
+
+
+def _timed(task, *args) -> dict:
+    """``task``'s result, its wall seconds under ``"wall_s"`` and its own failure as a problem
+    of every server: ``run_soak`` runs it in a thread, whose exceptions nobody would see."""
+    t0 = time.monotonic()
+    try:
+        found = task(*args)
+    except Exception as e:  # noqa: BLE001 - reported by the task's test
+        found = {"error": {"problems": [f"{type(e).__name__}: {e}"]}}
+    DURING_WALL[task.__name__] = round(time.monotonic() - t0, 2)
+    return found
+
+
+def _record_during_load() -> None:
+    malformed = DURING.get("malformed_requests_get_a_400", {})
+    edge = DURING.get("a_request_filling_the_context_is_served", {})
+    RESULTS["during_load_s"] = {name.lstrip("_"): wall for name, wall in DURING_WALL.items()}
+    if malformed:
+        RESULTS["malformed_wall_s"] = {n: r.get("wall_s") for n, r in malformed.items()}
+        RESULTS["malformed"] = {n: r.get("answers", {}) for n, r in malformed.items()}
+    if edge:
+        RESULTS["context_edge"] = {"output_tokens": {n: r.get("output_tokens") for n, r in edge.items()},
+                                   "problems": [p for r in edge.values() for p in r["problems"]]}  # fmt: skip
+
+
+def _found(name: str) -> List[str]:
+    if name not in DURING:
+        return [f"{name} did not run during the load (the soak fixture failed first)"]
+    return [p for r in DURING[name].values() for p in r["problems"]]
+
+
+def test_malformed_requests_get_a_400(soak):
+    """Sent during the load: each gets its 400 with a message naming the problem from every
+    speculative server, which serves a normal request right after."""
+    problems = _found("malformed_requests_get_a_400")
+    assert not problems, _checks.listed(problems, 40)
+
+
+def test_a_request_filling_the_context_is_served(soak):
+    """Sent during the load: the whole context is served, equal to no speculation."""
+    problems = _found("a_request_filling_the_context_is_served")
     assert not problems, _checks.listed(problems)
 
 
-def test_servers_clean_after_the_malformed_requests(soak, soak_servers, soak_settings):
+def test_servers_clean_and_serving_at_the_end(soak, soak_servers, soak_settings):
     time.sleep(3.0)  # the strict idle check runs once the scheduler is idle
     problems = []
     for name in soak_settings.servers:
