@@ -47,4 +47,5 @@ def test_the_gpu_module_runs_on_stand_ins(tmp_path):
     assert sum(phases.values()) <= data["soak_wall_s"] + 0.1
     # the request filling the context ran during the load (the malformed ones are deselected)
     assert set(data["during_load_s"]) == {"context_edge"} and data["during_load_s"]["context_edge"] > 0
+    assert data["servers_stop_s"] >= 0  # the servers' stop, added after they stopped
     assert (tmp_path / "logs" / "soak.json").exists() and (tmp_path / "logs" / "server-soak-mla-ddtree.log").exists()
