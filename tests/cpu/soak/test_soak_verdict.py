@@ -6,6 +6,7 @@ scheduler's retraction line as its source writes it, the metric names its collec
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,39 @@ def test_error_lines():
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
     ])  # fmt: skip
     assert _verdict.error_lines(log) == [log.splitlines()[1], log.splitlines()[4]]
+
+
+def test_start_timeline_reads_upstreams_start_lines():
+    """The marks are upstream's words; the timeline is seconds after the spawn, up to the
+    server being fired up, in the log's own format (``utils/common.py``'s ``[%(asctime)s...]``)."""
+    sources = "".join(_upstream_source(f) for f in (
+        "srt/distributed/bootstrap.py", "srt/model_executor/model_runner.py",
+        "srt/mem_cache/kv_cache_configurator.py", "srt/model_executor/model_runner_components/cuda_graph_setup.py",
+        "srt/entrypoints/http_server.py"))  # fmt: skip
+    for mark in _verdict.START_MARKS:
+        if mark.startswith("CUDA graph"):
+            assert f"{{capture_name}} {mark}" in sources, mark
+        else:
+            assert mark in sources, mark
+    assert '[%(asctime)s{maybe_ms}{prefix}] %(message)s' in _upstream_source("srt/utils/common.py")
+    t0 = time.mktime(time.strptime("2026-12-06 20:03:00", "%Y-%m-%d %H:%M:%S"))
+    log = "\n".join([
+        "some import warning",
+        "[2026-12-06 20:03:14] server_args=ServerArgs(model_path='x')",
+        "[2026-12-06 20:03:20 TP0] Init torch distributed begin.",
+        "[2026-12-06 20:03:25 TP0] Load weight begin. avail mem=78.00 GB",
+        "[2026-12-06 20:03:26 TP0] Load weight end. elapsed=0.52 s, type=Qwen3ForCausalLM",
+        "[2026-12-06 20:03:27.123 TP0] Memory pool end. avail mem=60.00 GB",
+        "[2026-12-06 20:03:27 TP0] Capture target decode CUDA graph begin. This can take up to several minutes.",
+        "[2026-12-06 20:04:10 TP0] Capture target decode CUDA graph end. elapsed=43.00 s, mem usage=0.10 GB.",
+        "[2026-12-06 20:04:30] The server is fired up and ready to roll!",
+        "[2026-12-06 20:05:00 TP0] Capture target decode CUDA graph begin. (a later line)",
+    ])  # fmt: skip
+    assert _verdict.start_timeline(log, t0) == [
+        [14.0, "first log line"], [20.0, "Init torch distributed begin."], [25.0, "Load weight begin"],
+        [26.0, "Load weight end"], [27.0, "Memory pool end"], [27.0, "Capture target decode CUDA graph begin"],
+        [70.0, "Capture target decode CUDA graph end"], [90.0, "The server is fired up and ready to roll!"]]  # fmt: skip
+    assert _verdict.start_timeline("no timestamps here", t0) == []
 
 
 def test_error_lines_excuse_only_the_refusals_provoked():

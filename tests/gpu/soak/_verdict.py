@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from typing import Dict, Iterable, List, Optional
 
 from tests.gpu.soak._client import Outcome
@@ -56,6 +57,40 @@ def error_lines(log: str, refused: Iterable[str] = ()) -> List[str]:
     said = {first for m in refused if (first := m.strip().splitlines()[0].strip() if m.strip() else "")}
     return [line for line in log.splitlines()
             if any(p in line for p in ERROR_PATTERNS) and line.partition(HTTP_REFUSAL)[2].strip() not in said]  # fmt: skip
+
+
+#: upstream's log line: ``[2026-12-06 20:03:01 TP0] message`` (milliseconds and a rank optional).
+LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d+)?(?: [^\]]*)?\] (.*)$")
+#: The lines of a server's start that tell where its time goes, as upstream words them.
+START_MARKS = (
+    "Init torch distributed begin",
+    "Load weight begin",
+    "Load weight end",
+    "Memory pool end",
+    "CUDA graph begin",
+    "CUDA graph end",
+    "The server is fired up",
+)
+
+
+def start_timeline(log: str, spawned_at: float) -> List[list]:
+    """``[seconds after the spawn, what]`` for the server log's first line and each line of
+    ``START_MARKS`` up to the server being fired up, so that a slow start shows its slow part
+    (imports before the first line, weights, graph captures, the warm-up after them)."""
+    out: List[list] = []
+    for line in log.splitlines():
+        m = LOG_LINE.match(line)
+        if not m:
+            continue
+        when = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) - spawned_at
+        text = m.group(2)
+        mark = next((k for k in START_MARKS if k in text), None)
+        if not out or mark:
+            what = text.split(". ")[0] if mark else "first log line"
+            out.append([round(when, 1), what[:80]])
+        if mark == "The server is fired up":
+            break
+    return out
 
 
 def access_statuses(log: str) -> Dict[int, int]:

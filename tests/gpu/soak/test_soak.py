@@ -21,7 +21,8 @@ exactly is served and equals no speculation; the HTTP layer's log line for each 
 not an error line. Both under load rather than after it: the piece stays within 8 minutes.
 
 Figures (requests served, retractions, aborts, p50/p99 latency, ...) and the wall seconds
-of each phase (``phases_s``: ``_soak.PHASES``; of the requests sent during the load in
+of each phase (``phases_s``: ``_soak.PHASES``; where each server's start went in
+``server_start``; of the requests sent during the load in
 ``during_load_s``, the malformed requests' per server in ``malformed_wall_s``) go to
 ``DDTREE_SOAK_JSON`` (the tier runner: ``soak.json`` in its --out folder) and to ``soak.json`` in the
 server-log dir.
@@ -51,7 +52,8 @@ from tests.gpu.soak import _checks  # noqa: E402
 from tests.gpu.soak._client import send  # noqa: E402
 from tests.gpu.soak._load_mix import SoakRequest  # noqa: E402
 from tests.gpu.soak._malformed import CASES, Ctx  # noqa: E402
-from tests.gpu.soak._soak import SPEC_SERVERS, results, run_soak, served_model  # noqa: E402
+from tests.gpu.soak._soak import SPEC_SERVERS, log_bytes, results, run_soak, served_model  # noqa: E402
+from tests.gpu.soak._verdict import start_timeline  # noqa: E402
 
 SPEC = list(SPEC_SERVERS)
 RESULTS: dict = {}
@@ -95,6 +97,7 @@ def soak(request, soak_servers, soak_settings, soak_mixes, gpu_log_dir):
         "date": time.strftime("%Y-%m-%d"),
         "soak_wall_s": round(time.monotonic() - t0, 1),
         "server_ready_s": {s.name: round(s.ready_s or 0, 1) for s in soak_servers.values()},
+        "server_start": {s.name: start_timeline(log_bytes(s), s.started) for s in soak_servers.values()},
     }, phases_s=phases))  # fmt: skip
     _record_during_load()
     _write_results(gpu_log_dir)
