@@ -105,7 +105,7 @@ def soak_servers(request, tiny_models, gpu_log_dir, soak_settings, soak_mixes):
         yield started
     finally:
         # In parallel: each waits up to 30 s for its processes to exit after SIGTERM, and six
-        # of those one after another cost the piece most of a minute.
+        # such waits one after another add up; how long the stop took goes to soak.json.
         t0 = time.monotonic()
         with ThreadPoolExecutor(max(1, len(started))) as ex:
             list(ex.map(lambda server: server.stop(), started.values()))

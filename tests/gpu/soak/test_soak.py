@@ -205,8 +205,8 @@ DURING_WALL: dict = {}  # task function name -> its wall seconds
 
 
 def _timed(task, *args) -> dict:
-    """``task``'s result, its wall seconds under ``"wall_s"`` and its own failure as a problem
-    of every server: ``run_soak`` runs it in a thread, whose exceptions nobody would see."""
+    """``task``'s result (its wall seconds go to ``DURING_WALL``), or its own failure as a
+    problem its test reports: ``run_soak`` runs it in a thread, whose exceptions nobody would see."""
     t0 = time.monotonic()
     try:
         found = task(*args)
