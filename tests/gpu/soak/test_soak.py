@@ -74,12 +74,12 @@ def soak(request, soak_servers, soak_settings, soak_mixes, gpu_log_dir):
     refs = {t: soak_servers[f"{t}-reference"] for t in soak_settings.targets}
     phases = RESULTS.setdefault("phases_s", {})
     selected = {getattr(item, "originalname", item.name) for item in request.session.items}
-    tasks = {name: task for name, task in DURING_LOAD.items() if f"test_{name}" in selected}
+    tasks = {name: task for name, (test, task) in DURING_LOAD.items() if test in selected}
 
     def during_load():
         with ThreadPoolExecutor(len(tasks) or 1) as ex:
-            for name, future in [(n, ex.submit(_timed, t, soak_servers, soak_mixes, soak_settings))
-                                 for n, t in tasks.items()]:  # fmt: skip
+            futures = {n: ex.submit(_timed, n, t, soak_servers, soak_mixes, soak_settings) for n, t in tasks.items()}
+            for name, future in futures.items():
                 DURING[name] = future.result()
 
     t0 = time.monotonic()
@@ -91,7 +91,7 @@ def soak(request, soak_servers, soak_settings, soak_mixes, gpu_log_dir):
         _write_results(gpu_log_dir)  # the phases that ended: where a failed run's time went
         raise
     for name, r in report.items():
-        r.refused = tuple(DURING.get("malformed_requests_get_a_400", {}).get(name, {}).get("messages", {}).values())
+        r.refused = tuple(DURING.get("malformed", {}).get(name, {}).get("messages", {}).values())
     RESULTS.update(results(report, soak_settings, {
         "gpu": torch.cuda.get_device_name(0),
         "date": time.strftime("%Y-%m-%d"),
@@ -198,13 +198,16 @@ def _context_edge(soak_servers, soak_mixes, soak_settings) -> dict:
         return dict(zip(soak_settings.servers, ex.map(one_server, soak_settings.servers)))
 
 
-#: What runs during the load, each only when its test (``test_<name>``) is selected.
-DURING_LOAD = {"malformed_requests_get_a_400": _malformed, "a_request_filling_the_context_is_served": _context_edge}
+#: What runs during the load: name -> (the test that reports it, run only when it is selected; the task).
+DURING_LOAD = {
+    "malformed": ("test_malformed_requests_get_a_400", _malformed),
+    "context_edge": ("test_a_request_filling_the_context_is_served", _context_edge),
+}
 DURING: dict = {}  # name -> (server name -> what it found)
-DURING_WALL: dict = {}  # task function name -> its wall seconds
+DURING_WALL: dict = {}  # name -> its wall seconds
 
 
-def _timed(task, *args) -> dict:
+def _timed(name: str, task, *args) -> dict:
     """``task``'s result (its wall seconds go to ``DURING_WALL``), or its own failure as a
     problem its test reports: ``run_soak`` runs it in a thread, whose exceptions nobody would see."""
     t0 = time.monotonic()
@@ -212,14 +215,13 @@ def _timed(task, *args) -> dict:
         found = task(*args)
     except Exception as e:  # noqa: BLE001 - reported by the task's test
         found = {"error": {"problems": [f"{type(e).__name__}: {e}"]}}
-    DURING_WALL[task.__name__] = round(time.monotonic() - t0, 2)
+    DURING_WALL[name] = round(time.monotonic() - t0, 2)
     return found
 
 
 def _record_during_load() -> None:
-    malformed = DURING.get("malformed_requests_get_a_400", {})
-    edge = DURING.get("a_request_filling_the_context_is_served", {})
-    RESULTS["during_load_s"] = {name.lstrip("_"): wall for name, wall in DURING_WALL.items()}
+    malformed, edge = DURING.get("malformed", {}), DURING.get("context_edge", {})
+    RESULTS["during_load_s"] = dict(DURING_WALL)
     if malformed:
         RESULTS["malformed_wall_s"] = {n: r.get("wall_s") for n, r in malformed.items()}
         RESULTS["malformed"] = {n: r.get("answers", {}) for n, r in malformed.items()}
@@ -237,13 +239,13 @@ def _found(name: str) -> List[str]:
 def test_malformed_requests_get_a_400(soak):
     """Sent during the load: each gets its 400 with a message naming the problem from every
     speculative server, which serves a normal request right after."""
-    problems = _found("malformed_requests_get_a_400")
+    problems = _found("malformed")
     assert not problems, _checks.listed(problems, 40)
 
 
 def test_a_request_filling_the_context_is_served(soak):
     """Sent during the load: the whole context is served, equal to no speculation."""
-    problems = _found("a_request_filling_the_context_is_served")
+    problems = _found("context_edge")
     assert not problems, _checks.listed(problems)
 
 
