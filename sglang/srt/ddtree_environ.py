@@ -49,6 +49,10 @@ with _declaring_fields():
         # A measured strategy table to use instead of the one shipped with the
         # policy (tree_verify/strategy_table.json's format).
         SGLANG_DDTREE_STRATEGY_TABLE = EnvStr("")
+        # Refill the attention backend's own TARGET_VERIFY buffers before every graph replay
+        # even where the tree-verify path serves every captured layer and never reads them
+        # (TreeVerifyHook.fill_replay_indptr); for A/B runs.
+        SGLANG_DDTREE_VERIFY_REFILL_UPSTREAM = EnvBool(False)
 
         # DFLASH/DDTREE verify sampling: GPU workspace of one chunk of per-node draws,
         # reserved when the KV pool is sized (speculative/verify_sampling/workspace.py).

@@ -165,6 +165,8 @@ class TreeVerifyMetadata:
     # The exact prefix lengths on their way to the host, when the worker staged
     # them ahead of this verify (``TreeVerifyHook.stage_prefix_lens``).
     staged_prefix_lens: Optional["StagedPrefixLens"] = None
+    # Built in the persistent buffers a CUDA graph reads (capture and replay).
+    graph: bool = False
 
 
 @dataclass
@@ -316,6 +318,11 @@ class TreeVerifyHook:
         # Eager-mode chain / all-ones masks, built once per (kind, bs, N).
         self._masks: Dict[Tuple[Any, int, int], torch.Tensor] = {}
         self._graph: Optional[Dict[str, torch.Tensor]] = None
+        # Whether a TARGET_VERIFY layer was left to upstream's path (then upstream's verify
+        # buffers are read), and whether a graph's layers took this one
+        # (``fill_replay_indptr``).
+        self._left_to_upstream = False
+        self._served_in_graph = False
 
     @property
     def consumes_tree_mask_bits(self) -> bool:
@@ -416,6 +423,25 @@ class TreeVerifyHook:
             self._masks[key] = build(bs, n, self.device)
         return self._masks[key]
 
+    def fill_replay_indptr(self, forward_batch: Any, kv_indptr: torch.Tensor) -> bool:
+        """Before a TARGET_VERIFY graph's replay: when every layer of the captured graphs took
+        this path, fill the prefix row pointers the capture handed it (the backend's
+        ``kv_indptr``, ``cumsum(seq_lens)``) and return True: the backend's own verify buffers
+        (query and mask row pointers, prefix indices, dense mask) go unread, and refilling them
+        is most of a small model's replay preparation. False, doing nothing, where a layer was
+        ever left to upstream's path (it reads them), or the hook serves no verify."""
+        if (
+            self.kind is None
+            or self._left_to_upstream
+            or not self._served_in_graph
+            or not forward_batch.forward_mode.is_target_verify()
+            or ddtree_envs.SGLANG_DDTREE_VERIFY_REFILL_UPSTREAM.get()
+        ):
+            return False
+        bs = int(forward_batch.req_pool_indices.shape[0])
+        kv_indptr[1 : bs + 1] = torch.cumsum(forward_batch.seq_lens[:bs], 0)
+        return True
+
     def prepare(
         self,
         forward_batch: Any,
@@ -454,7 +480,8 @@ class TreeVerifyHook:
             tree = buf["tree"][: bs * n]
             rows = out_cache_loc.shape[0]
             tree[:rows].copy_(out_cache_loc)
-            tree[rows:].zero_()
+            if rows < tree.shape[0]:
+                tree[rows:].zero_()
             if kind == TREE:
                 mask = buf["mask"][:bs]
                 if mask.shape[1] != n:
@@ -501,6 +528,7 @@ class TreeVerifyHook:
             causal_mask=causal,
             swa=swa,
             staged_prefix_lens=staged if kind in (TREE, CHAIN) else None,
+            graph=graph,
         )
         if self.routes is not None:
             self.routes.prepare(self.metadata, graph)
@@ -609,6 +637,7 @@ class TreeVerifyHook:
         window = layer_window(layer)
         reason = self._layer_unsupported(layer, q, k_buffer, unsupported)
         if reason is not None:
+            self._left_to_upstream = True
             where = f"layer {getattr(layer, 'layer_id', '?')}: {reason}"
             if meta.kind == TREE and window is not None:
                 raise TreeVerifyUnavailable(window_refusal(self.backend_name, where))
@@ -629,6 +658,8 @@ class TreeVerifyHook:
             prefix_indptr, prefix_indices, tree_indices = (
                 swa.prefix_kv_indptr, swa.prefix_kv_indices, swa.tree_kv_indices,
             )  # fmt: skip
+        if meta.graph:
+            self._served_in_graph = True
         logit_cap = float(logit_cap or 0.0)
         strategy, options = None, None  # the dispatcher's default: fused on a GPU
         if self.routes is not None and meta.kind in (TREE, CHAIN):
