@@ -78,26 +78,47 @@ REPO = Path(__file__).resolve().parents[1]
 from benchmarks import e2e_profile
 
 #: Named configurations; ``ddtree<B>`` (any budget the server takes, e.g. ddtree63) is
-#: parsed by config_args, and ``ddtree<B>-eager-segments`` is that server with the step's
-#: tree build and tail run eagerly instead of as CUDA graphs (their A/B).
+#: parsed by config_args. A configuration name may end in one of ``VARIANTS``.
 CONFIGS = {
     "nospec": [],
     "dflash": ["--speculative-algorithm", "DFLASH"],
 }
+#: A/B variants of one server, by the suffix that names them, with the environment each sets
+#: and the configurations it applies to: the DDTREE step's tree build and tail run eagerly
+#: instead of as CUDA graphs; the attention backend's own verify buffers refilled before every
+#: graph replay, which the tree-verify path does not read (TreeVerifyHook.fill_replay_indptr).
 EAGER_SEGMENTS = "-eager-segments"
-DDTREE_CONFIG = re.compile(r"ddtree([1-9][0-9]*)(" + EAGER_SEGMENTS + ")?")
+REFILL_VERIFY_BUFFERS = "-refill-verify-buffers"
+VARIANTS = {
+    EAGER_SEGMENTS: ({"SGLANG_DDTREE_STEP_GRAPHS": "0"}, ("ddtree",)),
+    REFILL_VERIFY_BUFFERS: ({"SGLANG_DDTREE_VERIFY_REFILL_UPSTREAM": "1"}, ("dflash", "ddtree")),
+}
+DDTREE_CONFIG = re.compile(r"ddtree([1-9][0-9]*)(" + "|".join(map(re.escape, VARIANTS)) + ")?")
 DDTREE_BUDGETS = range(1, 257)  # --speculative-ddtree-budget's range (speculative/ddtree/budget.py)
+
+
+def split_variant(config: str) -> tuple:
+    """``(configuration, variant suffix or "")``."""
+    for suffix in VARIANTS:
+        if config.endswith(suffix):
+            return config[: -len(suffix)], suffix
+    return config, ""
 
 
 def config_args(config: str) -> list[str]:
     """Server flags of a configuration name; ValueError for names the server would refuse."""
-    if config in CONFIGS:
-        return list(CONFIGS[config])
+    base, variant = split_variant(config)
+    family = "ddtree" if ddtree_budget(base) is not None else base
+    if variant and family not in VARIANTS[variant][1]:
+        raise ValueError(f"{config!r}: {variant} applies to {', '.join(VARIANTS[variant][1])} only")
+    if base in CONFIGS:
+        return list(CONFIGS[base])
     b = ddtree_budget(config)
     if b in DDTREE_BUDGETS:
         return ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", str(b)]
     raise ValueError(f"unknown configuration {config!r}; choose from {list(CONFIGS)} or ddtree<B> with "
-                     f"B in {DDTREE_BUDGETS.start}..{DDTREE_BUDGETS.stop - 1} (e.g. ddtree16, ddtree64)")
+                     f"B in {DDTREE_BUDGETS.start}..{DDTREE_BUDGETS.stop - 1} (e.g. ddtree16, ddtree64), "
+                     f"optionally ending in one of {list(VARIANTS)}")
 
 
 def ddtree_budget(config: str) -> Optional[int]:
@@ -107,15 +128,18 @@ def ddtree_budget(config: str) -> Optional[int]:
 
 def config_env(config: str) -> dict:
     """Server environment a configuration name sets."""
-    return {"SGLANG_DDTREE_STEP_GRAPHS": "0"} if config.endswith(EAGER_SEGMENTS) else {}
+    variant = split_variant(config)[1]
+    return dict(VARIANTS[variant][0]) if variant else {}
 
 
 def config_order(config: str) -> tuple:
-    """Table order: nospec, dflash, then DDTREE by budget (step graphs first)."""
-    b = ddtree_budget(config)
+    """Table order: nospec, dflash, then DDTREE by budget; each plain before its variants."""
+    base, variant = split_variant(config)
+    rank = list(VARIANTS).index(variant) + 1 if variant else 0
+    b = ddtree_budget(base)
     if b is not None:
-        return (len(CONFIGS), b, config.endswith(EAGER_SEGMENTS))
-    return (list(CONFIGS).index(config), 0, False)
+        return (len(CONFIGS), b, rank)
+    return (list(CONFIGS).index(base), 0, rank)
 
 
 BACKENDS = ("triton", "flashinfer")
@@ -615,6 +639,11 @@ def ratios(rows: list[dict], reference: list[dict], goals: Optional[dict] = None
             for verify in ("auto", "fused"):
                 add(f"DDTREE B={b} eager segments / DDTREE B={b}, {verify} (step graphs' speedup)",
                     get(f"ddtree{b}{EAGER_SEGMENTS}", verify), get(f"ddtree{b}", verify))
+                add(f"DDTREE B={b} refilling the verify buffers / DDTREE B={b}, {verify} (the skipped "
+                    f"refill's speedup)", get(f"ddtree{b}{REFILL_VERIFY_BUFFERS}", verify), get(f"ddtree{b}", verify))
+        for verify in ("auto", "fused"):
+            add(f"DFLASH refilling the verify buffers / DFLASH, {verify} (the skipped refill's speedup)",
+                get(f"dflash{REFILL_VERIFY_BUFFERS}", verify), get("dflash", verify))
         add("DFLASH fused / no speculation", fused, get("nospec", "-"))
         ref_note = "reference run, not this run (benchmarks/reference/e2e_baseline_h200.jsonl)"
         add("DFLASH fused / reference DFLASH flashinfer (causal, sm_90)", fused,

@@ -88,6 +88,33 @@ def test_eager_segments_is_the_same_server_without_step_graphs(upstream_parser):
     assert speedup["value"] == pytest.approx(1.5)
 
 
+def test_refill_variant_sets_the_servers_variable(upstream_parser):
+    for config, flags in (("dflash-refill-verify-buffers", ("DFLASH", None)),
+                          ("ddtree16-refill-verify-buffers", ("DDTREE", 16))):  # fmt: skip
+        spec = es.parse_spec(config)
+        assert es.server_env(spec, Path("/tmp/tc"))["SGLANG_DDTREE_VERIFY_REFILL_UPSTREAM"] == "1"
+        ns = upstream_parser.parse_args(["--model-path", "/m", *es.server_args(spec, "/d", 4096, [1])])
+        assert (ns.speculative_algorithm, ns.speculative_ddtree_budget) == flags
+    assert "SGLANG_DDTREE_VERIFY_REFILL_UPSTREAM" not in es.server_env(es.parse_spec("dflash"), Path("/tmp/tc"))
+    from sglang.srt.ddtree_environ import ddtree_envs
+
+    assert ddtree_envs.SGLANG_DDTREE_VERIFY_REFILL_UPSTREAM.get() is False
+    for bad in ("nospec-refill-verify-buffers", "dflash-eager-segments-refill-verify-buffers"):
+        with pytest.raises(ValueError):
+            es.parse_spec(bad)
+    names = ["ddtree16-refill-verify-buffers", "dflash-refill-verify-buffers", "ddtree16", "dflash",
+             "ddtree16-eager-segments", "nospec"]  # fmt: skip
+    assert sorted(names, key=es.config_order) == [
+        "nospec", "dflash", "dflash-refill-verify-buffers", "ddtree16", "ddtree16-eager-segments",
+        "ddtree16-refill-verify-buffers"]  # fmt: skip
+    rows = [{"config": c, "verify": "fused", "backend": "triton", "policy": "native", "ctx": 512, "batch": 1,
+             "ms_per_step": ms}
+            for c, ms in (("dflash", 2.0), ("dflash-refill-verify-buffers", 2.2), ("ddtree16", 2.5),
+                          ("ddtree16-refill-verify-buffers", 3.0))]  # fmt: skip
+    got = {r["ratio"]: r["value"] for r in es.ratios(rows, []) if "refill" in r["ratio"]}
+    assert sorted(got.values()) == [pytest.approx(1.1), pytest.approx(1.2)]
+
+
 def test_verify_paths_are_the_dispatchers_strategies():
     from sglang.srt.layers.attention.tree_verify.dispatch import STRATEGIES
 
