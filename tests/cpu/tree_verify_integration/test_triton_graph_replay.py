@@ -5,7 +5,8 @@ A captured graph whose layers all took the tree-verify path reads the hook's buf
 backend's prefix row pointers only, so a replay refills just those; upstream's own verify
 buffers (query and mask row pointers, prefix indices) are left as they are. Once any layer has
 been left to upstream's path, or with SGLANG_DDTREE_VERIFY_REFILL_UPSTREAM=1, every replay
-refills them as upstream does. The capture and the replays run the real patched
+refills them as upstream does; on a hybrid SWA pool the window's write slots are refilled either
+way. The capture and the replays run the real patched
 ``init_forward_metadata_out_graph`` and ``forward_extend`` (eagerly: the buffers, not a CUDA
 graph, are under test; ``test_hooked_backend_gpu.py`` replays real graphs).
 """
@@ -46,12 +47,12 @@ def _padded(verify: Verify):
         batch_size=GRAPH_BS,
         req_pool_indices=torch.cat([verify.req_pool_indices, torch.zeros(pad, dtype=torch.int64)]),
         seq_lens=torch.cat([verify.prefix, torch.ones(pad, dtype=torch.int64)]),
-        out_cache_loc=torch.cat([verify.out_cache_loc, torch.zeros(pad * N, dtype=torch.int64)]),
+        out_cache_loc=torch.cat([verify.out_cache_loc, torch.zeros(pad * verify.n, dtype=torch.int64)]),
     )
 
 
 def _pad_rows(x: torch.Tensor, verify: Verify) -> torch.Tensor:
-    return torch.cat([x, x.new_zeros((GRAPH_BS - verify.bs) * N, *x.shape[1:])])
+    return torch.cat([x, x.new_zeros((GRAPH_BS - verify.bs) * verify.n, *x.shape[1:])])
 
 
 def _poison(be) -> None:
@@ -123,3 +124,54 @@ def test_no_refill_is_skipped_before_a_graph_layer_ran():
     _poison(be)
     be.init_forward_metadata_out_graph(_padded(verify))
     assert _upstream_refilled(be)
+
+
+def test_replay_on_a_hybrid_swa_pool_refills_the_window_write_slots():
+    """gpt-oss's layout (a sliding layer with sinks in the SWA pool, a full layer): a replay
+    that leaves upstream's window buffers unfilled still refills the SWA slots the captured
+    KV store writes to, and both layers equal the reference on fresh requests."""
+    from tests.cpu.tree_verify_integration._swa import FULL_LAYER, SWA_LAYER, Shape, SWAVerify, reference
+    from tests.cpu.tree_verify_integration._swa import layer as swa_layer
+
+    shape, n = Shape(), 7
+    sinks = torch.tensor([1.5, -0.5, 3.0, 0.0], dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(15)
+    sv = SWAVerify([9, 3, 30], n, "DDTREE", gen, shape=shape)
+    be = sv.backend(
+        cuda_graph_kv_indices=torch.zeros(8 * shape.max_ctx, dtype=torch.int32),
+        cuda_graph_window_kv_indices=torch.zeros(8 * shape.max_ctx, dtype=torch.int32),
+        cuda_graph_window_num_kv_splits=torch.zeros(8, dtype=torch.int32),
+        cuda_graph_window_kv_offsets=torch.zeros(8, dtype=torch.int32),
+        cuda_graph_swa_out_cache_loc=torch.zeros(8 * n, dtype=torch.int64),
+    )
+    be.tree_verify.init_graph_state(max_bs=8, max_num_tokens=8 * n)
+
+    def forward(step, fb, layer_id, window):
+        t = step.verify.bs * n
+        q = torch.randn(t, shape.h * shape.d, generator=gen).half()
+        k = torch.randn(t, shape.hkv, shape.d, generator=gen).half()
+        v = torch.randn(t, shape.hkv, shape.d, generator=gen).half()
+        o = be.forward_extend(_pad_rows(q, step.verify), _pad_rows(k, step.verify), _pad_rows(v, step.verify),
+                              swa_layer(shape, layer_id, window), fb, sinks=sinks)  # fmt: skip
+        ref = reference(step, q.view(t, shape.h, shape.d), k, v, layer_id, window, sinks)
+        torch.testing.assert_close(o.view(-1, shape.h, shape.d)[:t].float(), ref, atol=3e-3, rtol=3e-3)
+
+    fb = _padded(sv.verify)
+    be.init_forward_metadata_out_graph(fb, in_capture=True)
+    for layer_id, window in ((SWA_LAYER, shape.window), (FULL_LAYER, None)):
+        forward(sv, fb, layer_id, window)
+    _poison(be)
+    for buf in (be.window_kv_indptr, be.cuda_graph_window_kv_indices):
+        buf.fill_(SENTINEL)
+    for prefix in ([44, 1], [2, 2, 2, 15]):
+        step = sv.step(prefix, n, "DDTREE", gen)  # new requests on the same pools
+        be.req_to_token = be.tree_verify.req_to_token = step.verify.req_to_token
+        fb = _padded(step.verify)
+        be.init_forward_metadata_out_graph(fb)
+        translate = step.pool.translate_loc_from_full_to_swa
+        written = be.cuda_graph_swa_out_cache_loc[: fb.out_cache_loc.numel()]
+        assert torch.equal(written, translate(fb.out_cache_loc))
+        for layer_id, window in ((SWA_LAYER, shape.window), (FULL_LAYER, None)):
+            forward(step, fb, layer_id, window)
+        assert not _upstream_refilled(be)
+        assert (be.window_kv_indptr == SENTINEL).all() and (be.cuda_graph_window_kv_indices == SENTINEL).all()
