@@ -102,7 +102,7 @@ def test_a_layer_left_to_upstream_brings_the_refill_back():
     _replay(be, pool, layer, req_to_token, [30, 2, 9], gen)
     assert _upstream_refilled(be)
     assert torch.equal(be.qo_indptr[: GRAPH_BS + 1], torch.arange(GRAPH_BS + 1) * N)
-    assert (be.cuda_graph_kv_indices[: 41 + 1] != SENTINEL).all()  # 30 + 2 + 9 prefix slots
+    assert (be.cuda_graph_kv_indices[: 41 + 1] != SENTINEL).all()  # 30 + 2 + 9 prefix slots, the padding row 1
 
 
 def test_refill_can_be_forced(monkeypatch):
