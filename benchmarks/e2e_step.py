@@ -108,12 +108,12 @@ def split_variant(config: str) -> tuple:
 def config_args(config: str) -> list[str]:
     """Server flags of a configuration name; ValueError for names the server would refuse."""
     base, variant = split_variant(config)
-    family = "ddtree" if ddtree_budget(base) is not None else base
+    b = ddtree_budget(base)
+    family = "ddtree" if b is not None else base
     if variant and family not in VARIANTS[variant][1]:
         raise ValueError(f"{config!r}: {variant} applies to {', '.join(VARIANTS[variant][1])} only")
     if base in CONFIGS:
         return list(CONFIGS[base])
-    b = ddtree_budget(config)
     if b in DDTREE_BUDGETS:
         return ["--speculative-algorithm", "DDTREE", "--speculative-ddtree-budget", str(b)]
     raise ValueError(f"unknown configuration {config!r}; choose from {list(CONFIGS)} or ddtree<B> with "

@@ -323,6 +323,7 @@ class TreeVerifyHook:
         # (``fill_replay_indptr``).
         self._left_to_upstream = False
         self._served_in_graph = False
+        self._always_refill = bool(ddtree_envs.SGLANG_DDTREE_VERIFY_REFILL_UPSTREAM.get())
 
     @property
     def consumes_tree_mask_bits(self) -> bool:
@@ -432,10 +433,10 @@ class TreeVerifyHook:
         ever left to upstream's path (it reads them), or the hook serves no verify."""
         if (
             self.kind is None
+            or self._always_refill
             or self._left_to_upstream
             or not self._served_in_graph
             or not forward_batch.forward_mode.is_target_verify()
-            or ddtree_envs.SGLANG_DDTREE_VERIFY_REFILL_UPSTREAM.get()
         ):
             return False
         bs = int(forward_batch.req_pool_indices.shape[0])
