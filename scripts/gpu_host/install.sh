@@ -11,8 +11,8 @@
 #   scripts/gpu_host/install.sh                          once installed: re-apply the series
 # Parts are kept under $DDTREE_STAGE (/tmp/ddtree-parts) until the last one is there. With the whole
 # archive, it checks the archive's sha256, unpacks it into $DDTREE_SITE (/tmp/site), applies the
-# overlay and patch series there (scripts/apply_patches.sh --target), checks that the stack
-# imports and writes $DDTREE_SITE/.ddtree-installed. On a site that has that marker it only
+# overlay and patch series there (scripts/apply_patches.sh --target), byte-compiles it, checks
+# that the stack imports and writes $DDTREE_SITE/.ddtree-installed. On a site that has that marker it only
 # re-applies the series (idempotent), so a changed working tree is picked up; remove the site to
 # install another wheel set. Every run that finds the stack installed checks it against the lock
 # (scripts/gpu_host/lock_check.py installed). Then: source scripts/gpu_host/env.sh.
@@ -94,6 +94,12 @@ mkdir -p "$SITE"
 xz -d -T0 <"$archive" | tar -x -C "$SITE"
 rm -rf "$STAGE"
 apply_series
+# Byte-compiled as pip would have left it (the wheel set is packed without __pycache__): else
+# every server process of a test that starts several at once compiles the same modules itself.
+t1=$(date +%s)
+"$PY" -m compileall -q -j 0 "$SITE" >/dev/null \
+    || echo "install.sh: some files of $SITE did not byte-compile (they compile when imported)"
+echo "install.sh: byte-compiled $SITE in $(( $(date +%s) - t1 )) s"
 PYTHONPATH="$SITE" "$PY" -c 'import importlib, sys
 for name in sys.argv[1:]:
     importlib.import_module(name)

@@ -27,7 +27,8 @@ STUB_LOCK = """import sys
 print("lock ok")
 """
 PACKAGES = {"sglang/__init__.py": '__version__ = "0.5.17"\n', "transformers/__init__.py": '__version__ = "5.12.1"\n',
-            "numpy/__init__.py": '__version__ = "2.3.5"\n', "sglang/data.bin": None}
+            "numpy/__init__.py": '__version__ = "2.3.5"\n', "sglang/data.bin": None,
+            "sglang/server.py": "SERVING = True\n"}  # imported by no check: byte-compiled by the install alone
 
 
 @pytest.fixture
@@ -93,6 +94,9 @@ def test_the_whole_archive_then_a_rerun_reapplies(repo, tmp_path):
     assert "installed into" in r.stdout and "sglang 0.5.17" in r.stdout and "lock ok" in r.stdout
     assert installed(tmp_path)
     assert (tmp_path / "site" / ".series-applied").read_text() == "applied\n"
+    # Byte-compiled at install, as pip leaves a site: the servers started together import it.
+    assert "byte-compiled" in r.stdout
+    assert list((tmp_path / "site" / "sglang" / "__pycache__").glob("server.*.pyc"))
     r = install(repo, tmp_path)
     assert r.returncode == 0 and "already installed; series re-applied" in r.stdout
     assert (tmp_path / "site" / ".series-applied").read_text() == "applied\n" * 2
