@@ -38,14 +38,11 @@ class _Graph:
 
 
 def _signature(tensors: Sequence[Optional[torch.Tensor]], with_address: bool) -> Tuple:
-    sig = []
-    for t in tensors:
-        if t is None:
-            sig.append(None)
-        else:
-            entry = (tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
-            sig.append(entry + ((t.data_ptr(),) if with_address else ()))
-    return tuple(sig)
+    """What a graph's key holds of each argument; built every step, so kept to the fields
+    that tell captures apart (one process, one device: the address names the storage)."""
+    if with_address:
+        return tuple(None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype) for t in tensors)
+    return tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors)
 
 
 class SegmentGraphs:
