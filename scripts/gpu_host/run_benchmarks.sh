@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # The benchmarks behind docs/benchmarks.md's open rows, one after another within a time budget, on
 # the GPU host (after scripts/gpu_host/install.sh; the learned pair, for `learned`,
-# `learned_dflash2`, `learned_phases`, `learned_step_graphs`, `learned_sampled`, `learned_hostprof` and the
+# `learned_dflash2`, `sampling_check_dflash2`, `learned_phases`, `learned_step_graphs`, `learned_sampled`, `learned_hostprof` and the
 # sampling checks, in /tmp/learned-pair:
 # docs/learned-pair.md).
 #
@@ -39,6 +39,7 @@ PIECES=(
     "learned_dflash2|600|900|{ [ -d /tmp/learned-pair/drafter-dflash2 ] || python3 -m scripts.learned_pair add-drafter /tmp/learned-pair --kind dflash2 --deadline-s 300; } && bash scripts/learned_pair/serve_sweep.sh --seconds \$(( {deadline} - 330 )) --out {out}/learned_dflash2 -- --draft-model-path /tmp/learned-pair/drafter-dflash2 --configs nospec,dflash,ddtree16,ddtree16-transitions --batch 1,8 --temperature 0,1 --repeats 3 --sampling-max-s 0 --tag learned_dflash2_{gpu}_{date}"
     "sampling_check|600|900|python3 -m benchmarks.sampling_boundaries /tmp/learned-pair/target --prompts /tmp/learned-pair/prompts.jsonl --settings temperature=0.7:top_k=20:top_p=0.8:min_p=0.05 --positions 4 --best 1 --write {out}/sampling_prompts_decided.json --tag learned_prompts_{gpu}_{date} --out-dir {out} && bash scripts/learned_pair/serve_sweep.sh --seconds \$(( {deadline} - 150 )) --out {out}/sampling_check -- --configs nospec,dflash,ddtree16 --batch 1 --temperature 0 --num-prompts 4 --sampling-prompts {out}/sampling_prompts_decided.json --sampling-samples 27000 --sampling-max-s \$(( {deadline} - 300 )) --tag learned_sampling_check_{gpu}_{date}"
     "sampling_check_t1|420|540|bash scripts/learned_pair/serve_sweep.sh --seconds {deadline} --out {out}/sampling_check_t1 -- --configs nospec,dflash,ddtree16 --batch 1 --temperature 0 --num-prompts 4 --sampling-samples 27000 --sampling-settings temperature=1:repetition_penalty=1.1 --sampling-boundary-delta 0 --sampling-max-s \$(( {deadline} - 120 )) --tag learned_sampling_check_t1_rep_{gpu}_{date}"
+    "sampling_check_dflash2|600|900|{ [ -d /tmp/learned-pair/drafter-dflash2 ] || python3 -m scripts.learned_pair add-drafter /tmp/learned-pair --kind dflash2 --deadline-s 300; } && bash scripts/learned_pair/serve_sweep.sh --seconds \$(( {deadline} - 330 )) --out {out}/sampling_check_dflash2 -- --draft-model-path /tmp/learned-pair/drafter-dflash2 --configs nospec,dflash,ddtree16-transitions --batch 1 --temperature 0 --num-prompts 4 --sampling-samples 27000 --sampling-settings temperature=1:repetition_penalty=1.1 --sampling-boundary-delta 0 --sampling-max-s \$(( {deadline} - 450 )) --tag learned_sampling_check_dflash2_{gpu}_{date}"
     "tables_mla_proxy|240|540|python3 benchmarks/verify_strategy_table.py --sm120-proxy --deadline-s {deadline} --tag {gpu}_sm120_proxy_{date} --out-dir {out} --table {out}/strategy_table.json"
     "tables_gqa_proxy|240|540|python3 benchmarks/verify_strategy_table.py --attn gqa --sm120-proxy --strategies fused,flashinfer_split,xqa --deadline-s {deadline} --tag {gpu}_sm120_proxy_gqa_{date} --out-dir {out} --table {out}/strategy_table.json"
     "tables_sm90|240|540|python3 benchmarks/verify_strategy_table.py --deadline-s {deadline} --tag {gpu}_{date} --out-dir {out} --table {out}/strategy_table.json"
