@@ -86,7 +86,7 @@ CONFIGS = {
 #: A/B variants of one server, by the suffix that names them, with the environment each sets
 #: and the configurations it applies to: the DDTREE step's tree build and tail run eagerly
 #: instead of as CUDA graphs; the attention backend's own verify buffers refilled before every
-#: graph replay, which the tree-verify path does not read (TreeVerifyHook.fill_replay_indptr).
+#: graph replay, which the tree-verify path does not read (TreeVerifyHook.claims_replay_indptr).
 EAGER_SEGMENTS = "-eager-segments"
 REFILL_VERIFY_BUFFERS = "-refill-verify-buffers"
 VARIANTS = {

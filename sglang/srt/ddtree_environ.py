@@ -51,7 +51,7 @@ with _declaring_fields():
         SGLANG_DDTREE_STRATEGY_TABLE = EnvStr("")
         # Refill the attention backend's own TARGET_VERIFY buffers before every graph replay
         # even where the tree-verify path serves every captured layer and never reads them
-        # (TreeVerifyHook.fill_replay_indptr); for A/B runs.
+        # (TreeVerifyHook.claims_replay_indptr); for A/B runs.
         SGLANG_DDTREE_VERIFY_REFILL_UPSTREAM = EnvBool(False)
 
         # DFLASH/DDTREE verify sampling: GPU workspace of one chunk of per-node draws,

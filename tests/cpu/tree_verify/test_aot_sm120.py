@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Every config the dispatcher can select on 12.x compiles for sm_120 on this
-CPU machine and fits 99 KiB (101,376 B) of shared memory per block.
+"""Every config the dispatcher can select on 12.x, and the hook's index kernel, compiles for
+sm_120 on this CPU machine and fits 99 KiB (101,376 B) of shared memory per block.
 
 Compilation runs in a child process without TRITON_INTERPRET: the CPU test
 run interprets Triton (tests/cpu/conftest.py), and triton's own jit
@@ -50,6 +50,10 @@ def test_every_sm120_config_compiles_and_fits():
     }
     # Dv 64..512, and Dv 64 with attention sinks (gpt-oss)
     assert len([r for r in records if r["kernel"] == "combine"]) == 5
+    # The hook's per-verify indices: eager int64 inputs, a graph's int32 buffers, given row pointers
+    assert {(r["index_dtype"], r["fill_indptr"]) for r in records if r["kernel"] == "verify_indices"} == {
+        ("i64", True), ("i32", True), ("i32", False)
+    }
     for r in records:
         assert 0 <= r["shared"] <= SM120_SMEM, r
     for r in split:

@@ -18,7 +18,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-from sglang.srt.layers.attention.tree_verify import flashmla_split, prefix_split
+from sglang.srt.layers.attention.tree_verify import flashmla_split, prefix_split, verify_indices
 from sglang.srt.layers.attention.tree_verify.configs import (
     CLASS_HEAD_DIMS,
     MLA,
@@ -176,6 +176,19 @@ def compile_merge_chunks_kernel(cap, dtype: str = "bf16", chunks: int = 8):
     return triton.compile(src, target=cuda_target(cap), options={"num_warps": 4})
 
 
+def compile_verify_indices_kernel(cap, index_dtype: str = "i64", fill_indptr: bool = True):
+    """The hook's per-verify KV indices (``verify_indices.py``): ``index_dtype`` is the pool
+    rows' and lengths' (int64 eagerly, int32 in a CUDA graph's buffers)."""
+    fn = verify_indices._verify_indices_kernel
+    types = dict(req_to_token="*i32", req_pool_indices=f"*{index_dtype}", seq_lens=f"*{index_dtype}",
+                 indptr="*i32", prefix_out="*i32", tree_src="*i64", tree_out="*i32", bs="i32", rows="i32",
+                 width="i32", r2t_stride="i32")  # fmt: skip
+    constexprs = dict(BS_BLOCK=64, COPY_BLOCK=verify_indices._COPY_BLOCK, TREE_BLOCK=32,
+                      FILL_INDPTR=fill_indptr, FILL_TREE=True)  # fmt: skip
+    src = _source(fn, types, constexprs, {"req_to_token", "r2t_stride"})
+    return triton.compile(src, target=cuda_target(cap), options={"num_warps": 4})
+
+
 def compile_arch_report(cap) -> list:
     """Compile every selectable config for ``cap``; one record per kernel."""
     records = []
@@ -197,6 +210,10 @@ def compile_arch_report(cap) -> list:
         records.append(dict(kernel="combine", dv=dv, shared=k.metadata.shared, mma=None))
     k = compile_combine_kernel(64, cap, sinks=True)  # gpt-oss: head dim 64, attention sinks
     records.append(dict(kernel="combine", dv=64, sinks=True, shared=k.metadata.shared, mma=None))
+    for index_dtype, fill in (("i64", True), ("i32", True), ("i32", False)):
+        k = compile_verify_indices_kernel(cap, index_dtype, fill)
+        records.append(dict(kernel="verify_indices", index_dtype=index_dtype, fill_indptr=fill,
+                            shared=k.metadata.shared, mma=None))  # fmt: skip
     if cap[0] in flashmla_split.FLASHMLA_MAJORS:
         k = compile_page_gather_kernel(cap)
         records.append(dict(kernel="page_gather", shared=k.metadata.shared, mma=None))

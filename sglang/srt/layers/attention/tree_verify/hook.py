@@ -41,7 +41,6 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_triton
 from sglang.srt.ddtree_environ import ddtree_envs
 from sglang.srt.layers.attention.tree_verify.dispatch import (
     STRATEGY_ENV,
@@ -63,6 +62,7 @@ from sglang.srt.layers.attention.tree_verify.registry import (
     static_verify_kind,
 )
 from sglang.srt.layers.attention.tree_verify.routes import VerifyRoutes
+from sglang.srt.layers.attention.tree_verify.verify_indices import fill_prefix_indices, verify_indices
 from sglang.srt.speculative.spec_info import SpecInputType
 
 logger = logging.getLogger(__name__)
@@ -195,37 +195,6 @@ class StagedPrefixLens:
         return out
 
 
-def fill_prefix_indices(
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    indptr: torch.Tensor,
-    out: torch.Tensor,
-    start: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """``out[indptr[b] : indptr[b+1]] = req_to_token[req_pool_indices[b], s : s + seq_lens[b]]``
-    (``s = start[b]``, 0 without ``start``) as int32, without reading a device
-    value on the host."""
-    bs = req_pool_indices.shape[0]
-    if bs == 0 or out.numel() == 0:
-        return out
-    if out.is_cuda:
-        create_flashinfer_kv_indices_triton[(bs,)](
-            req_to_token, req_pool_indices, seq_lens, indptr, start, out,
-            req_to_token.stride(0),
-        )  # fmt: skip
-        return out
-    pos = torch.arange(out.numel(), device=out.device)
-    row = torch.searchsorted(indptr[1:].long(), pos, right=True).clamp_max(bs - 1)
-    col = pos - indptr[row].long()
-    if start is not None:
-        col = col + start.long()[row]
-    valid = pos < indptr[bs].long()
-    src = req_to_token[req_pool_indices.long()[row], col.clamp(0, req_to_token.shape[1] - 1)]
-    out.copy_(torch.where(valid, src.to(out.dtype), out))
-    return out
-
-
 class TreeVerifyHook:
     """The tree-verify path of one attention backend.
 
@@ -319,10 +288,11 @@ class TreeVerifyHook:
         self._masks: Dict[Tuple[Any, int, int], torch.Tensor] = {}
         self._graph: Optional[Dict[str, torch.Tensor]] = None
         # Whether a TARGET_VERIFY layer was left to upstream's path (then upstream's verify
-        # buffers are read), and whether a graph's layers took this one
-        # (``fill_replay_indptr``).
+        # buffers are read), whether a graph's layers took this one, and whether the next
+        # replay's prefix row pointers are the hook's to fill (``claims_replay_indptr``).
         self._left_to_upstream = False
         self._served_in_graph = False
+        self._indptr_claimed = False
         self._always_refill = bool(ddtree_envs.SGLANG_DDTREE_VERIFY_REFILL_UPSTREAM.get())
 
     @property
@@ -424,24 +394,21 @@ class TreeVerifyHook:
             self._masks[key] = build(bs, n, self.device)
         return self._masks[key]
 
-    def fill_replay_indptr(self, forward_batch: Any, kv_indptr: torch.Tensor) -> bool:
-        """Before a TARGET_VERIFY graph's replay: when every layer of the captured graphs took
-        this path, fill the prefix row pointers the capture handed it (the backend's
-        ``kv_indptr``, ``cumsum(seq_lens)``) and return True: the backend's own verify buffers
-        (query and mask row pointers, prefix indices, dense mask) go unread, and refilling them
-        is most of a small model's replay preparation. False, doing nothing, where a layer was
-        ever left to upstream's path (it reads them), or the hook serves no verify."""
-        if (
+    def claims_replay_indptr(self, forward_batch: Any) -> bool:
+        """Before a TARGET_VERIFY graph's replay: True when every layer of the captured graphs
+        took this path. The backend's own verify buffers (query and mask row pointers, prefix
+        indices, dense mask) then go unread, and refilling them is most of a small model's
+        replay preparation; the :meth:`prepare` that follows fills the prefix row pointers the
+        capture handed the hook (the backend's ``kv_indptr``). False where a layer was ever
+        left to upstream's path (it reads them), or the hook serves no verify."""
+        self._indptr_claimed = not (
             self.kind is None
             or self._always_refill
             or self._left_to_upstream
             or not self._served_in_graph
             or not forward_batch.forward_mode.is_target_verify()
-        ):
-            return False
-        bs = int(forward_batch.req_pool_indices.shape[0])
-        kv_indptr[1 : bs + 1] = torch.cumsum(forward_batch.seq_lens[:bs], 0)
-        return True
+        )
+        return self._indptr_claimed
 
     def prepare(
         self,
@@ -453,13 +420,15 @@ class TreeVerifyHook:
 
         ``kv_indptr``: the backend's prefix CSR row pointers (int32, at least
         ``bs + 1`` long, ``cumsum(seq_lens)``) when it already built them for
-        this verify.
+        this verify, or when it left them to the hook (:meth:`claims_replay_indptr`).
         ``graph``: fill the persistent capture buffers (capture and replay).
         """
         kind = self._verify_kind(forward_batch, graph)
         self.metadata = None
         causal = None
         staged, self._staged = self._staged, None  # a stage serves the next verify only
+        fill_indptr = kv_indptr is None or self._indptr_claimed
+        self._indptr_claimed = False  # a claim serves the replay it was made for only
         if kind is None:
             return None
         bs = int(forward_batch.req_pool_indices.shape[0])
@@ -476,13 +445,13 @@ class TreeVerifyHook:
                 raise RuntimeError("TreeVerifyHook.init_graph_state was not called")
             if kv_indptr is None:
                 kv_indptr = buf["indptr"][: bs + 1]
-                kv_indptr[1:] = torch.cumsum(seq_lens, 0)
             indices = buf["prefix"][: bs * self.max_context_len]
             tree = buf["tree"][: bs * n]
-            rows = out_cache_loc.shape[0]
-            tree[:rows].copy_(out_cache_loc)
-            if rows < tree.shape[0]:
-                tree[rows:].zero_()
+            # The row pointers, the prefix's slots and the tree's (zero on padding rows).
+            verify_indices(
+                self.req_to_token, req_pool_indices, seq_lens, kv_indptr, indices,
+                fill_indptr=fill_indptr, tree_src=out_cache_loc, tree_out=tree, width=n,
+            )  # fmt: skip
             if kind == TREE:
                 mask = buf["mask"][:bs]
                 if mask.shape[1] != n:
@@ -502,12 +471,14 @@ class TreeVerifyHook:
                 mask = buf["mask"][:bs]
         else:
             if kv_indptr is None:
-                kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=seq_lens.device)
-                kv_indptr[1:] = torch.cumsum(seq_lens, 0)
+                kv_indptr = torch.empty(bs + 1, dtype=torch.int32, device=seq_lens.device)
             total = forward_batch.seq_lens_sum
             if total is None:
                 total = bs * self.max_context_len
             indices = torch.empty(int(total), dtype=torch.int32, device=seq_lens.device)
+            verify_indices(
+                self.req_to_token, req_pool_indices, seq_lens, kv_indptr, indices, fill_indptr=fill_indptr
+            )
             tree = out_cache_loc.to(torch.int32)
             if kind == TREE:
                 mask = bits
@@ -516,7 +487,6 @@ class TreeVerifyHook:
                 causal = self._static_mask(causal_tree_mask, bs, n)
             else:
                 mask = self._static_mask(causal_tree_mask, bs, n)
-        fill_prefix_indices(self.req_to_token, req_pool_indices, seq_lens, kv_indptr, indices)
         swa = None
         if self.swa_pool is not None:
             swa = self._swa_indices(req_pool_indices, seq_lens, out_cache_loc, bs, n, graph)
