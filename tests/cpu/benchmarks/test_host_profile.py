@@ -35,6 +35,7 @@ FRAMES = [
     ("Runner.replay", "/x/runner.py", 7),  # 4
     ("commit", "/x/step_io.py", 3),  # 5
     ("Scheduler.idle", "/x/scheduler.py", 30),  # 6
+    ("JITFunction._do_compile", "/x/jit.py", 849),  # 7
 ]
 
 
@@ -54,6 +55,19 @@ def test_shares_below_the_root_are_the_constructed_ones(constructed):
     assert tree == {(draft,): 0.75, (draft, replay): 0.5, (commit,): 0.25}  # the two lines of draft merged
     assert [r["path"] for r in s["tree"]] == [[draft], [draft, replay], [commit]]  # depth first, largest first
     assert {x["function"]: x["share"] for x in s["self"]} == {replay: 0.5, draft: 0.25, commit: 0.25}
+
+
+def test_own_code_by_line_and_compiles_left_out(tmp_path, constructed):
+    s = hp.summarize(hp.load(constructed), min_share=0.0)
+    assert {x["line"]: x["share"] for x in s["lines"]} == {
+        "Runner.replay (runner.py:7)": 0.5, "Worker.draft (worker.py:21)": 0.25, "commit (step_io.py:3)": 0.25}
+    assert s["compile_share"] is None
+    with_compile = speedscope(tmp_path / "c.json", FRAMES, [[((0, 1, 2, 4), 2.0), ((0, 1, 5, 7), 2.0)]])
+    kept = hp.summarize(hp.load(with_compile), min_share=0.0, skip_compiles=True)
+    assert kept["compile_share"] == 0.5 and kept["samples_inside"] == 2.0
+    assert {tuple(r["path"]) for r in kept["tree"]} == {("Worker.draft (worker.py)",),
+                                                        ("Worker.draft (worker.py)", "Runner.replay (runner.py)")}
+    assert hp.summarize(hp.load(with_compile), min_share=0.0)["samples_inside"] == 4.0
 
 
 def test_depth_min_share_and_the_root_by_class_or_file(constructed):
