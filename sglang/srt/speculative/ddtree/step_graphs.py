@@ -93,9 +93,7 @@ class SegmentGraphs:
         entry = self._graphs.get(full_key)
         if entry is not None:
             self._graphs.move_to_end(full_key)
-            for mine, theirs in zip(entry.fed, fed):
-                if mine is not None:
-                    mine.copy_(theirs)
+            _copy_fed(entry.fed, fed)
             entry.graph.replay()
             self.replays += 1
             self.last_replayed, self.last_fed = True, entry.fed
@@ -137,3 +135,19 @@ class SegmentGraphs:
         self.disabled_reason = reason
         self.clear()
         logger.warning("%s: running eagerly from now on (%s).", self.name, reason)
+
+
+def _copy_fed(mine: Sequence[Optional[torch.Tensor]], theirs: Sequence[Optional[torch.Tensor]]) -> None:
+    """The fed arguments into the graph's copies: one grouped copy per dtype (a sampled step
+    feeds four parameter tensors), not one launch each."""
+    groups: dict = {}
+    for dst, src in zip(mine, theirs):
+        if dst is not None:
+            dsts, srcs = groups.setdefault(dst.dtype, ([], []))
+            dsts.append(dst)
+            srcs.append(src)
+    for dsts, srcs in groups.values():
+        if len(dsts) == 1:
+            dsts[0].copy_(srcs[0])
+        else:
+            torch._foreach_copy_(dsts, srcs)
