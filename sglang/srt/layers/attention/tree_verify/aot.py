@@ -183,7 +183,7 @@ def compile_verify_indices_kernel(cap, index_dtype: str = "i64", fill_indptr: bo
     types = dict(req_to_token="*i32", req_pool_indices=f"*{index_dtype}", seq_lens=f"*{index_dtype}",
                  indptr="*i32", prefix_out="*i32", tree_src="*i64", tree_out="*i32", bs="i32", rows="i32",
                  width="i32", r2t_stride="i32")  # fmt: skip
-    constexprs = dict(BS_BLOCK=64, COPY_BLOCK=verify_indices._COPY_BLOCK, TREE_BLOCK=32,
+    constexprs = dict(BS_BLOCK=verify_indices._MIN_BS_BLOCK, COPY_BLOCK=verify_indices._COPY_BLOCK, TREE_BLOCK=32,
                       FILL_INDPTR=fill_indptr, FILL_TREE=True)  # fmt: skip
     src = _source(fn, types, constexprs, {"req_to_token", "r2t_stride"})
     return triton.compile(src, target=cuda_target(cap), options={"num_warps": 4})

@@ -23,6 +23,9 @@ from sglang.kernels.ops.kvcache.kv_indices import create_flashinfer_kv_indices_t
 
 #: Prefix slots one program copies per iteration.
 _COPY_BLOCK = 512
+#: The fewest lengths a program sums for its row pointer: one compiled variant serves every
+#: batch up to this size (a new variant compiles at the first batch past each power of two).
+_MIN_BS_BLOCK = 64
 
 
 @triton.jit(do_not_specialize=["bs", "rows", "width"])
@@ -113,7 +116,7 @@ def verify_indices(
         int(tree_src.shape[0]) if fill_tree else 0,
         int(width),
         req_to_token.stride(0),
-        BS_BLOCK=triton.next_power_of_2(bs),
+        BS_BLOCK=max(_MIN_BS_BLOCK, triton.next_power_of_2(bs)),
         COPY_BLOCK=_COPY_BLOCK,
         TREE_BLOCK=triton.next_power_of_2(max(1, int(width))),
         FILL_INDPTR=bool(fill_indptr),
