@@ -12,7 +12,9 @@
 # Parts are kept under $DDTREE_STAGE (/tmp/ddtree-parts) until the last one is there. With the whole
 # archive, it checks the archive's sha256, unpacks it into $DDTREE_SITE (/tmp/site), applies the
 # overlay and patch series there (scripts/apply_patches.sh --target), byte-compiles it, checks
-# that the stack imports and writes $DDTREE_SITE/.ddtree-installed. On a site that has that marker it only
+# that the stack imports and writes $DDTREE_SITE/.ddtree-installed; with a GPU visible it then
+# builds the JIT kernel modules the servers build on their first start (build_jit_caches.py;
+# DDTREE_JIT_BUILD=0 leaves them to the servers). On a site that has that marker it only
 # re-applies the series (idempotent), so a changed working tree is picked up; remove the site to
 # install another wheel set. Every run that finds the stack installed checks it against the lock
 # (scripts/gpu_host/lock_check.py installed). Then: source scripts/gpu_host/env.sh.
@@ -109,3 +111,10 @@ print("imported:", *sys.argv[1:], "| sglang", sglang.__version__, "transformers"
 date -u +%Y-%m-%dT%H:%M:%SZ >"$SITE/.ddtree-installed"
 echo "install.sh: installed into $SITE in $(( $(date +%s) - t0 )) s"
 check_lock
+# The JIT kernel modules every server builds at its first start, built once here (with a GPU
+# visible: they are built for it) so that the first servers and the first sampled request do
+# not wait for nvcc. DDTREE_JIT_BUILD=0 leaves them to the servers.
+if [ "${DDTREE_JIT_BUILD:-1}" != 0 ] && nvidia-smi -L >/dev/null 2>&1; then
+    PYTHONPATH="$SITE" "$PY" "$REPO/scripts/gpu_host/build_jit_caches.py" \
+        || echo "install.sh: some JIT modules did not build (above); the servers build them on first use"
+fi

@@ -75,9 +75,9 @@ def wheel_set(where: Path, nparts: int = 0) -> list[Path]:
     return dirs
 
 
-def install(repo: Path, tmp_path: Path, *args):
+def install(repo: Path, tmp_path: Path, *args, env_extra=None):
     env = {**os.environ, "DDTREE_SITE": str(tmp_path / "site"), "DDTREE_STAGE": str(tmp_path / "stage"),
-           "PYTHON": sys.executable, "DDTREE_INSTALL_IMPORTS": "sglang transformers"}
+           "PYTHON": sys.executable, "DDTREE_INSTALL_IMPORTS": "sglang transformers", **(env_extra or {})}
     return subprocess.run(["bash", str(repo / "scripts" / "gpu_host" / "install.sh"), *map(str, args)],
                           capture_output=True, text=True, cwd=repo, env=env, timeout=120)
 
@@ -249,3 +249,34 @@ def test_build_then_install_as_one_archive_and_as_parts(repo, tmp_path):
     r = install(repo, tmp_path, repo / ".whl-e2e")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "site" / "sglang" / "data.bin").stat().st_size == 2_500_000
+
+
+STUB_JIT = """import os, sys
+open(os.environ["JIT_CALLS"], "a").write("built\\n")
+sys.exit(int(os.environ.get("JIT_RC", "0")))
+"""
+
+
+@pytest.mark.parametrize("gpu,switch,rc", [(True, None, 0), (True, None, 1), (True, "0", 0), (False, None, 0)])
+def test_the_jit_caches_are_built_when_a_gpu_is_visible(repo, tmp_path, gpu, switch, rc):
+    """With ``nvidia-smi -L`` answering, a fresh install builds the servers' JIT modules
+    (build_jit_caches.py, a stub here); a failed build leaves the install done; DDTREE_JIT_BUILD=0
+    and a machine without a GPU skip it."""
+    (repo / "scripts" / "gpu_host" / "build_jit_caches.py").write_text(STUB_JIT)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if gpu:
+        (bin_dir / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'GPU 0: NVIDIA H100'\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    calls = tmp_path / "jit-calls"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "JIT_CALLS": str(calls), "JIT_RC": str(rc),
+           **({"DDTREE_JIT_BUILD": switch} if switch is not None else {})}
+    (folder,) = wheel_set(tmp_path / "copied")
+    r = install(repo, tmp_path, folder, env_extra=env)
+    assert r.returncode == 0, r.stderr
+    assert installed(tmp_path)
+    built = gpu and switch != "0"
+    assert (calls.read_text() if calls.exists() else "") == ("built\n" if built else "")
+    assert ("the servers build them on first use" in r.stdout) == (built and rc != 0)
+    r = install(repo, tmp_path, env_extra=env)  # a re-apply builds nothing
+    assert r.returncode == 0 and (calls.read_text() if calls.exists() else "") == ("built\n" if built else "")
