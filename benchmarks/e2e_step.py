@@ -86,12 +86,15 @@ CONFIGS = {
 #: A/B variants of one server, by the suffix that names them, with the environment each sets
 #: and the configurations it applies to: the DDTREE step's tree build and tail run eagerly
 #: instead of as CUDA graphs; the attention backend's own verify buffers refilled before every
-#: graph replay, which the tree-verify path does not read (TreeVerifyHook.claims_replay_indptr).
+#: graph replay, which the tree-verify path does not read (TreeVerifyHook.claims_replay_indptr);
+#: a verify's KV indices built with torch ops instead of one launch (tree_verify/verify_indices.py).
 EAGER_SEGMENTS = "-eager-segments"
 REFILL_VERIFY_BUFFERS = "-refill-verify-buffers"
+TORCH_VERIFY_INDICES = "-torch-verify-indices"
 VARIANTS = {
     EAGER_SEGMENTS: ({"SGLANG_DDTREE_STEP_GRAPHS": "0"}, ("ddtree",)),
     REFILL_VERIFY_BUFFERS: ({"SGLANG_DDTREE_VERIFY_REFILL_UPSTREAM": "1"}, ("dflash", "ddtree")),
+    TORCH_VERIFY_INDICES: ({"SGLANG_DDTREE_VERIFY_INDICES_TORCH": "1"}, ("dflash", "ddtree")),
 }
 DDTREE_CONFIG = re.compile(r"ddtree([1-9][0-9]*)(" + "|".join(map(re.escape, VARIANTS)) + ")?")
 DDTREE_BUDGETS = range(1, 257)  # --speculative-ddtree-budget's range (speculative/ddtree/budget.py)
@@ -641,9 +644,13 @@ def ratios(rows: list[dict], reference: list[dict], goals: Optional[dict] = None
                     get(f"ddtree{b}{EAGER_SEGMENTS}", verify), get(f"ddtree{b}", verify))
                 add(f"DDTREE B={b} refilling the verify buffers / DDTREE B={b}, {verify} (the skipped "
                     f"refill's speedup)", get(f"ddtree{b}{REFILL_VERIFY_BUFFERS}", verify), get(f"ddtree{b}", verify))
+                add(f"DDTREE B={b} torch verify indices / DDTREE B={b}, {verify} (the one-launch indices' "
+                    f"speedup)", get(f"ddtree{b}{TORCH_VERIFY_INDICES}", verify), get(f"ddtree{b}", verify))
         for verify in ("auto", "fused"):
             add(f"DFLASH refilling the verify buffers / DFLASH, {verify} (the skipped refill's speedup)",
                 get(f"dflash{REFILL_VERIFY_BUFFERS}", verify), get("dflash", verify))
+            add(f"DFLASH torch verify indices / DFLASH, {verify} (the one-launch indices' speedup)",
+                get(f"dflash{TORCH_VERIFY_INDICES}", verify), get("dflash", verify))
         add("DFLASH fused / no speculation", fused, get("nospec", "-"))
         ref_note = "reference run, not this run (benchmarks/reference/e2e_baseline_h200.jsonl)"
         add("DFLASH fused / reference DFLASH flashinfer (causal, sm_90)", fused,

@@ -53,6 +53,9 @@ with _declaring_fields():
         # even where the tree-verify path serves every captured layer and never reads them
         # (TreeVerifyHook.claims_replay_indptr); for A/B runs.
         SGLANG_DDTREE_VERIFY_REFILL_UPSTREAM = EnvBool(False)
+        # Build a verify's KV indices with torch ops (a cumsum, copies, the gather kernel)
+        # instead of the one-launch kernel (tree_verify/verify_indices.py); for A/B runs.
+        SGLANG_DDTREE_VERIFY_INDICES_TORCH = EnvBool(False)
 
         # DFLASH/DDTREE verify sampling: GPU workspace of one chunk of per-node draws,
         # reserved when the KV pool is sized (speculative/verify_sampling/workspace.py).

@@ -115,6 +115,23 @@ def test_refill_variant_sets_the_servers_variable(upstream_parser):
     assert sorted(got.values()) == [pytest.approx(1.1), pytest.approx(1.2)]
 
 
+def test_torch_verify_indices_variant(upstream_parser):
+    """``-torch-verify-indices``: the same server with a verify's KV indices built by torch ops,
+    for the A/B of the one-launch kernel; the server reads the variable, and the ratio is reported."""
+    for config in ("dflash-torch-verify-indices", "ddtree16-torch-verify-indices"):
+        env = es.server_env(es.parse_spec(config), Path("/tmp/tc"))
+        assert env["SGLANG_DDTREE_VERIFY_INDICES_TORCH"] == "1"
+    assert "SGLANG_DDTREE_VERIFY_INDICES_TORCH" not in es.server_env(es.parse_spec("ddtree16"), Path("/tmp/tc"))
+    with pytest.raises(ValueError):
+        es.parse_spec("nospec-torch-verify-indices")
+    rows = [{"config": c, "verify": "fused", "backend": "triton", "policy": "native", "ctx": 512, "batch": 1,
+             "ms_per_step": ms}
+            for c, ms in (("dflash", 2.0), ("dflash-torch-verify-indices", 2.1), ("ddtree16", 2.0),
+                          ("ddtree16-torch-verify-indices", 2.3))]  # fmt: skip
+    got = {r["ratio"]: r["value"] for r in es.ratios(rows, []) if "torch verify indices" in r["ratio"]}
+    assert sorted(got.values()) == [pytest.approx(1.05), pytest.approx(1.15)]
+
+
 def test_verify_paths_are_the_dispatchers_strategies():
     from sglang.srt.layers.attention.tree_verify.dispatch import STRATEGIES
 

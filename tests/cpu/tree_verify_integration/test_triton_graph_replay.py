@@ -105,6 +105,19 @@ def test_a_layer_left_to_upstream_brings_the_refill_back():
     assert (be.cuda_graph_kv_indices[: 41 + 1] != SENTINEL).all()  # 30 + 2 + 9 prefix slots, the padding row 1
 
 
+def test_replays_with_the_torch_verify_indices(monkeypatch):
+    """SGLANG_DDTREE_VERIFY_INDICES_TORCH=1 (the A/B of the one-launch kernel) builds the same
+    indices with torch ops: the replays still equal the reference."""
+    from sglang.srt.layers.attention.tree_verify.verify_indices import verify_indices_reference
+
+    monkeypatch.setenv("SGLANG_DDTREE_VERIFY_INDICES_TORCH", "1")
+    gen = torch.Generator().manual_seed(16)
+    be, pool, layer, req_to_token = _captured("DDTREE", gen)
+    assert be.tree_verify._fill_indices is verify_indices_reference
+    for prefix in ([30, 2], [1, 1, 1, 40]):
+        _replay(be, pool, layer, req_to_token, prefix, gen)
+
+
 def test_refill_can_be_forced(monkeypatch):
     monkeypatch.setenv("SGLANG_DDTREE_VERIFY_REFILL_UPSTREAM", "1")
     gen = torch.Generator().manual_seed(13)

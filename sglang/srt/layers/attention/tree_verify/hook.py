@@ -62,7 +62,11 @@ from sglang.srt.layers.attention.tree_verify.registry import (
     static_verify_kind,
 )
 from sglang.srt.layers.attention.tree_verify.routes import VerifyRoutes
-from sglang.srt.layers.attention.tree_verify.verify_indices import fill_prefix_indices, verify_indices
+from sglang.srt.layers.attention.tree_verify.verify_indices import (
+    fill_prefix_indices,
+    verify_indices,
+    verify_indices_reference,
+)
 from sglang.srt.speculative.spec_info import SpecInputType
 
 logger = logging.getLogger(__name__)
@@ -294,6 +298,9 @@ class TreeVerifyHook:
         self._served_in_graph = False
         self._indptr_claimed = False
         self._always_refill = bool(ddtree_envs.SGLANG_DDTREE_VERIFY_REFILL_UPSTREAM.get())
+        self._fill_indices = (
+            verify_indices_reference if ddtree_envs.SGLANG_DDTREE_VERIFY_INDICES_TORCH.get() else verify_indices
+        )
 
     @property
     def consumes_tree_mask_bits(self) -> bool:
@@ -448,7 +455,7 @@ class TreeVerifyHook:
             indices = buf["prefix"][: bs * self.max_context_len]
             tree = buf["tree"][: bs * n]
             # The row pointers, the prefix's slots and the tree's (zero on padding rows).
-            verify_indices(
+            self._fill_indices(
                 self.req_to_token, req_pool_indices, seq_lens, kv_indptr, indices,
                 fill_indptr=fill_indptr, tree_src=out_cache_loc, tree_out=tree, width=n,
             )  # fmt: skip
@@ -476,7 +483,7 @@ class TreeVerifyHook:
             if total is None:
                 total = bs * self.max_context_len
             indices = torch.empty(int(total), dtype=torch.int32, device=seq_lens.device)
-            verify_indices(
+            self._fill_indices(
                 self.req_to_token, req_pool_indices, seq_lens, kv_indptr, indices, fill_indptr=fill_indptr
             )
             tree = out_cache_loc.to(torch.int32)
