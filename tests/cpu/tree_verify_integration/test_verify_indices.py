@@ -76,3 +76,12 @@ def test_reference_without_a_tree_and_an_empty_batch():
     untouched = torch.full((4,), -5, dtype=torch.int32)
     vi.verify_indices(req_to_token, rows[:0], lens[:0], untouched, untouched, fill_indptr=True)
     assert (untouched == -5).all()
+
+
+@pytest.mark.parametrize("fn", [vi.verify_indices, vi.verify_indices_reference])
+def test_more_tree_slots_than_the_batch_holds_are_refused(fn):
+    req_to_token, rows, lens, tree_src = _case(5, 2, 2, 4, torch.int64)
+    indptr, prefix = torch.empty(3, dtype=torch.int32), torch.empty(2 * CTX, dtype=torch.int32)
+    with pytest.raises(ValueError, match="8 tree slots for 2 requests of width 3"):
+        fn(req_to_token, rows, lens, indptr, prefix, fill_indptr=True, tree_src=tree_src,
+           tree_out=torch.empty(8, dtype=torch.int32), width=3)

@@ -104,6 +104,8 @@ def verify_indices(
         )  # fmt: skip
         return
     fill_tree = tree_out is not None
+    if fill_tree and tree_src.shape[0] > bs * width:
+        raise ValueError(f"{tree_src.shape[0]} tree slots for {bs} requests of width {width}")
     _verify_indices_kernel[(bs,)](
         req_to_token,
         req_pool_indices,
@@ -149,6 +151,8 @@ def verify_indices_reference(
     fill_prefix_indices(req_to_token, req_pool_indices, seq_lens, indptr[: bs + 1], prefix_out)
     if tree_out is not None:
         rows = int(tree_src.shape[0])
+        if rows > bs * width:
+            raise ValueError(f"{rows} tree slots for {bs} requests of width {width}")
         tree = tree_out[: bs * width]
         tree[:rows].copy_(tree_src)
         tree[rows:].zero_()
