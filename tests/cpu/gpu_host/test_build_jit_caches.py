@@ -5,6 +5,7 @@ generator makes another is reported as a failure, not built under the wrong name
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -54,11 +55,19 @@ def test_without_a_gpu_nothing_is_built():
     assert r.returncode == 2 and "no GPU visible" in r.stderr
 
 
-def test_a_generator_that_makes_another_module_fails(bjc, monkeypatch):
-    """The arch comes from the environment here (no GPU), as in the image's build; the check of
-    the generated name comes before any compiler runs."""
-    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
-    ck = bjc._kernel_list()
-    status, _, err = bjc.build_flashinfer(ck, {"name": "not_norm", "gen": "flashinfer.jit.norm:gen_norm_module",
-                                               "args": [], "for": ["mla"]})
-    assert status == "FAIL" and "generates norm, not the listed not_norm" in err
+def test_a_generator_that_makes_another_module_fails():
+    """The arch comes from the environment here (no GPU), as in the image's build, set before
+    FlashInfer is imported (a fresh process); the check of the generated name comes before any
+    compiler runs."""
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('bjc', {str(SCRIPT)!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "entry = {'name': 'not_norm', 'gen': 'flashinfer.jit.norm:gen_norm_module', 'args': [], 'for': ['mla']}\n"
+        "status, _, err = m.build_flashinfer(m._kernel_list(), entry)\n"
+        "print(status, err)\n"
+    )
+    env = {**os.environ, "FLASHINFER_CUDA_ARCH_LIST": "9.0a"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("FAIL ") and "generates norm, not the listed not_norm" in r.stdout
