@@ -86,15 +86,22 @@ def _report(kind: str, name: str, t0: float, err: str | None, results: list) -> 
 
 
 # ----------------------------------------------------------------------------- FlashInfer
+def flashinfer_spec(entry: dict):
+    """A listed FlashInfer module's JitSpec from its generator; ValueError when the generator
+    makes another module than the one listed."""
+    spec = resolve(entry["gen"])(*map(decode_arg, entry["args"]))
+    if spec.name != entry["name"]:
+        raise ValueError(f"{entry['gen']}{tuple(entry['args'])} generates {spec.name}, "
+                         f"not the listed {entry['name']}")
+    return spec
+
+
 def compile_flashinfer(entries: list, results: list) -> None:
     """In this process: FLASHINFER_CUDA_ARCH_LIST and the workspace are already set."""
     for e in entries:
         t0 = time.monotonic()
         try:
-            spec = resolve(e["gen"])(*map(decode_arg, e["args"]))
-            if spec.name != e["name"]:
-                raise ValueError(f"{e['gen']}{tuple(e['args'])} generates {spec.name}, "
-                                 f"not the listed {e['name']}")
+            spec = flashinfer_spec(e)
             spec.build(verbose=False)
             if not spec.get_library_path().exists():
                 raise RuntimeError(f"{spec.get_library_path()} was not built")

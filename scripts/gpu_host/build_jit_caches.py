@@ -53,9 +53,7 @@ def build_flashinfer(ck, entry: dict) -> tuple:
     """``(status, seconds, error)`` of one FlashInfer module: built here, or already cached."""
     t0 = time.monotonic()
     try:
-        spec = ck.resolve(entry["gen"])(*map(ck.decode_arg, entry["args"]))
-        if spec.name != entry["name"]:
-            raise ValueError(f"{entry['gen']} generates {spec.name}, not the listed {entry['name']}")
+        spec = ck.flashinfer_spec(entry)
         if spec.is_compiled:
             return "cached", time.monotonic() - t0, None
         spec.build(verbose=False)  # under the module's file lock, as a server's build is
