@@ -49,11 +49,27 @@ def selected(data: dict, targets) -> tuple:
             [e for e in data["sglang_jit"] if wanted & set(e["for"])])  # fmt: skip
 
 
-def build_flashinfer(ck, entry: dict) -> tuple:
-    """``(status, seconds, error)`` of one FlashInfer module: built here, or already cached."""
+def made_here(entries, make) -> list:
+    """``(entry, make(entry), None)``, or ``(entry, None, why not)``, for each entry: made in this
+    thread before any build starts. FlashInfer's generators and sglang's kernel factories import
+    their modules on first use, and threads importing the same package at once can deadlock on
+    Python's import locks (``_DeadlockError``)."""
+    out = []
+    for entry in entries:
+        try:
+            out.append((entry, make(entry), None))
+        except Exception as ex:  # the generator's or the import's message is the report
+            out.append((entry, None, f"{type(ex).__name__}: {ex}"))
+    return out
+
+
+def build_flashinfer(spec, error=None) -> tuple:
+    """``(status, seconds, error)`` of one FlashInfer module: built here, or already cached
+    (``error``: why ``made_here`` has no spec for it)."""
     t0 = time.monotonic()
+    if spec is None:
+        return "FAIL", 0.0, error
     try:
-        spec = ck.flashinfer_spec(entry)
         if spec.is_compiled:
             return "cached", time.monotonic() - t0, None
         spec.build(verbose=False)  # under the module's file lock, as a server's build is
@@ -64,13 +80,13 @@ def build_flashinfer(ck, entry: dict) -> tuple:
         return "FAIL", time.monotonic() - t0, f"{type(ex).__name__}: {ex}"
 
 
-def build_sglang_jit(ck, entry: dict) -> tuple:
+def build_sglang_jit(ck, entry: dict, factory) -> tuple:
     """``(status, seconds, error)`` of one sglang JIT kernel, built (or found) and loaded by its
-    own factory for the GPU this process sees."""
+    own ``factory`` (resolved beforehand, in the main thread) for the GPU this process sees."""
     t0 = time.monotonic()
     try:
         kwargs = {k: ck.decode_arg(v) for k, v in entry.get("kwargs", {}).items()}
-        ck.resolve(entry["factory"])(*map(ck.decode_arg, entry["args"]), **kwargs)
+        factory(*map(ck.decode_arg, entry["args"]), **kwargs)
         return "ready", time.monotonic() - t0, None
     except Exception as ex:
         return "FAIL", time.monotonic() - t0, f"{type(ex).__name__}: {ex}"
@@ -113,11 +129,18 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     t_all = time.monotonic()
+    specs = made_here(flashinfer, ck.flashinfer_spec)
+    factories = made_here(sglang_jit, lambda e: ck.resolve(e["factory"]))
+
+    def sglang_all():
+        return [(e, build_sglang_jit(ck, e, f) if f is not None else ("FAIL", 0.0, err))
+                for e, f, err in factories]  # fmt: skip
+
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         # nvcc runs in child processes: the threads only wait. sglang's kernels one at a time,
         # beside the FlashInfer builds.
-        fi = [(e, pool.submit(build_flashinfer, ck, e)) for e in flashinfer]
-        sg = pool.submit(lambda: [(e, build_sglang_jit(ck, e)) for e in sglang_jit])
+        fi = [(e, pool.submit(build_flashinfer, spec, err)) for e, spec, err in specs]
+        sg = pool.submit(sglang_all)
         results = [(e, f.result()) for e, f in fi] + sg.result()
     failed = 0
     for entry, (status, seconds, err) in results:

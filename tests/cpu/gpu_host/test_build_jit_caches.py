@@ -55,19 +55,48 @@ def test_without_a_gpu_nothing_is_built():
     assert r.returncode == 2 and "no GPU visible" in r.stderr
 
 
-def test_a_generator_that_makes_another_module_fails():
-    """The arch comes from the environment here (no GPU), as in the image's build, set before
-    FlashInfer is imported (a fresh process); the check of the generated name comes before any
-    compiler runs."""
-    code = (
+def _fresh(code: str) -> subprocess.CompletedProcess:
+    """``code`` with the script loaded as ``m``, in a fresh process whose arch comes from the
+    environment (no GPU here), as in the image's build: FlashInfer reads it when first imported."""
+    head = (
         "import importlib.util, sys\n"
         f"spec = importlib.util.spec_from_file_location('bjc', {str(SCRIPT)!r})\n"
         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-        "entry = {'name': 'not_norm', 'gen': 'flashinfer.jit.norm:gen_norm_module', 'args': [], 'for': ['mla']}\n"
-        "status, _, err = m.build_flashinfer(m._kernel_list(), entry)\n"
-        "print(status, err)\n"
     )
     env = {**os.environ, "FLASHINFER_CUDA_ARCH_LIST": "9.0a"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run([sys.executable, "-c", head + code], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_a_generator_that_makes_another_module_fails():
+    """The check of the generated name comes before any compiler runs."""
+    r = _fresh(
+        "entry = {'name': 'not_norm', 'gen': 'flashinfer.jit.norm:gen_norm_module', 'args': [], 'for': ['mla']}\n"
+        "[(_, spec, err)] = m.made_here([entry], m._kernel_list().flashinfer_spec)\n"
+        "status, _, err = m.build_flashinfer(spec, err)\n"
+        "print(status, err)\n"
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("FAIL ") and "generates norm, not the listed not_norm" in r.stdout
+
+
+def test_every_listed_module_is_made_before_the_builds():
+    """Every FlashInfer generator and sglang factory of the list, made in one thread as ``main``
+    makes them before its build threads start (on a GPU host two builds once imported the same
+    FlashInfer module from two threads and one failed with ``_DeadlockError``): each makes the
+    module it is listed as, and nothing is left for a build thread to import."""
+    r = _fresh(
+        "import json\n"
+        "ck = m._kernel_list()\n"
+        "fi, sg = m.selected(ck.load_modules(m.REPO / 'docker' / 'jit_modules.json'), m.TARGETS)\n"
+        "specs = m.made_here(fi, ck.flashinfer_spec)\n"
+        "factories = m.made_here(sg, lambda e: ck.resolve(e['factory']))\n"
+        "print(json.dumps({'fi': [[e['name'], s is not None and s.name, err] for e, s, err in specs],\n"
+        "                  'sg': [[e['factory'], callable(f), err] for e, f, err in factories]}))\n"
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["fi"] and out["sg"]
+    for name, made, err in out["fi"]:
+        assert err is None and made == name, (name, made, err)
+    for factory, ok, err in out["sg"]:
+        assert err is None and ok, (factory, err)
