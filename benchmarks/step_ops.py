@@ -429,6 +429,7 @@ class StepWorld:
             from sglang.srt.speculative.ddtree.dflash_internals import DFlashInternals
             from sglang.srt.speculative.ddtree.draft_topk import DraftTopKHead
             from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats
+            from sglang.srt.speculative.ddtree.verify_graphs import VerifyGraphs
             from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
             w.__dict__.update(
@@ -436,6 +437,7 @@ class StepWorld:
                 budget_policy=None,
                 # The step graphs (step_graphs.SegmentGraphs) need CUDA: these are the eager counts.
                 _tree_graphs=None, _tail_graphs=None, _sampled_tail_graphs=None,
+                _verify_graphs=VerifyGraphs(target_runner),  # no graph budgets: the runner's own
                 _algo=SpeculativeAlgorithm.from_string("DDTREE"), _context_len=self.CONTEXT,
                 stats=DDTreeStepStats(budget, interval=1 << 30),
             )  # fmt: skip

@@ -74,6 +74,28 @@ def test_budget_policy_flag(model_dirs):
     assert _make(model_dirs, tp_size=2, speculative_ddtree_budget_policy="fixed").speculative_ddtree_budget == 16
 
 
+def test_graph_budgets_flag(model_dirs):
+    adaptive = dict(speculative_ddtree_budget=64, speculative_ddtree_budget_policy="adaptive")
+    assert _make(model_dirs, **adaptive).speculative_ddtree_graph_budgets is None
+    sa = _make(model_dirs, speculative_ddtree_graph_budgets=" 16, 4,16", **adaptive)
+    # Normalised; the verify width, the KV headroom and the main graphs stay the full budget's.
+    assert (sa.speculative_ddtree_graph_budgets, sa.speculative_num_draft_tokens) == ("4,16", 65)
+    tree = budget.TreeBudget.of(sa)
+    assert (tree.budget, tree.graph_budgets) == (64, (4, 16))
+    assert tree.at(16).graph_budgets == (4,) and tree.at(4).graph_budgets == ()
+    for value, message in (("64", r"must lie in \[1, 63\] .* got 64"), ("0", r"got 0"),
+                           ("16;4", "takes comma-separated integers, got '16;4'")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            _make(model_dirs, speculative_ddtree_graph_budgets=value, **adaptive)
+    with pytest.raises(ValueError, match="Add --speculative-ddtree-budget-policy adaptive, or remove it"):
+        _make(model_dirs, speculative_ddtree_budget=64, speculative_ddtree_graph_budgets="16")
+    with pytest.raises(ValueError, match="captures CUDA graphs, which --disable-cuda-graph turns off"):
+        _make(model_dirs, speculative_ddtree_graph_budgets="16", disable_cuda_graph=True, **adaptive)
+    with pytest.raises(ValueError, match="--enable-lora keeps once per process"):
+        _make(model_dirs, speculative_ddtree_graph_budgets="16", enable_lora=True, max_lora_rank=8,
+              lora_target_modules=["q_proj"], **adaptive)  # fmt: skip
+
+
 def test_small_budget_truncates_draft_block(model_dirs):
     # A tree of 4 nodes is at most 4 deep: the drafter runs [bonus, MASK x 4].
     sa = _make(model_dirs, speculative_ddtree_budget=4)
@@ -165,6 +187,7 @@ def test_tensor_parallel_resolves_as_one_gpu(model_dirs, target):
         (dict(speculative_ddtree_topk=-5), "--speculative-ddtree-topk only apply"),
         (dict(speculative_ddtree_tree="transitions"), "--speculative-ddtree-tree only apply"),
         (dict(speculative_ddtree_budget_policy="adaptive"), "--speculative-ddtree-budget-policy only apply"),
+        (dict(speculative_ddtree_graph_budgets="16"), "--speculative-ddtree-graph-budgets only apply"),
         (dict(speculative_ddtree_budget=999, speculative_ddtree_topk=-5),
          "--speculative-ddtree-budget and --speculative-ddtree-topk only apply"),
     ],
@@ -209,6 +232,8 @@ def test_cli_flags_parse(model_dirs):
             "transitions",
             "--speculative-ddtree-budget-policy",
             "adaptive",
+            "--speculative-ddtree-graph-budgets",
+            "4",
             "--device",
             "cuda",
             "--skip-tokenizer-init",
@@ -216,7 +241,7 @@ def test_cli_flags_parse(model_dirs):
     )
     sa = ServerArgs.from_cli_args(args)
     assert (sa.speculative_ddtree_budget, sa.speculative_ddtree_topk, sa.speculative_ddtree_tree) == (16, 3, "transitions")
-    assert sa.speculative_ddtree_budget_policy == "adaptive"
+    assert (sa.speculative_ddtree_budget_policy, sa.speculative_ddtree_graph_budgets) == ("adaptive", "4")
     assert sa.speculative_num_draft_tokens == 17
 
 

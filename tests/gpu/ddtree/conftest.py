@@ -9,10 +9,12 @@ DDTREE and its DFlash drafter, once with CUDA graphs + the overlap scheduler,
 once eager + synchronous, and once choosing each step's budget. Every server runs the scheduler's idle KV check
 in strict mode, so a leak, double free or use-after-free kills it.
 
-``DDTREE_E2E_SERVERS`` picks the DDTREE servers (default ``ddtree,ddtree_eager,ddtree_adaptive``;
+``DDTREE_E2E_SERVERS`` picks the DDTREE servers (default
+``ddtree,ddtree_eager,ddtree_adaptive,ddtree_graph_budgets``;
 ``ddtree_dense`` runs upstream's Triton extend kernel with the dense mask,
 ``ddtree_flashinfer`` the FlashInfer backend; ~135 s of JIT on a fresh host;
-``ddtree_adaptive`` chooses each step's budget, graphs + overlap),
+``ddtree_adaptive`` chooses each step's budget, graphs + overlap; ``ddtree_graph_budgets``
+chooses between budget 4, whose verify replays graphs of its own width, and the full one),
 ``DDTREE_E2E_BUDGET`` (default 16) sets the tree budget, ``DDTREE_E2E_EXTRA_ARGS``
 is appended to the DDTREE servers.
 """
@@ -28,7 +30,8 @@ from tests.gpu.harness import harness
 
 # DDTREE servers to run, beside the no-speculation baseline.
 TREE_SERVERS = [
-    s for s in os.environ.get("DDTREE_E2E_SERVERS", "ddtree,ddtree_eager,ddtree_adaptive").split(",") if s
+    s for s in os.environ.get("DDTREE_E2E_SERVERS", "ddtree,ddtree_eager,ddtree_adaptive,ddtree_graph_budgets").split(",")
+    if s
 ]
 #: Tree budget of the DDTREE servers.
 BUDGET = int(os.environ.get("DDTREE_E2E_BUDGET", "16"))
@@ -74,6 +77,9 @@ def servers(request, tiny_models, gpu_log_dir):
         "ddtree_flashinfer": ([("flashinfer" if a == "triton" else a) for a in COMMON] + ddtree, stats),
         # Each step's budget chosen per batch size (steps below the full budget run eagerly).
         "ddtree_adaptive": (COMMON + ddtree + ["--speculative-ddtree-budget-policy", "adaptive"], stats),
+        # The same, choosing between budget 4 (its verify graphs captured at width 5) and the full one.
+        "ddtree_graph_budgets": (COMMON + ddtree + ["--speculative-ddtree-budget-policy", "adaptive",
+                                                    "--speculative-ddtree-graph-budgets", "4"], stats),
     }
     configs = {k: configs[k] for k in ["baseline", *TREE_SERVERS]}
     configs = {name: (args, {**STRICT_KV_CHECK, **env}) for name, (args, env) in configs.items()}

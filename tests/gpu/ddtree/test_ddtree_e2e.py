@@ -71,7 +71,8 @@ def test_greedy_single_identical(servers, tree, tiny_models):
     # The tree pays off beyond a chain: it takes the decoy's sibling, the right
     # token, at block offset 5 and goes on, so it needs fewer verify steps than
     # a chain over the same drafter can.
-    if TREE_HOLDS_BOTH_BRANCHES and tree.name != "ddtree-e2e-ddtree_adaptive":  # it may run smaller trees
+    # The adaptive servers may run smaller trees.
+    if TREE_HOLDS_BOTH_BRANCHES and tree.name not in ("ddtree-e2e-ddtree_adaptive", "ddtree-e2e-ddtree_graph_budgets"):
         chain_steps = _chain_min_verify_steps(tiny_models, n)
         assert meta["spec_verify_ct"] < chain_steps, (meta, chain_steps)
         assert meta["spec_accept_length"] > n / chain_steps, meta
@@ -156,4 +157,18 @@ def test_adaptive_policy_runs_smaller_budgets_and_stays_lossless(servers):
     steps = {b: s for b, (_, s) in at.items()}
     assert steps[1] > steps[BUDGET] > 0, steps  # some steps ran below the full budget
     assert all(at[b][0] <= at[b][1] * b for b in at), at
+    assert "DDTREE budget policy: batch <= " in tree.log_text()
+
+
+def test_graph_budgets_capture_their_width_and_stay_lossless(servers):
+    """The server with a graph budget captured the target's verify graphs at its width, ran
+    steps at it (counted apart from the full budget's), and its outputs are the target's."""
+    if "ddtree_graph_budgets" not in servers:
+        pytest.skip("DDTREE_E2E_SERVERS does not include ddtree_graph_budgets")
+    tree = servers["ddtree_graph_budgets"]
+    assert "DDTREE verify graphs at width 5 (budget 4)" in tree.log_text()
+    for seed in (31, 32):
+        assert_concurrent_identical(servers["baseline"], tree, _prompts(8, seed=seed))
+    steps = {b: s for b, (_, s) in _at_budget(tree).items()}
+    assert steps[4] > steps[BUDGET] > 0, steps  # some steps ran at budget 4
     assert "DDTREE budget policy: batch <= " in tree.log_text()

@@ -91,8 +91,8 @@ def _step(w, trees, tails, state, bs, budget, seed, guard=()):
     """One step through the graphs, checked against the eager segments on the same inputs."""
     max_depth = max_tree_depth(budget, DEPTHS)
     head, (bonus, prefix, rows), verify = _new_step(state, bs, budget, seed)
-    want_tree = w._build_and_compile(budget, max_depth, *head, state.req_to_token, bonus, prefix, rows)
-    tree = trees.run((budget, max_depth), (*head, state.req_to_token), (bonus, prefix, rows))
+    want_tree = w._build_and_compile(budget, max_depth, budget, *head, state.req_to_token, bonus, prefix, rows)
+    tree = trees.run((budget, max_depth, budget), (*head, state.req_to_token), (bonus, prefix, rows))
     in_place = trees.last_replayed
     step_rows = trees.last_fed[1:] if in_place else (prefix, rows)
     for name in _TREE_TENSORS:
@@ -136,6 +136,25 @@ def test_replays_return_and_write_what_the_eager_segments_do(bs, budget):
     assert (tails.captures, tails.replays) == (1, 5) and tails.last_replayed
     assert trees.disabled_reason is None and tails.disabled_reason is None
     assert sum(accepted) / len(accepted) > 1.5, "the inputs must exercise accepted paths"
+
+
+def test_a_smaller_tree_from_the_wider_head_replays_what_the_eager_narrow_head_builds():
+    """A step budget below the head's width (the adaptive policy's): the tree graph takes the
+    head's buffers at their full width and slices each depth's leading top-K inside the graph,
+    which builds the tree ``DraftTopKHead.read`` gives the eager path (a contiguous copy)."""
+    full, small, bs = 64, 16, 4
+    state = _State(bs, full)
+    w = _worker(state)
+    trees = SegmentGraphs("tree", w._build_and_compile)
+    max_depth = max_tree_depth(small, DEPTHS)
+    for seed in range(4):  # eager, captured, replayed twice
+        (logprobs, ids), (bonus, prefix, rows), _ = _new_step(state, bs, full, 200 + seed)
+        want = w._build_and_compile(small, max_depth, small, logprobs[..., :small].contiguous(),
+                                    ids[..., :small].contiguous(), state.req_to_token, bonus, prefix, rows)  # fmt: skip
+        got = trees.run((small, max_depth, small), (logprobs, ids, state.req_to_token), (bonus, prefix, rows))
+        for name in _TREE_TENSORS:
+            assert torch.equal(getattr(got, name), getattr(want, name)), (seed, name)
+    assert (trees.captures, trees.replays) == (1, 3) and trees.disabled_reason is None
 
 
 def test_a_new_batch_size_or_guard_is_a_new_graph():

@@ -12,7 +12,7 @@ by ``speculative_num_draft_tokens``, which for DDTREE is N); the worker reads it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from sglang.srt.layers.attention.tree_verify.masks import MAX_BUDGET
 
@@ -34,6 +34,8 @@ class TreeBudget:
     budget: int  # B: draft nodes per tree (the root, the bonus token, comes on top)
     topk: int  # K: candidates taken from each depth's draft distribution
     draft_block: int  # the DFlash block drafted per step: [bonus, MASK x (draft_block - 1)]
+    #: Smaller budgets whose verify replays CUDA graphs of its own width (``verify_graphs``).
+    graph_budgets: Tuple[int, ...] = ()
 
     @property
     def verify_width(self) -> int:
@@ -50,11 +52,17 @@ class TreeBudget:
         first ``budget`` nodes of this one (both builders number nodes best-first)."""
         if not MIN_BUDGET <= budget <= self.budget:
             raise ValueError(f"DDTREE step budget must be in [{MIN_BUDGET}, {self.budget}], got {budget}.")
-        return TreeBudget(budget=budget, topk=min(self.topk, budget), draft_block=self.draft_block)
+        return TreeBudget(budget=budget, topk=min(self.topk, budget), draft_block=self.draft_block,
+                          graph_budgets=tuple(b for b in self.graph_budgets if b < budget))  # fmt: skip
 
     @classmethod
     def resolve(
-        cls, budget: Optional[int], topk: Optional[int], checkpoint_block: int, vocab_size: int
+        cls,
+        budget: Optional[int],
+        topk: Optional[int],
+        checkpoint_block: int,
+        vocab_size: int,
+        graph_budgets: Optional[str] = None,
     ) -> "TreeBudget":
         """The flags' values checked, defaults filled in."""
         b = DEFAULT_BUDGET if budget is None else _check_int("--speculative-ddtree-budget", budget, MIN_BUDGET,
@@ -69,7 +77,8 @@ class TreeBudget:
             )
         # A tree of B nodes is at most B deep: the block is cut to B + 1, which also keeps the
         # per-step KV headroom (sized by the verify width) enough for the draft block.
-        return cls(budget=b, topk=k, draft_block=min(checkpoint_block, b + 1))
+        return cls(budget=b, topk=k, draft_block=min(checkpoint_block, b + 1),
+                   graph_budgets=parse_graph_budgets(graph_budgets, b))  # fmt: skip
 
     @classmethod
     def of(cls, server_args: Any) -> "TreeBudget":
@@ -78,13 +87,36 @@ class TreeBudget:
             budget=int(server_args.speculative_ddtree_budget),
             topk=int(server_args.speculative_ddtree_topk),
             draft_block=int(server_args.speculative_dflash_block_size),
-        )
+            graph_budgets=parse_graph_budgets(getattr(server_args, "speculative_ddtree_graph_budgets", None),
+                                              int(server_args.speculative_ddtree_budget)),
+        )  # fmt: skip
         if int(server_args.speculative_num_draft_tokens) != tree.verify_width:
             raise ValueError(
                 "DDTREE expects speculative_num_draft_tokens == budget + 1 "
                 f"({tree.verify_width}), got {server_args.speculative_num_draft_tokens}."
             )
         return tree
+
+
+def parse_graph_budgets(value: Optional[str], budget: int) -> Tuple[int, ...]:
+    """``--speculative-ddtree-graph-budgets`` (``"16"``, ``"4,16"``): distinct budgets below
+    ``budget``, ascending."""
+    if value is None or str(value).strip() == "":
+        return ()
+    flag = "--speculative-ddtree-graph-budgets"
+    out = set()
+    for part in str(value).split(","):
+        try:
+            b = int(part.strip())
+        except ValueError:
+            raise ValueError(f"DDTREE {flag} takes comma-separated integers, got {value!r}.") from None
+        if not MIN_BUDGET <= b < budget:
+            raise ValueError(
+                f"DDTREE {flag} must lie in [{MIN_BUDGET}, {budget - 1}] (below --speculative-ddtree-budget "
+                f"{budget}, whose verify graphs the server captures anyway), got {b}."
+            )
+        out.add(b)
+    return tuple(sorted(out))
 
 
 def _check_int(name: str, value, lo: int, hi: int) -> int:

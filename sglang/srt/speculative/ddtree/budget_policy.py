@@ -18,7 +18,9 @@ bucket it runs the next other candidate for ``PROBE_STEPS`` steps. Until the
 statistics have published tau it runs the full budget. Steps below the full budget
 run outside the CUDA graphs (they are captured at the full width; upstream's graph
 runner falls back to eager for another width), which is why a smaller budget pays
-where a step is compute-bound: large batches, long trees on big targets.
+where a step is compute-bound: large batches, long trees on big targets; unless it is
+one of ``--speculative-ddtree-graph-budgets``, the candidates then, whose verifies replay
+graphs of their own width (``verify_graphs``).
 """
 
 from __future__ import annotations

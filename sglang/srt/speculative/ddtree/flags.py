@@ -212,6 +212,7 @@ DDTREE_ONLY_FLAGS = (
     ("speculative_ddtree_topk", "--speculative-ddtree-topk"),
     ("speculative_ddtree_tree", "--speculative-ddtree-tree"),
     ("speculative_ddtree_budget_policy", "--speculative-ddtree-budget-policy"),
+    ("speculative_ddtree_graph_budgets", "--speculative-ddtree-graph-budgets"),
 )
 
 #: What ``--speculative-ddtree-tree`` grows the tree from (the first is the default).
@@ -255,6 +256,7 @@ def handle_ddtree_server_args(server_args: ServerArgs) -> None:
         server_args.speculative_ddtree_topk,
         _checkpoint_block(server_args),
         int(server_args.get_model_config().vocab_size),
+        server_args.speculative_ddtree_graph_budgets,
     )
     if requested_width is not None and int(requested_width) != tree.verify_width:
         raise ValueError(
@@ -278,6 +280,8 @@ def handle_ddtree_server_args(server_args: ServerArgs) -> None:
         "--speculative-ddtree-budget-policy", server_args.speculative_ddtree_budget_policy, BUDGET_POLICIES
     )
     _check_budget_policy(server_args)
+    server_args.speculative_ddtree_graph_budgets = ",".join(map(str, tree.graph_budgets)) or None
+    _check_graph_budgets(server_args)
     server_args.speculative_dflash_block_size = tree.draft_block
     server_args.speculative_num_draft_tokens = tree.verify_width
     logger.info(
@@ -308,6 +312,41 @@ def _check_budget_policy(server_args: ServerArgs) -> None:
             "--speculative-ddtree-budget-policy adaptive chooses each step's budget from this "
             "process's own step times; with " + ", ".join(parallel) + " the ranks would choose "
             "apart. Use the fixed policy (the default) with --speculative-ddtree-budget."
+        )
+
+
+#: Features whose CUDA-graph state one graph runner's capture sets up for all of them, so a
+#: second set of verify graphs would overwrite the first's (``verify_graphs``).
+_GRAPH_BUDGET_CONFLICTS = (
+    ("enable_lora", "--enable-lora"),
+    ("enable_two_batch_overlap", "--enable-two-batch-overlap"),
+    ("enable_pdmux", "--enable-pdmux"),
+)
+
+
+def _check_graph_budgets(server_args: ServerArgs) -> None:
+    """Graph budgets serve the adaptive policy, need the target's CUDA graphs, and capture
+    a second set of them, which LoRA, two-batch overlap and PD multiplexing cannot share."""
+    if server_args.speculative_ddtree_graph_budgets is None:
+        return
+    flag = "--speculative-ddtree-graph-budgets"
+    if server_args.speculative_ddtree_budget_policy != "adaptive":
+        raise ValueError(
+            f"{flag} gives the adaptive budget policy smaller budgets that replay CUDA graphs; "
+            "with the fixed policy every step verifies the full budget. Add "
+            "--speculative-ddtree-budget-policy adaptive, or remove it."
+        )
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    view = resolved_view(server_args)
+    if getattr(view, "disable_cuda_graph", False) or getattr(server_args, "disable_cuda_graph", False):
+        raise ValueError(f"{flag} captures CUDA graphs, which --disable-cuda-graph turns off. Remove one of them.")
+    given = [name for field, name in _GRAPH_BUDGET_CONFLICTS if getattr(view, field, False)]
+    if given:
+        raise ValueError(
+            f"{flag} captures a second set of target verify graphs, whose state "
+            f"{' and '.join(given)} keep{'s' if len(given) == 1 else ''} once per process. "
+            f"Remove {flag} (the adaptive policy then runs smaller budgets eagerly)."
         )
 
 

@@ -59,6 +59,7 @@ from sglang.srt.speculative.ddtree.step_graphs import SegmentGraphs
 from sglang.srt.speculative.ddtree.step_phases import phase
 from sglang.srt.speculative.ddtree.tree_build import build_tree
 from sglang.srt.speculative.ddtree.tree_compile import CompiledTree, compile_tree
+from sglang.srt.speculative.ddtree.verify_graphs import VerifyGraphs
 from sglang.srt.speculative.dflash2.dflash_step import is_selector_drafter
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
@@ -87,11 +88,15 @@ class DDTreeWorker(DFlashWorkerV2):
         self.tree = TreeBudget.of(server_args)
         self._algo = SpeculativeAlgorithm.from_string("DDTREE")
         self._context_len = int(self.model_runner.model_config.context_len)
-        # Each step's budget: the configured one, or chosen per step among 1, 2, 4, ... up to it.
+        # Each step's budget: the configured one, or chosen per step among 1, 2, 4, ... up to
+        # it, or among the graph budgets and it (their verifies replay graphs of their own
+        # width, captured in ``init_cuda_graphs``).
         self.budget_policy = None
         step_budgets = None
+        self._verify_graphs = VerifyGraphs(target_worker.model_runner)
         if server_args.speculative_ddtree_budget_policy == "adaptive":
-            step_budgets = budget_tiers(self.tree.budget)
+            step_budgets = (sorted({*self.tree.graph_budgets, self.tree.budget}) if self.tree.graph_budgets
+                            else budget_tiers(self.tree.budget))  # fmt: skip
         self.stats = DDTreeStepStats.for_worker(server_args, self.ps, self.tree.budget, step_budgets)
         if step_budgets is not None:
             if not self.stats.enabled:
@@ -152,6 +157,18 @@ class DDTreeWorker(DFlashWorkerV2):
                     "linear-attention targets yet (their per-node recurrent states are laid out "
                     "for the full verify width). Use the fixed policy."
                 )
+
+    def init_cuda_graphs(self):
+        super().init_cuda_graphs()
+        runner = self.target_worker.model_runner
+        if not self.tree.graph_budgets or getattr(runner, "decode_cuda_graph_runner", None) is None:
+            if self.tree.graph_budgets and self.ps.tp_rank == 0:
+                logger.warning("DDTREE graph budgets %s run eagerly: the target has no CUDA graphs.",
+                               list(self.tree.graph_budgets))  # fmt: skip
+            return
+        self._verify_graphs = VerifyGraphs.capture(
+            runner, [b + 1 for b in self.tree.graph_budgets], self.tree.verify_width
+        )
 
     def _maybe_build_draft_sampler(self):
         """The head upstream folds into the draft CUDA graph (called before capture): for
@@ -218,14 +235,17 @@ class DDTreeWorker(DFlashWorkerV2):
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
 
         bs = len(batch.seq_lens)
-        # This step's tree: the configured budget, or the policy's for this batch size
-        # (a smaller tree runs outside the CUDA graphs, captured at the full width).
+        # This step's tree: the configured budget, or the policy's for this batch size (a
+        # smaller tree replays its width's graphs if it is a graph budget, else runs eagerly).
         tree_budget = self.tree if self.budget_policy is None else self.tree.at(self.budget_policy.choose(bs))
         n = tree_budget.verify_width
         prefix_lens = batch.seq_lens
         req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        # The target graphs of this width (None: the model runner's own, at the full width).
+        verify_graph = self._verify_graphs.lookup(n, bs)
         # Before the draft is queued, so the verify's plan need not wait for it.
-        stage_verify_prefix_lens(self.target_worker.model_runner.attn_backend, prefix_lens)
+        with self._verify_graphs.active(verify_graph) as target_backend:
+            stage_verify_prefix_lens(target_backend, prefix_lens)
 
         # 1-3) draft, then the tree: from each depth's top-K, or from a DFlash 2
         # drafter's selector lattice (candidates per slot and their transitions).
@@ -239,9 +259,11 @@ class DDTreeWorker(DFlashWorkerV2):
                     self.target_worker.model_runner.model.lm_head,
                 )
             elif draft_replayed and self._dflash.draft_graph_head is not None:
-                # The draft graph's replay scored each depth (``DraftTopKHead``).
-                logprobs, token_ids = self._dflash.draft_graph_head.read(bs, tree_budget.topk)
-                head_read = tree_budget.topk == self._dflash.draft_graph_head.topk
+                # The draft graph's replay scored each depth (``DraftTopKHead``): its buffers at
+                # their full width, of which a smaller tree takes the leading columns.
+                head = self._dflash.draft_graph_head
+                logprobs, token_ids = head.read(bs, head.topk)
+                head_read = True
             else:
                 logprobs, token_ids = self._draft_topk(draft_hidden[:, 1:, :], tree_budget.topk)
         tree_replayed = False
@@ -257,7 +279,7 @@ class DDTreeWorker(DFlashWorkerV2):
             elif head_read and self._tree_graphs is not None:
                 # The head's buffers hold the top-K at the same addresses every replay.
                 compiled = self._tree_graphs.run(
-                    (tree_budget.budget, tree_budget.max_depth),
+                    (tree_budget.budget, tree_budget.max_depth, tree_budget.topk),
                     fixed=(logprobs, token_ids, req_to_token),
                     fed=tree_args,
                 )
@@ -267,8 +289,9 @@ class DDTreeWorker(DFlashWorkerV2):
                     step_rows = self._tree_graphs.last_fed[1:]
             else:
                 compiled = self._build_and_compile(
-                    tree_budget.budget, tree_budget.max_depth, logprobs, token_ids, req_to_token, *tree_args
-                )
+                    tree_budget.budget, tree_budget.max_depth, tree_budget.topk, logprobs, token_ids, req_to_token,
+                    *tree_args,
+                )  # fmt: skip
             grammar_tree = (
                 GrammarTree.from_device(
                     compiled.retrive_next_token, compiled.retrive_next_sibling, compiled.tokens
@@ -287,7 +310,7 @@ class DDTreeWorker(DFlashWorkerV2):
             # track slots (rebuilt from the requests, as EAGLE's verify does).
             prepare_mamba_track_for_verify(batch)
         with phase("verify"):
-            logits_output, can_run_cuda_graph = self._verify(batch, draft_input, compiled, bs)
+            logits_output, can_run_cuda_graph = self._verify(batch, draft_input, compiled, bs, verify_graph)
         hidden = logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE verify requires target hidden states, but got None.")
@@ -398,10 +421,13 @@ class DDTreeWorker(DFlashWorkerV2):
         return commit, commit.accept.next_bonus.clone()
 
     def _build_and_compile(
-        self, budget, max_depth, logprobs, token_ids, req_to_token, bonus, prefix_lens, req_pool_indices
+        self, budget, max_depth, topk, logprobs, token_ids, req_to_token, bonus, prefix_lens, req_pool_indices
     ) -> CompiledTree:
-        """The tree from each depth's top-K, compiled with its KV window: no host sync
-        (``SegmentGraphs``)."""
+        """The tree from each depth's top-``topk``, compiled with its KV window: no host sync
+        (``SegmentGraphs``). Wider top-K buffers (the draft head's, for a smaller step budget)
+        give their leading, most likely, ``topk`` columns, as ``DraftTopKHead.read`` does."""
+        if logprobs.shape[-1] > topk:
+            logprobs, token_ids = logprobs[..., :topk].contiguous(), token_ids[..., :topk].contiguous()
         return self._compile(
             build_tree(logprobs, token_ids, budget), max_depth, req_to_token, bonus, prefix_lens, req_pool_indices
         )
@@ -591,7 +617,9 @@ class DDTreeWorker(DFlashWorkerV2):
 
     # ---------------------------------------------------------------- verify
 
-    def _verify(self, batch, draft_input, compiled, bs):
+    def _verify(self, batch, draft_input, compiled, bs, verify_graph=None):
+        """The target's forward over the tree; ``verify_graph``: the graphs of a graph budget's
+        width, which plan and replay it (``verify_graphs``)."""
         n = compiled.num_tokens
         seq_lens_cpu_backup = batch.seq_lens_cpu
         seq_lens_sum_backup = batch.seq_lens_sum
@@ -616,17 +644,19 @@ class DDTreeWorker(DFlashWorkerV2):
         verify_input = DDTreeVerifyInput.from_compiled(
             compiled, custom_mask=custom_mask, tree_links=self._linear_state
         )
-        try:
-            verify_forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
-        finally:
-            batch.seq_lens_cpu = seq_lens_cpu_backup
-            batch.seq_lens_sum = seq_lens_sum_backup
-        out = self.target_worker.forward_batch_generation(
-            batch=None,
-            forward_batch=verify_forward_batch,
-            is_verify=True,
-            skip_attn_backend_init=True,
-        )
+        # The forward replays on the graph runner that planned it.
+        with self._verify_graphs.active(verify_graph):
+            try:
+                verify_forward_batch, _ = verify_input.prepare_for_verify(batch, self.target_worker)
+            finally:
+                batch.seq_lens_cpu = seq_lens_cpu_backup
+                batch.seq_lens_sum = seq_lens_sum_backup
+            out = self.target_worker.forward_batch_generation(
+                batch=None,
+                forward_batch=verify_forward_batch,
+                is_verify=True,
+                skip_attn_backend_init=True,
+            )
         return out.logits_output, out.can_run_cuda_graph
 
     def _commit_linear_state(self, batch: ScheduleBatch, res, prefix_lens: torch.Tensor) -> None:
