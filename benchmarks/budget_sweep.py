@@ -71,13 +71,16 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = re.compile(r"^(nospec|dflash|ddtree([1-9][0-9]*))(-transitions)?(-adaptive)?$")
+CONFIG = re.compile(r"^(nospec|dflash|ddtree([1-9][0-9]*))(-transitions)?(-adaptive(-graphs[1-9][0-9]*(?:\.[1-9][0-9]*)*)?)?$")
 #: A DDTREE label's suffix for a tree grown from a DFlash 2 drafter's selector transitions
 #: (``--speculative-ddtree-tree transitions``), e.g. ``ddtree16-transitions``.
 TRANSITIONS = "-transitions"
 #: A DDTREE label's suffix for a server choosing each step's budget up to the label's
 #: (``--speculative-ddtree-budget-policy adaptive``), e.g. ``ddtree64-adaptive``.
 ADAPTIVE = "-adaptive"
+#: After ``-adaptive``: its graph budgets (``--speculative-ddtree-graph-budgets``, dots for
+#: commas), e.g. ``ddtree64-adaptive-graphs16`` or ``ddtree64-adaptive-graphs4.16``.
+GRAPHS = "-graphs"
 WARMUP_TOKENS = 64  # dflash's warm-up length
 #: DDTREE's Prometheus counters (``speculative/ddtree/metrics.py``): drafts accepted had the
 #: budget been ``budget``, and the request steps they are counted over (per budget; a server
@@ -172,7 +175,8 @@ def parse_config(label: str) -> tuple[str, Optional[int]]:
     m = CONFIG.match(label)
     if not m or ((m.group(3) or m.group(4)) and not m.group(2)):
         raise SystemExit(f"server label {label!r}: expected nospec, dflash or ddtree<budget>[{TRANSITIONS}]"
-                         f"[{ADAPTIVE}] (e.g. ddtree32, ddtree16{TRANSITIONS}, ddtree64{ADAPTIVE})")
+                         f"[{ADAPTIVE}[{GRAPHS}<b>[.<b>...]]] (e.g. ddtree32, ddtree16{TRANSITIONS}, "
+                         f"ddtree64{ADAPTIVE}, ddtree64{ADAPTIVE}{GRAPHS}16)")
     return ("ddtree", int(m.group(2))) if m.group(2) else (m.group(1), None)
 
 
@@ -190,6 +194,8 @@ def label_from_server_info(info: dict) -> str:
     if algo == "DDTREE":
         suffix = TRANSITIONS if info.get("speculative_ddtree_tree") == "transitions" else ""
         suffix += ADAPTIVE if info.get("speculative_ddtree_budget_policy") == "adaptive" else ""
+        if info.get("speculative_ddtree_graph_budgets"):
+            suffix += GRAPHS + str(info["speculative_ddtree_graph_budgets"]).replace(",", ".")
         return f"ddtree{int(info['speculative_ddtree_budget'])}{suffix}"
     raise SystemExit(f"server runs speculative algorithm {algo}: not one this sweep compares")
 
@@ -586,6 +592,8 @@ def launch_args(label: str, drafter: Optional[str], batches: list[int], extra: l
             args += ["--speculative-ddtree-tree", "transitions"]
         if ADAPTIVE in label:
             args += ["--speculative-ddtree-budget-policy", "adaptive"]
+        if GRAPHS in label:
+            args += ["--speculative-ddtree-graph-budgets", label.split(GRAPHS, 1)[1].replace(".", ",")]
     return args
 
 

@@ -379,10 +379,16 @@ def test_launch_args():
     assert bs.parse_config("ddtree16-transitions-adaptive") == ("ddtree", 16)
     assert bs.label_from_server_info({"speculative_algorithm": "DDTREE", "speculative_ddtree_budget": 64,
                                       "speculative_ddtree_budget_policy": "adaptive"}) == "ddtree64-adaptive"
+    gr = bs.launch_args("ddtree64-adaptive-graphs4.16", "/d", [1, 8], [])
+    assert gr[-4:] == ["--speculative-ddtree-budget-policy", "adaptive", "--speculative-ddtree-graph-budgets", "4,16"]
+    assert bs.parse_config("ddtree64-adaptive-graphs16") == ("ddtree", 64)
+    assert bs.label_from_server_info({"speculative_algorithm": "DDTREE", "speculative_ddtree_budget": 64,
+                                      "speculative_ddtree_budget_policy": "adaptive",
+                                      "speculative_ddtree_graph_budgets": "4,16"}) == "ddtree64-adaptive-graphs4.16"
     assert sorted(["ddtree64-adaptive", "ddtree64", "ddtree16", "dflash"], key=bs.config_order) == [
         "dflash", "ddtree16", "ddtree64", "ddtree64-adaptive"]
     for bad in ("dflash-transitions", "nospec-transitions", "ddtree16-marginals", "dflash-adaptive",
-                "ddtree16-adaptive-transitions"):
+                "ddtree16-adaptive-transitions", "ddtree64-graphs16", "ddtree64-adaptive-graphs", "ddtree64-adaptive-graphs0"):
         with pytest.raises(SystemExit, match="expected nospec, dflash or ddtree<budget>"):
             bs.parse_config(bad)
 
