@@ -315,8 +315,8 @@ def _check_budget_policy(server_args: ServerArgs) -> None:
         )
 
 
-#: Features whose CUDA-graph state one graph runner's capture sets up for all of them, so a
-#: second set of verify graphs would overwrite the first's (``verify_graphs``).
+#: Features that keep one CUDA-graph state per process, which a second graph runner's capture
+#: (``verify_graphs``) would overwrite under the first runner's graphs.
 _GRAPH_BUDGET_CONFLICTS = (
     ("enable_lora", "--enable-lora"),
     ("enable_two_batch_overlap", "--enable-two-batch-overlap"),
