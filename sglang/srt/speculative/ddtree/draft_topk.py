@@ -125,6 +125,16 @@ def lm_head_topk(
 
 
 
+def leading_candidates(
+    logprobs: torch.Tensor, ids: torch.Tensor, topk: int
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Each depth's ``topk`` most likely candidates of wider, descending top-K buffers (a
+    smaller tree's: its top-K is the wider one's first columns)."""
+    if logprobs.shape[-1] > topk:
+        return logprobs[..., :topk].contiguous(), ids[..., :topk].contiguous()
+    return logprobs, ids
+
+
 class DraftTopKHead:
     """``lm_head_topk`` of the draft block's depth rows, captured in the drafter's CUDA graph.
 
@@ -165,6 +175,4 @@ class DraftTopKHead:
         rows = bs * (self.block_size - 1)
         logprobs = self.logprobs[:rows].view(bs, self.block_size - 1, self.topk)
         ids = self.ids[:rows].view(bs, self.block_size - 1, self.topk)
-        if topk < self.topk:
-            logprobs, ids = logprobs[..., :topk].contiguous(), ids[..., :topk].contiguous()
-        return logprobs, ids
+        return leading_candidates(logprobs, ids, topk)

@@ -46,7 +46,7 @@ from sglang.srt.speculative.ddtree.accept import greedy_accept
 from sglang.srt.speculative.ddtree.budget import TreeBudget
 from sglang.srt.speculative.ddtree.budget_policy import AdaptiveBudget
 from sglang.srt.speculative.ddtree.dflash_internals import DFlashInternals
-from sglang.srt.speculative.ddtree.draft_topk import DraftTopKHead, lm_head_topk
+from sglang.srt.speculative.ddtree.draft_topk import DraftTopKHead, leading_candidates, lm_head_topk
 from sglang.srt.speculative.ddtree.info import (
     DDTreeVerifyInput,
     backend_reads_tree_mask_bits,
@@ -161,8 +161,10 @@ class DDTreeWorker(DFlashWorkerV2):
     def init_cuda_graphs(self):
         super().init_cuda_graphs()
         runner = self.target_worker.model_runner
-        if not self.tree.graph_budgets or getattr(runner, "decode_cuda_graph_runner", None) is None:
-            if self.tree.graph_budgets and self.ps.tp_rank == 0:
+        if not self.tree.graph_budgets:
+            return
+        if getattr(runner, "decode_cuda_graph_runner", None) is None:
+            if self.ps.tp_rank == 0:
                 logger.warning("DDTREE graph budgets %s run eagerly: the target has no CUDA graphs.",
                                list(self.tree.graph_budgets))  # fmt: skip
             return
@@ -426,8 +428,7 @@ class DDTreeWorker(DFlashWorkerV2):
         """The tree from each depth's top-``topk``, compiled with its KV window: no host sync
         (``SegmentGraphs``). Wider top-K buffers (the draft head's, for a smaller step budget)
         give their leading, most likely, ``topk`` columns, as ``DraftTopKHead.read`` does."""
-        if logprobs.shape[-1] > topk:
-            logprobs, token_ids = logprobs[..., :topk].contiguous(), token_ids[..., :topk].contiguous()
+        logprobs, token_ids = leading_candidates(logprobs, token_ids, topk)
         return self._compile(
             build_tree(logprobs, token_ids, budget), max_depth, req_to_token, bonus, prefix_lens, req_pool_indices
         )
