@@ -215,7 +215,7 @@ TARGETS = {
                  "architecture": "Qwen3ForCausalLM", "title": "Qwen3-8B"},
     "qwen36-a3b": {"dirs": ("qwen36-a3b-shape", "qwen36-a3b-shape-dflash"), "kind": "hybrid-shapes",
                    "architecture": "Qwen3NextForCausalLM", "title": "Qwen3.6-35B-A3B", "linear_attention": True,
-                   "ddtree_goals": {16: 1.3}},
+                   "ddtree_goals": {16: 1.3}, "weights_gib": 65.3},
     "gptoss-20b": {"dirs": ("gptoss-20b-shape", "gptoss-20b-shape-dflash"), "kind": "swa-shapes",
                    "architecture": "GptOssForCausalLM", "title": "gpt-oss-20b", "sliding_window": True,
                    "ddtree_goals": {16: 1.3}},
@@ -295,9 +295,29 @@ def prefill_chunk(max_ctx: int) -> int:
     return max(16384, max_ctx + CONTEXT_MARGIN)
 
 
-def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int], target: str = "v2lite") -> list[str]:
-    """Capture CUDA graphs for exactly the measured batch sizes: each extra size costs start time."""
-    max_running = max(8, *batches)
+#: The static pool's share of GPU memory, unless the target's weights need more.
+MEM_FRACTION_STATIC = 0.8
+#: What a large target's static pool holds beyond its weights (KV at 16K, recurrent states at
+#: batch 1), and the most the pool may take (CUDA graphs and activations live outside it).
+STATIC_ROOM_GIB, MAX_MEM_FRACTION_STATIC = 8.0, 0.93
+
+
+def mem_fraction_static(target: str, gpu_gib: Optional[float]) -> float:
+    """``MEM_FRACTION_STATIC``, or more where the target's weights fill most of the GPU (the
+    Qwen3.6-35B-A3B shape's 65 GiB of bf16 weights are 0.82 of an 80 GB card)."""
+    weights = TARGETS[target].get("weights_gib")
+    if weights is None or not gpu_gib:
+        return MEM_FRACTION_STATIC
+    return round(max(MEM_FRACTION_STATIC, min(MAX_MEM_FRACTION_STATIC, (weights + STATIC_ROOM_GIB) / gpu_gib)), 3)
+
+
+def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int], target: str = "v2lite",
+                gpu_gib: Optional[float] = None) -> list[str]:
+    """Capture CUDA graphs for exactly the measured batch sizes: each extra size costs start time.
+    ``gpu_gib``: the GPU's memory, for targets whose weights fill most of it."""
+    # A hybrid target's recurrent-state slots each hold a state per tree node: no more
+    # slots than the largest batch measured.
+    max_running = max(batches) if TARGETS[target].get("linear_attention") else max(8, *batches)
     args = [
         "--load-format", "dummy",
         "--attention-backend", spec.backend,
@@ -306,7 +326,7 @@ def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int], targ
         "--context-length", str(context_length(target, max_ctx)),
         "--max-running-requests", str(max_running),
         "--cuda-graph-bs-decode", *[str(b) for b in sorted(set(batches))],
-        "--mem-fraction-static", "0.8",
+        "--mem-fraction-static", str(mem_fraction_static(target, gpu_gib)),
         # Every prompt prefills alone and in one chunk. A prompt split into chunks holds a
         # request slot while it is chunked; the pinned scheduler then marks the batch full
         # when it looks at the next queued request and clears that only when a request
@@ -811,6 +831,7 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
     import torch
 
     budget = Budget(args.deadline_s, args.start_estimate_s)
+    gpu_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None
     profile_at = _parse_point(args.profile_at, ctxs) if args.profile_steps > 0 else None
     result = {
         "what": f"decode step time, {TARGETS[args.target]['title']}-shaped target (dummy weights), "
@@ -838,7 +859,7 @@ def run(args, specs: list[Spec], ctxs: list[int], batches: list[int], out: Path,
             write(finish(result, reference), out)
             continue
         t0 = time.monotonic()
-        sargs = server_args(spec, str(drafter), max(ctxs), batches, args.target)
+        sargs = server_args(spec, str(drafter), max(ctxs), batches, args.target, gpu_gib)
         try:
             with launch_server(spec.label.replace(":", "-").replace("@", "-"), str(target), sargs, args.log_dir,
                                timeout=max(60.0, min(600.0, budget.left())), env=server_env(spec, args.triton_cache, args.expert_routing, args.moe_tile_rule,

@@ -129,6 +129,24 @@ def test_hybrid_target_server_args(models, text):
         assert sa.speculative_num_draft_tokens == es.ddtree_budget(text) + 1
 
 
+def test_hybrid_target_fits_an_80gb_gpu(models):
+    """The hybrid shape's 65 GiB of weights take more than 0.8 of an 80 GB card (its servers
+    refused to start there): the static pool grows to hold them and batch 1's KV and states,
+    and one recurrent-state slot is kept for batch 1; other targets and larger GPUs keep 0.8."""
+    h100, h200 = 79.19, 139.8
+    args = es.server_args(es.parse_spec("ddtree16"), "d", 16384, [1], "qwen36-a3b", h100)
+    fraction = float(args[args.index("--mem-fraction-static") + 1])
+    assert fraction * h100 - 65.3 >= 7.0 and (1 - fraction) * h100 >= 5.0  # pool room, graph room
+    assert args[args.index("--max-mamba-cache-size") + 1] == args[args.index("--max-running-requests") + 1] == "1"
+    assert es.mem_fraction_static("qwen36-a3b", h200) == es.MEM_FRACTION_STATIC
+    assert es.mem_fraction_static("qwen36-a3b", None) == es.MEM_FRACTION_STATIC
+    for target in ("v2lite", "qwen3-8b", "gptoss-20b"):
+        assert es.mem_fraction_static(target, h100) == es.MEM_FRACTION_STATIC
+    sa = resolve(models, "qwen36-a3b", "ddtree16", batches=(1,))
+    assert sa.mem_fraction_static == es.MEM_FRACTION_STATIC  # no GPU size given: the default
+    assert sa.max_mamba_cache_size == sa.max_running_requests == 1
+
+
 @pytest.mark.parametrize("text", ROW_CONFIGS)
 def test_sliding_window_target_server_args(models, text):
     """gpt-oss on Triton; its experts run where upstream puts them for bf16 weights."""
