@@ -67,8 +67,8 @@ def test_budget_policy_flag(model_dirs):
     sa = _make(model_dirs, speculative_ddtree_budget=64, speculative_ddtree_budget_policy="adaptive")
     # The graphs, the KV headroom and the verify buffers are sized for the full budget.
     assert (sa.speculative_ddtree_budget_policy, sa.speculative_num_draft_tokens) == ("adaptive", 65)
-    with pytest.raises(ValueError, match=r"--speculative-ddtree-budget-policy must be one of fixed, adaptive, got 'auto'"):
-        _make(model_dirs, speculative_ddtree_budget_policy="auto")
+    with pytest.raises(ValueError, match=r"--speculative-ddtree-budget-policy must be one of fixed, adaptive, auto, got 'per-step'"):
+        _make(model_dirs, speculative_ddtree_budget_policy="per-step")
     with pytest.raises(ValueError, match="with --tp-size 2 the ranks would choose apart"):
         _make(model_dirs, speculative_ddtree_budget_policy="adaptive", tp_size=2)
     assert _make(model_dirs, tp_size=2, speculative_ddtree_budget_policy="fixed").speculative_ddtree_budget == 16
@@ -94,6 +94,48 @@ def test_graph_budgets_flag(model_dirs):
     with pytest.raises(ValueError, match="--enable-lora keeps once per process"):
         _make(model_dirs, speculative_ddtree_graph_budgets="16", enable_lora=True, max_lora_rank=8,
               lora_target_modules=["q_proj"], **adaptive)  # fmt: skip
+
+
+def _budget_policy(sa):
+    return (sa.speculative_ddtree_budget_policy, sa.speculative_ddtree_budget, sa.speculative_ddtree_graph_budgets,
+            sa.speculative_num_draft_tokens)  # fmt: skip
+
+
+def test_auto_budget_policy(model_dirs):
+    """``auto`` resolves at start-up into the policy the worker runs: adaptive over B=64 with
+    verify graphs at 16 where one process serves a dense target with CUDA graphs, else a fixed
+    budget; a given budget or graph budget is kept."""
+    from sglang.srt.speculative.ddtree import flags
+
+    auto = dict(speculative_ddtree_budget_policy="auto")
+    assert (flags.AUTO_BUDGET, flags.AUTO_GRAPH_BUDGET) == (64, 16)
+    for target in ("mla", "mha"):
+        assert _budget_policy(_make(model_dirs, target=target, **auto)) == ("adaptive", 64, "16", 65)
+    assert _budget_policy(_make(model_dirs, speculative_ddtree_budget=32, **auto)) == ("adaptive", 32, "16", 33)
+    assert _budget_policy(_make(model_dirs, speculative_ddtree_graph_budgets="8,16", **auto)) == ("adaptive", 64, "8,16", 65)
+    tree = budget.TreeBudget.of(_make(model_dirs, **auto))
+    assert (tree.budget, tree.graph_budgets, tree.verify_width) == (64, (16,), 65)
+    # No graph budget below the given budget: a fixed budget, not eager smaller ones.
+    assert _budget_policy(_make(model_dirs, speculative_ddtree_budget=16, **auto)) == ("fixed", 16, None, 17)
+    # What rules out the adaptive policy or a second set of graphs: the default budget, fixed.
+    for extra in (dict(disable_cuda_graph=True), dict(tp_size=2),
+                  dict(enable_lora=True, max_lora_rank=8, lora_target_modules=["q_proj"])):  # fmt: skip
+        assert _budget_policy(_make(model_dirs, **auto, **extra)) == ("fixed", budget.DEFAULT_BUDGET, None, 17), extra
+    assert _budget_policy(_make(model_dirs, speculative_ddtree_budget=48, tp_size=2, **auto)) == ("fixed", 48, None, 49)
+    with pytest.raises(ValueError, match="--tp-size 2 rule out the adaptive policy with verify graphs. Remove it"):
+        _make(model_dirs, speculative_ddtree_graph_budgets="16", tp_size=2, **auto)
+
+
+def test_auto_budget_policy_on_a_hybrid_target(model_dirs):
+    """A linear-attention hybrid keeps a recurrent state per tree node: auto runs the fixed
+    default budget there."""
+    # Without the overlap scheduler: with it upstream's mamba radix strategy asserts a CUDA device.
+    hybrid = dict(target="hybrid", speculative_ddtree_budget_policy="auto", attention_backend="triton",
+                  disable_overlap_schedule=True)  # fmt: skip
+    sa = _make(model_dirs, **hybrid)
+    assert _budget_policy(sa) == ("fixed", budget.DEFAULT_BUDGET, None, budget.DEFAULT_BUDGET + 1)
+    with pytest.raises(ValueError, match="a target with linear-attention layers rule out"):
+        _make(model_dirs, speculative_ddtree_graph_budgets="4", **hybrid)
 
 
 def test_small_budget_truncates_draft_block(model_dirs):

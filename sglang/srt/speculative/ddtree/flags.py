@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Optional
 
-from sglang.srt.speculative.ddtree.budget import TreeBudget
+from sglang.srt.speculative.ddtree.budget import DEFAULT_BUDGET, TreeBudget
 
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
@@ -218,8 +218,15 @@ DDTREE_ONLY_FLAGS = (
 #: What ``--speculative-ddtree-tree`` grows the tree from (the first is the default).
 TREE_SOURCES = ("marginals", "transitions")
 #: How each step's budget is chosen (``--speculative-ddtree-budget-policy``; the first is
-#: the default): always the configured budget, or per step (``budget_policy``).
-BUDGET_POLICIES = ("fixed", "adaptive")
+#: the default): always the configured budget, per step (``budget_policy``), or ``auto``:
+#: per step between a wide tree and a narrower CUDA-graphed one where this server can run
+#: that, else fixed (``_resolve_auto``).
+BUDGET_POLICIES = ("fixed", "adaptive", "auto")
+#: ``auto``'s budget (unless one is given) and graph budget. On the learned pair (H100,
+#: 2026-12-07, docs/benchmarks.md) B=64 adaptive with verify graphs at 16 ran 1.10-1.26x a
+#: fixed B=16 at batch 1 and 8, T=0 and 1, and 0.96-1.10x a fixed B=64.
+AUTO_BUDGET = 64
+AUTO_GRAPH_BUDGET = 16
 
 
 def check_ddtree_flags_used(server_args: ServerArgs) -> None:
@@ -251,6 +258,10 @@ def handle_ddtree_server_args(server_args: ServerArgs) -> None:
     """Validate and resolve DDTREE flags in place (ServerArgs time)."""
     requested_width = server_args.speculative_num_draft_tokens
     _check_supported_combination(server_args)
+    server_args.speculative_ddtree_budget_policy = _choice(
+        "--speculative-ddtree-budget-policy", server_args.speculative_ddtree_budget_policy, BUDGET_POLICIES
+    )
+    _resolve_auto(server_args)
     tree = TreeBudget.resolve(
         server_args.speculative_ddtree_budget,
         server_args.speculative_ddtree_topk,
@@ -276,9 +287,6 @@ def handle_ddtree_server_args(server_args: ServerArgs) -> None:
     server_args.speculative_ddtree_tree = _choice(
         "--speculative-ddtree-tree", server_args.speculative_ddtree_tree, TREE_SOURCES
     )
-    server_args.speculative_ddtree_budget_policy = _choice(
-        "--speculative-ddtree-budget-policy", server_args.speculative_ddtree_budget_policy, BUDGET_POLICIES
-    )
     _check_budget_policy(server_args)
     server_args.speculative_ddtree_graph_budgets = ",".join(map(str, tree.graph_budgets)) or None
     _check_graph_budgets(server_args)
@@ -294,11 +302,51 @@ def handle_ddtree_server_args(server_args: ServerArgs) -> None:
     )
 
 
-def _check_budget_policy(server_args: ServerArgs) -> None:
-    """The adaptive policy decides each step's budget from this process's clock: ranks of
-    one model would decide apart and then disagree on the verify's width."""
-    if server_args.speculative_ddtree_budget_policy != "adaptive":
+def _resolve_auto(server_args: ServerArgs) -> None:
+    """``--speculative-ddtree-budget-policy auto`` into a concrete policy, budget and graph
+    budgets: the adaptive policy over ``AUTO_BUDGET`` (or the given budget) with verify graphs
+    at ``AUTO_GRAPH_BUDGET`` (or the given ones) where one process serves the model and can
+    capture a second set of graphs on a target without linear-attention layers; otherwise the
+    fixed policy at the given budget or ``DEFAULT_BUDGET`` (smaller budgets run eagerly, which
+    costs more than it saves on a small target: docs/ddtree.md). Logged with the reason."""
+    if server_args.speculative_ddtree_budget_policy != "auto":
         return
+    limits = _parallel_flags(server_args) + _graph_budget_limits(server_args)
+    from sglang.srt.configs.hybrid_arch import mambaish_config
+
+    if mambaish_config(server_args.get_model_config()) is not None:
+        # Its verify keeps a recurrent state per tree node and running request.
+        limits.append("a target with linear-attention layers")
+    budget = server_args.speculative_ddtree_budget
+    graphs = server_args.speculative_ddtree_graph_budgets
+    if limits and graphs is not None:
+        raise ValueError(
+            "--speculative-ddtree-graph-budgets: with --speculative-ddtree-budget-policy auto, "
+            f"{', '.join(limits)} rule out the adaptive policy with verify graphs. Remove it (auto "
+            "then runs a fixed budget), or use --speculative-ddtree-budget-policy adaptive."
+        )
+    if not limits:
+        budget = AUTO_BUDGET if budget is None else budget
+        if graphs is None and AUTO_GRAPH_BUDGET < int(budget):
+            graphs = str(AUTO_GRAPH_BUDGET)
+        if graphs is None:
+            limits.append(f"no graph budget below budget {budget}")
+    if limits:
+        server_args.speculative_ddtree_budget_policy = "fixed"
+        server_args.speculative_ddtree_budget = DEFAULT_BUDGET if budget is None else budget
+        logger.info(
+            "DDTREE budget policy auto: fixed budget %d (%s: no adaptive policy with verify graphs).",
+            server_args.speculative_ddtree_budget, ", ".join(limits),
+        )  # fmt: skip
+        return
+    server_args.speculative_ddtree_budget_policy = "adaptive"
+    server_args.speculative_ddtree_budget = budget
+    server_args.speculative_ddtree_graph_budgets = graphs
+    logger.info("DDTREE budget policy auto: adaptive, budget %d, verify graphs at budgets %s.", budget, graphs)
+
+
+def _parallel_flags(server_args: ServerArgs) -> list:
+    """The flags that make more than one process serve the model, as given."""
     from sglang.srt.arg_groups.overrides import resolved_view
 
     view = resolved_view(server_args)
@@ -307,6 +355,15 @@ def _check_budget_policy(server_args: ServerArgs) -> None:
         if int(value or 1) > 1]  # fmt: skip
     if getattr(view, "enable_dp_attention", False):
         parallel.append("--enable-dp-attention")
+    return parallel
+
+
+def _check_budget_policy(server_args: ServerArgs) -> None:
+    """The adaptive policy decides each step's budget from this process's clock: ranks of
+    one model would decide apart and then disagree on the verify's width."""
+    if server_args.speculative_ddtree_budget_policy != "adaptive":
+        return
+    parallel = _parallel_flags(server_args)
     if parallel:
         raise ValueError(
             "--speculative-ddtree-budget-policy adaptive chooses each step's budget from this "
@@ -336,18 +393,27 @@ def _check_graph_budgets(server_args: ServerArgs) -> None:
             "with the fixed policy every step verifies the full budget. Add "
             "--speculative-ddtree-budget-policy adaptive, or remove it."
         )
-    from sglang.srt.arg_groups.overrides import resolved_view
-
-    view = resolved_view(server_args)
-    if getattr(view, "disable_cuda_graph", False) or getattr(server_args, "disable_cuda_graph", False):
+    limits = _graph_budget_limits(server_args)
+    if "--disable-cuda-graph" in limits:
         raise ValueError(f"{flag} captures CUDA graphs, which --disable-cuda-graph turns off. Remove one of them.")
-    given = [name for field, name in _GRAPH_BUDGET_CONFLICTS if getattr(view, field, False)]
+    given = [name for name in limits if name != "--disable-cuda-graph"]
     if given:
         raise ValueError(
             f"{flag} captures a second set of target verify graphs, whose state "
             f"{' and '.join(given)} keep{'s' if len(given) == 1 else ''} once per process. "
             f"Remove {flag} (the adaptive policy then runs smaller budgets eagerly)."
         )
+
+
+def _graph_budget_limits(server_args: ServerArgs) -> list:
+    """The flags, as given, that rule out a second set of target verify graphs."""
+    from sglang.srt.arg_groups.overrides import resolved_view
+
+    view = resolved_view(server_args)
+    limits = []
+    if getattr(view, "disable_cuda_graph", False) or getattr(server_args, "disable_cuda_graph", False):
+        limits.append("--disable-cuda-graph")
+    return limits + [name for field, name in _GRAPH_BUDGET_CONFLICTS if getattr(view, field, False)]
 
 
 def _checkpoint_block(server_args: ServerArgs) -> int:
