@@ -101,7 +101,7 @@ def _budget_policy(sa):
             sa.speculative_num_draft_tokens)  # fmt: skip
 
 
-def test_auto_budget_policy(model_dirs):
+def test_auto_budget_policy(model_dirs, monkeypatch):
     """``auto`` resolves at start-up into the policy the worker runs: adaptive over B=64 with
     verify graphs at 16 where one process serves a dense target with CUDA graphs, else a fixed
     budget; a given budget or graph budget is kept."""
@@ -124,6 +124,9 @@ def test_auto_budget_policy(model_dirs):
     assert _budget_policy(_make(model_dirs, speculative_ddtree_budget=48, tp_size=2, **auto)) == ("fixed", 48, None, 49)
     with pytest.raises(ValueError, match="--tp-size 2 rule out the adaptive policy with verify graphs. Remove it"):
         _make(model_dirs, speculative_ddtree_graph_budgets="16", tp_size=2, **auto)
+    # Statistics off: the adaptive policy has no accept lengths to rank the budgets by.
+    monkeypatch.setenv("SGLANG_DDTREE_STATS_INTERVAL", "0")
+    assert _budget_policy(_make(model_dirs, **auto)) == ("fixed", budget.DEFAULT_BUDGET, None, 17)
 
 
 def test_auto_budget_policy_on_a_hybrid_target(model_dirs):

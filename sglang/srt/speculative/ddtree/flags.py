@@ -311,8 +311,12 @@ def _resolve_auto(server_args: ServerArgs) -> None:
     costs more than it saves on a small target: docs/ddtree.md). Logged with the reason."""
     if server_args.speculative_ddtree_budget_policy != "auto":
         return
-    limits = _parallel_flags(server_args) + _graph_budget_limits(server_args)
     from sglang.srt.configs.hybrid_arch import mambaish_config
+    from sglang.srt.ddtree_environ import ddtree_envs
+
+    limits = _parallel_flags(server_args) + _graph_budget_limits(server_args)
+    if ddtree_envs.SGLANG_DDTREE_STATS_INTERVAL.get() == 0:
+        limits.append("SGLANG_DDTREE_STATS_INTERVAL=0 (the adaptive policy reads the statistics)")
 
     if mambaish_config(server_args.get_model_config()) is not None:
         # Its verify keeps a recurrent state per tree node and running request.
