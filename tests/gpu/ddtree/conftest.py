@@ -10,11 +10,12 @@ once eager + synchronous, and once choosing each step's budget. Every server run
 in strict mode, so a leak, double free or use-after-free kills it.
 
 ``DDTREE_E2E_SERVERS`` picks the DDTREE servers (default
-``ddtree,ddtree_eager,ddtree_adaptive,ddtree_graph_budgets``;
+``ddtree,ddtree_eager,ddtree_adaptive,ddtree_graph_budgets,ddtree_auto``;
 ``ddtree_dense`` runs upstream's Triton extend kernel with the dense mask,
 ``ddtree_flashinfer`` the FlashInfer backend; ~135 s of JIT on a fresh host;
 ``ddtree_adaptive`` chooses each step's budget, graphs + overlap; ``ddtree_graph_budgets``
-chooses between budget 4, whose verify replays graphs of its own width, and the full one),
+chooses between budget 4, whose verify replays graphs of its own width, and the full one;
+``ddtree_auto`` gives no budget and ``--speculative-ddtree-budget-policy auto``),
 ``DDTREE_E2E_BUDGET`` (default 16) sets the tree budget, ``DDTREE_E2E_EXTRA_ARGS``
 is appended to the DDTREE servers.
 """
@@ -30,7 +31,7 @@ from tests.gpu.harness import harness
 
 # DDTREE servers to run, beside the no-speculation baseline.
 TREE_SERVERS = [
-    s for s in os.environ.get("DDTREE_E2E_SERVERS", "ddtree,ddtree_eager,ddtree_adaptive,ddtree_graph_budgets").split(",")
+    s for s in os.environ.get("DDTREE_E2E_SERVERS", "ddtree,ddtree_eager,ddtree_adaptive,ddtree_graph_budgets,ddtree_auto").split(",")
     if s
 ]
 #: Tree budget of the DDTREE servers.
@@ -53,12 +54,9 @@ COMMON = [
 @pytest.fixture(scope="session")
 def servers(request, tiny_models, gpu_log_dir):
     target = str(tiny_models / "tiny-mla")
-    ddtree = [
-        "--speculative-algorithm", "DDTREE",
-        "--speculative-draft-model-path", str(tiny_models / "tiny-mla-dflash"),
-        "--speculative-ddtree-budget", str(BUDGET),
-        *shlex.split(os.environ.get("DDTREE_E2E_EXTRA_ARGS", "")),
-    ]
+    drafter = ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", str(tiny_models / "tiny-mla-dflash")]
+    extra = shlex.split(os.environ.get("DDTREE_E2E_EXTRA_ARGS", ""))
+    ddtree = drafter + ["--speculative-ddtree-budget", str(BUDGET)] + extra
     # Tree statistics reach /metrics every 8 verify steps (default 256), so the
     # short test traffic publishes several snapshots.
     stats = {"SGLANG_DDTREE_STATS_INTERVAL": "8"}
@@ -80,6 +78,8 @@ def servers(request, tiny_models, gpu_log_dir):
         # The same, choosing between budget 4 (its verify graphs captured at width 5) and the full one.
         "ddtree_graph_budgets": (COMMON + ddtree + ["--speculative-ddtree-budget-policy", "adaptive",
                                                     "--speculative-ddtree-graph-budgets", "4"], stats),
+        # No budget: the auto policy's B=64, adaptive, verify graphs at 16 as well.
+        "ddtree_auto": (COMMON + drafter + extra + ["--speculative-ddtree-budget-policy", "auto"], stats),
     }
     configs = {k: configs[k] for k in ["baseline", *TREE_SERVERS]}
     configs = {name: (args, {**STRICT_KV_CHECK, **env}) for name, (args, env) in configs.items()}

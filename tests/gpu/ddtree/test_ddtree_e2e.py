@@ -72,7 +72,8 @@ def test_greedy_single_identical(servers, tree, tiny_models):
     # token, at block offset 5 and goes on, so it needs fewer verify steps than
     # a chain over the same drafter can.
     # The adaptive servers may run smaller trees.
-    if TREE_HOLDS_BOTH_BRANCHES and tree.name not in ("ddtree-e2e-ddtree_adaptive", "ddtree-e2e-ddtree_graph_budgets"):
+    if TREE_HOLDS_BOTH_BRANCHES and tree.name not in (
+        "ddtree-e2e-ddtree_adaptive", "ddtree-e2e-ddtree_graph_budgets", "ddtree-e2e-ddtree_auto"):
         chain_steps = _chain_min_verify_steps(tiny_models, n)
         assert meta["spec_verify_ct"] < chain_steps, (meta, chain_steps)
         assert meta["spec_accept_length"] > n / chain_steps, meta
@@ -172,3 +173,18 @@ def test_graph_budgets_capture_their_width_and_stay_lossless(servers):
     steps = {b: s for b, (_, s) in _at_budget(tree).items()}
     assert steps[4] > steps[BUDGET] > 0, steps  # some steps ran at budget 4
     assert "DDTREE budget policy: batch <= " in tree.log_text()
+
+
+def test_auto_policy_runs_64_with_graphs_at_16_and_stays_lossless(servers):
+    """Without a budget, ``--speculative-ddtree-budget-policy auto`` on a dense single-GPU
+    target serves B=64 with the adaptive policy and verify graphs at budget 16, losslessly."""
+    if "ddtree_auto" not in servers:
+        pytest.skip("DDTREE_E2E_SERVERS does not include ddtree_auto")
+    tree = servers["ddtree_auto"]
+    log = tree.log_text()
+    assert "DDTREE worker: budget=64 (verify width 65)" in log and "budget policy adaptive" in log
+    assert "DDTREE verify graphs at width 17 (budget 16)" in log
+    for seed in (41, 42):
+        assert_concurrent_identical(servers["baseline"], tree, _prompts(8, seed=seed))
+    steps = {b: s for b, (_, s) in _at_budget(tree).items()}
+    assert set(steps) == {16, 64} and steps[16] >= steps[64] > 0, steps
