@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # The benchmarks behind docs/benchmarks.md's open rows, one after another within a time budget, on
 # the GPU host (after scripts/gpu_host/install.sh; the learned pair, for `learned`,
-# `learned_dflash2`, `sampling_check_dflash2`, `learned_phases`, `learned_step_graphs`, `learned_verify_indices`, `learned_budgets`, `learned_graph_budgets`, `learned_sampled`, `learned_hostprof` and the
+# `learned_dflash2`, `sampling_check_dflash2`, `learned_phases`, `learned_step_graphs`, `learned_verify_indices`, `learned_budgets`, `learned_graph_budgets`, `learned_large_batches`, `learned_sampled`, `learned_hostprof` and the
 # sampling checks, in /tmp/learned-pair:
 # docs/learned-pair.md).
 #
@@ -38,6 +38,7 @@ PIECES=(
     "learned_verify_indices|300|560|python3 -m benchmarks.e2e_step --target learned --models /tmp/learned-pair --configs dflash,dflash-torch-verify-indices,ddtree16,ddtree16-torch-verify-indices --ctx 512 --batch 1,8 --start-estimate-s 90 --deadline-s {deadline} --tag learned_verify_indices_{gpu}_{date} --out-dir {out}"
     "learned_budgets|420|560|bash scripts/learned_pair/serve_sweep.sh --seconds {deadline} --out {out}/learned_budgets -- --configs nospec,dflash,ddtree16,ddtree64 --batch 1,8 --temperature 0,1 --repeats 3 --min-waves 8 --sampling-max-s 0 --tag learned_budgets_{gpu}_{date}"
     "learned_graph_budgets|420|560|bash scripts/learned_pair/serve_sweep.sh --seconds {deadline} --out {out}/learned_graph_budgets -- --configs nospec,ddtree16,ddtree64,ddtree64-adaptive,ddtree64-adaptive-graphs16 --batch 1,8 --temperature 0,1 --repeats 3 --min-waves 8 --sampling-max-s 0 --tag learned_graph_budgets_{gpu}_{date}"
+    "learned_large_batches|420|560|bash scripts/learned_pair/serve_sweep.sh --seconds {deadline} --out {out}/learned_large_batches -- --configs nospec,dflash,ddtree16,ddtree64-adaptive-graphs16 --batch 32,64 --temperature 0,1 --repeats 3 --min-waves 4 --sampling-max-s 0 --tag learned_large_batches_{gpu}_{date}"
     "learned_sampled|300|560|bash scripts/learned_pair/serve_sweep.sh --seconds {deadline} --out {out}/learned_sampled -- --configs nospec,dflash,ddtree16 --batch 1,8 --sampling 0.7/20/0.8,1 --repeats 3 --sampling-max-s 0 --tag learned_sampled_{gpu}_{date}"
     "learned_hostprof|150|300|bash scripts/learned_pair/serve_sweep.sh --seconds {deadline} --out {out}/learned_hostprof -- --configs nospec,dflash,ddtree16 --batch 1 --temperature 0,1 --repeats 1 --sampling-max-s 0 --py-spy dflash,ddtree16 --tag learned_hostprof_{gpu}_{date} && python3 -m benchmarks.host_profile {out}/learned_hostprof/hostprof_learned_hostprof_{gpu}_{date}_dflash.json {out}/learned_hostprof/hostprof_learned_hostprof_{gpu}_{date}_ddtree16.json --tag learned_{gpu}_{date} --out-dir {out}"
     "steps_v2lite_routes|420|600|python3 -m benchmarks.e2e_step --target v2lite --configs dflash@auto+sm120,ddtree16@auto+sm120,dflash@auto,ddtree16@auto --ctx 1024,16384 --batch 1 --deadline-s {deadline} --tag v2lite_routes_{gpu}_{date} --out-dir {out}"
