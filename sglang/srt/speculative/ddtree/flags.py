@@ -317,7 +317,6 @@ def _resolve_auto(server_args: ServerArgs) -> None:
     limits = _parallel_flags(server_args) + _graph_budget_limits(server_args)
     if ddtree_envs.SGLANG_DDTREE_STATS_INTERVAL.get() == 0:
         limits.append("SGLANG_DDTREE_STATS_INTERVAL=0 (the adaptive policy reads the statistics)")
-
     if mambaish_config(server_args.get_model_config()) is not None:
         # Its verify keeps a recurrent state per tree node and running request.
         limits.append("a target with linear-attention layers")
@@ -326,8 +325,8 @@ def _resolve_auto(server_args: ServerArgs) -> None:
     if limits and graphs is not None:
         raise ValueError(
             "--speculative-ddtree-graph-budgets: with --speculative-ddtree-budget-policy auto, "
-            f"{', '.join(limits)} rule out the adaptive policy with verify graphs. Remove it (auto "
-            "then runs a fixed budget), or use --speculative-ddtree-budget-policy adaptive."
+            f"{', '.join(limits)} rule out the adaptive policy with verify graphs. Remove it: auto "
+            "then runs a fixed budget."
         )
     if not limits:
         budget = AUTO_BUDGET if budget is None else budget
