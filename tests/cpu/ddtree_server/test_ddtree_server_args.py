@@ -129,6 +129,19 @@ def test_auto_budget_policy(model_dirs, monkeypatch):
     assert _budget_policy(_make(model_dirs, **auto)) == ("fixed", budget.DEFAULT_BUDGET, None, 17)
 
 
+def test_default_budget_policy(model_dirs, monkeypatch):
+    """With neither flag the server runs ``DEFAULT_BUDGET_POLICY``; a budget given alone is a
+    fixed budget whatever the default (the override a user reaches for)."""
+    from sglang.srt.speculative.ddtree import flags
+
+    assert flags.DEFAULT_BUDGET_POLICY == "fixed"
+    assert _budget_policy(_make(model_dirs)) == ("fixed", budget.DEFAULT_BUDGET, None, budget.DEFAULT_BUDGET + 1)
+    monkeypatch.setattr(flags, "DEFAULT_BUDGET_POLICY", "auto")
+    assert _budget_policy(_make(model_dirs)) == ("adaptive", 64, "16", 65)
+    assert _budget_policy(_make(model_dirs, speculative_ddtree_budget=32)) == ("fixed", 32, None, 33)
+    assert _budget_policy(_make(model_dirs, tp_size=2)) == ("fixed", budget.DEFAULT_BUDGET, None, 17)
+
+
 def test_auto_budget_policy_on_a_hybrid_target(model_dirs):
     """A linear-attention hybrid keeps a recurrent state per tree node: auto runs the fixed
     default budget there."""

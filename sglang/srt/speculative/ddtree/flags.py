@@ -217,11 +217,14 @@ DDTREE_ONLY_FLAGS = (
 
 #: What ``--speculative-ddtree-tree`` grows the tree from (the first is the default).
 TREE_SOURCES = ("marginals", "transitions")
-#: How each step's budget is chosen (``--speculative-ddtree-budget-policy``; the first is
-#: the default): always the configured budget, per step (``budget_policy``), or ``auto``:
-#: per step between a wide tree and a narrower CUDA-graphed one where this server can run
-#: that, else fixed (``_resolve_auto``).
+#: How each step's budget is chosen (``--speculative-ddtree-budget-policy``): always the
+#: configured budget, per step (``budget_policy``), or ``auto``: per step between a wide tree
+#: and a narrower CUDA-graphed one where this server can run that, else fixed
+#: (``_resolve_auto``).
 BUDGET_POLICIES = ("fixed", "adaptive", "auto")
+#: The policy when neither it nor ``--speculative-ddtree-budget`` is given; a budget given
+#: alone is fixed.
+DEFAULT_BUDGET_POLICY = "fixed"
 #: ``auto``'s budget (unless one is given) and graph budget. On the learned pair (H100,
 #: 2026-12-07, docs/benchmarks.md) B=64 adaptive with verify graphs at 16 ran 1.10-1.26x a
 #: fixed B=16 at batch 1 and 8, T=0 and 1, and 0.96-1.10x a fixed B=64.
@@ -258,9 +261,11 @@ def handle_ddtree_server_args(server_args: ServerArgs) -> None:
     """Validate and resolve DDTREE flags in place (ServerArgs time)."""
     requested_width = server_args.speculative_num_draft_tokens
     _check_supported_combination(server_args)
-    server_args.speculative_ddtree_budget_policy = _choice(
-        "--speculative-ddtree-budget-policy", server_args.speculative_ddtree_budget_policy, BUDGET_POLICIES
-    )
+    policy = server_args.speculative_ddtree_budget_policy
+    if policy is None:
+        policy = DEFAULT_BUDGET_POLICY if server_args.speculative_ddtree_budget is None else "fixed"
+    server_args.speculative_ddtree_budget_policy = _choice("--speculative-ddtree-budget-policy", policy,
+                                                           BUDGET_POLICIES)  # fmt: skip
     _resolve_auto(server_args)
     tree = TreeBudget.resolve(
         server_args.speculative_ddtree_budget,
