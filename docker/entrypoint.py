@@ -68,6 +68,17 @@ def _text(name: str, value: str) -> str:
     return value
 
 
+#: ``--speculative-ddtree-budget-policy``'s values (speculative/ddtree/flags.py BUDGET_POLICIES;
+#: the entrypoint checks them before sglang is imported).
+BUDGET_POLICIES = ("fixed", "adaptive", "auto")
+
+
+def _budget_policy(name: str, value: str) -> str:
+    if value not in BUDGET_POLICIES:
+        raise UsageError(f"{name}={value!r} is not a DDTREE budget policy ({', '.join(BUDGET_POLICIES)})")
+    return value
+
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -100,6 +111,8 @@ ENV_FLAGS = (
             help="default DDTREE when a drafter is given"),
     EnvFlag("DDTREE_BUDGET", ("--speculative-ddtree-budget",), _positive_int,
             help="tree budget (draft nodes per verify)"),
+    EnvFlag("DDTREE_BUDGET_POLICY", ("--speculative-ddtree-budget-policy",), _budget_policy,
+            help="fixed, adaptive or auto (B=64 adaptive with verify graphs at 16 where it can)"),
     EnvFlag("TP_SIZE", ("--tp-size", "--tensor-parallel-size"), _positive_int,
             help="tensor parallelism (GPUs)"),
     EnvFlag("DP_SIZE", ("--dp-size", "--data-parallel-size"), _positive_int,

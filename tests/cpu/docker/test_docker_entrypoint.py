@@ -63,13 +63,13 @@ def test_users_algorithm_choice_is_kept(argv, env):
 def test_environment_becomes_flags():
     env = {"MODEL_PATH": "M", "DRAFT_MODEL_PATH": "D", "TP_SIZE": "2", "MEM_FRACTION_STATIC": "0.8",
            "CONTEXT_LENGTH": "32768", "PORT": "8000", "TRUST_REMOTE_CODE": "yes", "DDTREE_BUDGET": "32",
-           "DDTREE_EXTRA_ARGS": "--log-level debug --served-model-name 'my model'"}
+           "DDTREE_BUDGET_POLICY": "auto", "DDTREE_EXTRA_ARGS": "--log-level debug --served-model-name 'my model'"}
     args = ep.server_args([], env)
     pairs = dict(zip(args, args[1:]))
     assert pairs["--model-path"] == "M" and pairs["--speculative-draft-model-path"] == "D"
     assert pairs["--tp-size"] == "2" and pairs["--mem-fraction-static"] == "0.8"
     assert pairs["--context-length"] == "32768" and pairs["--port"] == "8000"
-    assert pairs["--speculative-ddtree-budget"] == "32"
+    assert pairs["--speculative-ddtree-budget"] == "32" and pairs["--speculative-ddtree-budget-policy"] == "auto"
     assert pairs["--speculative-algorithm"] == "DDTREE"
     assert pairs["--served-model-name"] == "my model"
     assert "--trust-remote-code" in args and "30000" not in args
@@ -275,3 +275,13 @@ def test_main_warns_about_dev_shm_and_still_serves(capsys, monkeypatch, tmp_path
     err = capsys.readouterr().err
     assert "ddtree-sglang: warning: /dev/shm is 64 MB" in err
     assert started and started[0][started[0].index("-m") + 1] == "sglang.launch_server"
+
+
+def test_budget_policy_values_are_the_servers():
+    """The entrypoint checks DDTREE_BUDGET_POLICY before sglang is imported, against the
+    values the server accepts."""
+    from sglang.srt.speculative.ddtree.flags import BUDGET_POLICIES
+
+    assert ep.BUDGET_POLICIES == BUDGET_POLICIES
+    with pytest.raises(ep.UsageError, match="DDTREE_BUDGET_POLICY='dynamic' is not a DDTREE budget policy"):
+        ep.server_args(["--model-path", "M"], {"DDTREE_BUDGET_POLICY": "dynamic"})
