@@ -138,38 +138,35 @@ def compile_sglang_jit(entries: list, arch: tuple[int, int], results: list) -> N
 # ----------------------------------------------------------------------------- Triton
 def ddtree_sources():
     """The DDTree build (from marginals and from a DFlash 2 selector), compile and step-commit
-    kernels at the budgets their launch helpers serve, and the verify sampler's node-logits and Gumbel-draw kernels, as ``(label,
-    ASTSource, compile options)``: the same for every arch."""
+    kernels at the budgets their launch helpers serve, and the verify sampler's node-logits and
+    Gumbel-draw kernels, as ``(label, ASTSource, compile options)``: the same for every arch."""
     import triton
     from triton.compiler import ASTSource
 
     from sglang.srt.speculative.ddtree.tree_build import MAX_BUDGET, _ddtree_build_kernel, _launch_config
     from sglang.srt.layers.attention.tree_verify.masks import mask_words
+    from sglang.srt.speculative.ddtree.selector_tree import _selector_tree_kernel
     from sglang.srt.speculative.ddtree.tree_compile import _ddtree_compile_kernel
 
-    fn = _ddtree_build_kernel
-    ints = ["stride_lp_b", "stride_lp_d", "stride_ids_b", "stride_ids_d", "stride_out_b",
-            "num_depths", "k", "budget"]
-    types = {n: "i32" for n in ints}
-    types.update(lp_ptr="*fp32", ids_ptr="*i64", out_token_ptr="*i64", out_parent_ptr="*i32",
-                 out_depth_ptr="*i32", out_rank_ptr="*i32", out_score_ptr="*fp32", out_num_ptr="*i32")
-    for budget in sorted({1, 16, 64, 128, MAX_BUDGET}):
-        frontier, num_warps = _launch_config(budget)
-        sig = {n: ("constexpr" if n == "FRONTIER" else types[n]) for n in fn.arg_names}
-        yield (f"ddtree_build budget={budget}", ASTSource(fn, sig, constexprs={"FRONTIER": frontier}),
-               {"num_warps": num_warps})
-    from sglang.srt.speculative.ddtree.selector_tree import _selector_tree_kernel
-
-    # The tree from a DFlash 2 drafter's selector (--speculative-ddtree-tree transitions).
-    fn = _selector_tree_kernel
-    types = {n: "i32" for n in ("stride_out_b", "slots", "k", "width", "budget")}
-    types.update(lp_ptr="*fp32", order_ptr="*i32", ids_ptr="*i64", out_token_ptr="*i64", out_parent_ptr="*i32",
-                 out_depth_ptr="*i32", out_rank_ptr="*i32", out_score_ptr="*fp32", out_num_ptr="*i32")
-    for budget in sorted({1, 16, 64, 128, MAX_BUDGET}):
-        frontier, num_warps = _launch_config(budget)
-        sig = {n: ("constexpr" if n == "FRONTIER" else types[n]) for n in fn.arg_names}
-        yield (f"ddtree_selector_tree budget={budget}", ASTSource(fn, sig, constexprs={"FRONTIER": frontier}),
-               {"num_warps": num_warps})
+    # The tree from per-depth marginals, and from a DFlash 2 drafter's selector
+    # (--speculative-ddtree-tree transitions): the same frontier and launch configuration.
+    tree_out = dict(out_token_ptr="*i64", out_parent_ptr="*i32", out_depth_ptr="*i32", out_rank_ptr="*i32",
+                    out_score_ptr="*fp32", out_num_ptr="*i32")
+    builders = (
+        ("ddtree_build", _ddtree_build_kernel,
+         dict(lp_ptr="*fp32", ids_ptr="*i64", **tree_out, **{n: "i32" for n in (
+             "stride_lp_b", "stride_lp_d", "stride_ids_b", "stride_ids_d", "stride_out_b", "num_depths", "k",
+             "budget")})),
+        ("ddtree_selector_tree", _selector_tree_kernel,
+         dict(lp_ptr="*fp32", order_ptr="*i32", ids_ptr="*i64", **tree_out,
+              **{n: "i32" for n in ("stride_out_b", "slots", "k", "width", "budget")})),
+    )  # fmt: skip
+    for name, fn, types in builders:
+        for budget in sorted({1, 16, 64, 128, MAX_BUDGET}):
+            frontier, num_warps = _launch_config(budget)
+            sig = {n: ("constexpr" if n == "FRONTIER" else types[n]) for n in fn.arg_names}
+            yield (f"{name} budget={budget}", ASTSource(fn, sig, constexprs={"FRONTIER": frontier}),
+                   {"num_warps": num_warps})
     fn = _ddtree_compile_kernel
     types = {n: "*i64" for n in ("node_token_ptr", "bonus_ptr", "committed_ptr", "tokens_ptr",
                                  "positions_ptr", "parent_ptr", "retrive_index_ptr",
