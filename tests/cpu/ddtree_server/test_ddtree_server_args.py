@@ -31,10 +31,13 @@ def _make(model_dirs, target="mla", **kw):
 def test_defaults(model_dirs):
     sa = _make(model_dirs)
     assert sa.speculative_algorithm == "DDTREE"
-    assert sa.speculative_ddtree_budget == budget.DEFAULT_BUDGET
-    assert sa.speculative_ddtree_topk == min(budget.DEFAULT_BUDGET, VOCAB)
+    # The auto budget policy: adaptive over B=64, verify graphs at 16 as well.
+    assert sa.speculative_ddtree_budget_policy == "adaptive"
+    assert sa.speculative_ddtree_budget == 64
+    assert sa.speculative_ddtree_graph_budgets == "16"
+    assert sa.speculative_ddtree_topk == min(64, VOCAB)
     # Verify width is the tree (budget + root); the draft block stays DFlash's.
-    assert sa.speculative_num_draft_tokens == budget.DEFAULT_BUDGET + 1
+    assert sa.speculative_num_draft_tokens == 64 + 1
     assert sa.speculative_dflash_block_size == DRAFT_BLOCK
     assert sa.speculative_num_steps == 1
     assert sa.speculative_eagle_topk == 1
@@ -63,7 +66,7 @@ def test_tree_source_flag(model_dirs):
 
 
 def test_budget_policy_flag(model_dirs):
-    assert _make(model_dirs).speculative_ddtree_budget_policy == "fixed"
+    assert _make(model_dirs, speculative_ddtree_budget=16).speculative_ddtree_budget_policy == "fixed"
     sa = _make(model_dirs, speculative_ddtree_budget=64, speculative_ddtree_budget_policy="adaptive")
     # The graphs, the KV headroom and the verify buffers are sized for the full budget.
     assert (sa.speculative_ddtree_budget_policy, sa.speculative_num_draft_tokens) == ("adaptive", 65)
@@ -134,12 +137,12 @@ def test_default_budget_policy(model_dirs, monkeypatch):
     fixed budget whatever the default (the override a user reaches for)."""
     from sglang.srt.speculative.ddtree import flags
 
-    assert flags.DEFAULT_BUDGET_POLICY == "fixed"
-    assert _budget_policy(_make(model_dirs)) == ("fixed", budget.DEFAULT_BUDGET, None, budget.DEFAULT_BUDGET + 1)
-    monkeypatch.setattr(flags, "DEFAULT_BUDGET_POLICY", "auto")
+    assert flags.DEFAULT_BUDGET_POLICY == "auto"
     assert _budget_policy(_make(model_dirs)) == ("adaptive", 64, "16", 65)
     assert _budget_policy(_make(model_dirs, speculative_ddtree_budget=32)) == ("fixed", 32, None, 33)
     assert _budget_policy(_make(model_dirs, tp_size=2)) == ("fixed", budget.DEFAULT_BUDGET, None, 17)
+    monkeypatch.setattr(flags, "DEFAULT_BUDGET_POLICY", "fixed")
+    assert _budget_policy(_make(model_dirs)) == ("fixed", budget.DEFAULT_BUDGET, None, budget.DEFAULT_BUDGET + 1)
 
 
 def test_auto_budget_policy_on_a_hybrid_target(model_dirs):
@@ -170,7 +173,7 @@ def test_max_budget_and_topk_bounded_by_vocab(model_dirs):
 
 def test_flashinfer_allowed_for_mha(model_dirs):
     sa = _make(model_dirs, target="mha", attention_backend="flashinfer")
-    assert sa.speculative_num_draft_tokens == budget.DEFAULT_BUDGET + 1
+    assert sa.attention_backend == "flashinfer"
 
 
 def test_flashinfer_mla_needs_the_tree_verify_hook(model_dirs, monkeypatch):

@@ -146,13 +146,15 @@ def test_profiled_pool_fits_the_budget(configured, gpu_after_weights, pair, algo
 def test_flashmla_staging_is_one_target_layer_more(configured, hopper, rule_only):
     """On an sm_90 GPU whose sgl_kernel has FlashMLA, a DDTREE tree of 64 nodes (1,040
     query rows at 16 heads) verifies through flashmla_split, whose page staging holds
-    one more target KV layer per pool token: 576 latent values of the KV dtype. Under
-    the policy's rule the default tree (17 rows x 16 heads) keeps the fused kernel and
-    no staging."""
+    one more target KV layer per pool token: 576 latent values of the KV dtype (the
+    default budget policy, auto, runs B=64 there too). Under the policy's rule a tree of
+    16 (17 rows x 16 heads) keeps the fused kernel and no staging."""
     wide = configured("v2lite-shape", "DDTREE", attention_backend="triton", speculative_ddtree_budget=64)
     target, draft = measured(wide)
     assert configurator(wide)._cell_size == target + draft + 576 * 2
-    narrow = configured("v2lite-shape", "DDTREE", attention_backend="triton")
+    default = configured("v2lite-shape", "DDTREE", attention_backend="triton")
+    assert configurator(default)._cell_size == target + draft + 576 * 2
+    narrow = configured("v2lite-shape", "DDTREE", attention_backend="triton", speculative_ddtree_budget=16)
     assert configurator(narrow)._cell_size == target + draft
 
 

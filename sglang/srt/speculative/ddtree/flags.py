@@ -223,8 +223,8 @@ TREE_SOURCES = ("marginals", "transitions")
 #: (``_resolve_auto``).
 BUDGET_POLICIES = ("fixed", "adaptive", "auto")
 #: The policy when neither it nor ``--speculative-ddtree-budget`` is given; a budget given
-#: alone is fixed.
-DEFAULT_BUDGET_POLICY = "fixed"
+#: alone is fixed (the override a user reaches for).
+DEFAULT_BUDGET_POLICY = "auto"
 #: ``auto``'s budget (unless one is given) and graph budget. On the learned pair (H100,
 #: 2026-12-07, docs/benchmarks.md) B=64 adaptive with verify graphs at 16 ran 1.10-1.26x a
 #: fixed B=16 at batch 1 and 8, T=0 and 1, and 0.96-1.10x a fixed B=64.
@@ -376,7 +376,7 @@ def _check_budget_policy(server_args: ServerArgs) -> None:
         raise ValueError(
             "--speculative-ddtree-budget-policy adaptive chooses each step's budget from this "
             "process's own step times; with " + ", ".join(parallel) + " the ranks would choose "
-            "apart. Use the fixed policy (the default) with --speculative-ddtree-budget."
+            "apart. Use --speculative-ddtree-budget alone (a fixed budget)."
         )
 
 
