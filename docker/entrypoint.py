@@ -112,7 +112,7 @@ ENV_FLAGS = (
     EnvFlag("DDTREE_BUDGET", ("--speculative-ddtree-budget",), _positive_int,
             help="tree budget (draft nodes per verify)"),
     EnvFlag("DDTREE_BUDGET_POLICY", ("--speculative-ddtree-budget-policy",), _budget_policy,
-            help="fixed, adaptive or auto (B=64 adaptive with verify graphs at 16 where it can)"),
+            help="fixed, adaptive or auto (the default: B=64 adaptive with verify graphs at 16 where it can)"),
     EnvFlag("TP_SIZE", ("--tp-size", "--tensor-parallel-size"), _positive_int,
             help="tensor parallelism (GPUs)"),
     EnvFlag("DP_SIZE", ("--dp-size", "--data-parallel-size"), _positive_int,
