@@ -22,6 +22,14 @@ temperature charged the step measured at it where the sweep measured one, else t
 step). What it leaves out shows there: prefill, the first token, request overheads, and a step
 cost that depends on what is accepted (random-prompt step times against real traffic).
 
+That last one is charged when ``--token-cost-from`` names sweeps to fit it from: a step's host
+work grows with the tokens it commits (each request's output is processed and streamed per
+token), which a step measured on random prompts (about one token per request) leaves out. Per
+temperature, ``token_costs`` fits the milliseconds per extra committed token from sweeps'
+batch >= 2 points (real step = batch x tau / tokens/s, against the measured step at its own
+accept length); every step then costs ``c x batch x (tau - its measured accept length)`` more.
+Fit it from other runs than the one checked, so the own-shape error stays a check.
+
   python3 benchmarks/cost_model.py --sweep results/budget_sweep_learned.json \\
       --e2e benchmarks/results/e2e_step_uniform_tile64x32_h200_2026-11-30.json benchmarks/results/e2e_step_dummy_routing_matrix_h200_2026-11-30.json \\
       --tag learned --out-dir benchmarks/results
@@ -33,6 +41,7 @@ import argparse
 import json
 import math
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -42,6 +51,11 @@ REPO = Path(__file__).resolve().parents[1]
 DDTREE = re.compile(r"^ddtree([1-9][0-9]*)$")
 #: e2e_step verify strategies that are what the fork serves (its hook; "-" = no speculation).
 SERVED_VERIFY = ("fused", "auto", "-", "default")
+#: Points fit the per-token cost only where the traffic commits this many more tokens per step
+#: than the step measurement did, and only at this batch size or above (a batch-1 step's
+#: run-to-run spread is larger than one request's extra tokens cost).
+TOKEN_COST_MIN_EXTRA = 0.5
+TOKEN_COST_MIN_BATCH = 2
 
 
 def budget_of(config: str) -> Optional[int]:
@@ -76,6 +90,7 @@ def load_step_rows(paths: list[Path], verify: tuple = SERVED_VERIFY, routing: Op
                 continue
             key = (row.get("model") or shape, int(row["ctx"]), int(row["batch"]), row["config"])
             table[key] = {"ms_per_step": float(row["ms_per_step"]), "source": Path(p).name,
+                          "accept_length": float(row.get("accept_length") or 1.0),
                           "date": r.get("date"), "device": r.get("device")}
     return table
 
@@ -126,8 +141,56 @@ def taus(sweep: dict) -> dict:
     return {k: v["tau"] for k, v in tau_table(sweep).items()}
 
 
-def predict(sweep: dict, table: dict) -> list[dict]:
-    """Per (shape, ctx, batch, temperature): predicted tokens/s of every config with both inputs."""
+def token_cost(costs: Optional[dict], temperature: float) -> float:
+    """Milliseconds per extra committed token at ``temperature`` (the greedy fit where none was
+    fitted at it; 0 without a fit)."""
+    if not costs:
+        return 0.0
+    return float(costs.get(float(temperature), costs.get(0.0, 0.0)))
+
+
+def charged_ms(measured_ms: float, batch: int, tau: float, step_accept: float, costs: Optional[dict],
+               temperature: float) -> float:
+    """A measured step's time charged the host work of the tokens the traffic commits beyond it."""
+    return measured_ms + token_cost(costs, temperature) * batch * max(0.0, tau - step_accept)
+
+
+def _own_points(sweep: dict) -> list[tuple]:
+    """(config, batch, temperature, tau, step row, measured tokens/s) of a sweep's points that
+    have both a step row and a measured throughput (plain temperature sampling only)."""
+    tau = taus(sweep)
+    measured = {(r["config"], int(r["batch"]), float(r["temperature"])): r["throughput_tok_s"]
+                for r in sweep["rows"] if r.get("top_p", 1.0) == 1.0 and r.get("top_k", 0) <= 0}
+    steps = {(s["config"], int(s["batch"]), float(s.get("temperature", 0.0))): s for s in sweep.get("steps", [])
+             if s.get("top_p", 1.0) == 1.0 and s.get("top_k", 0) <= 0}
+    out = []
+    for (config, batch, t), x in sorted(tau.items()):
+        # The step measured at the point's own temperature; a sweep that measured greedy steps
+        # only is charged those (marked: a sampled step costs more).
+        s = steps.get((config, batch, t)) or steps.get((config, batch, 0.0))
+        if s is not None and (config, batch, t) in measured:
+            out.append((config, batch, t, x, s, measured[(config, batch, t)]))
+    return out
+
+
+def token_costs(sweeps: list[dict]) -> dict:
+    """Temperature -> milliseconds of host work per committed token beyond the measured step's
+    (median over the sweeps' points at batch >= ``TOKEN_COST_MIN_BATCH`` whose traffic commits
+    at least ``TOKEN_COST_MIN_EXTRA`` more tokens per request and step)."""
+    per_t: dict = {}
+    for sweep in sweeps:
+        for _, batch, t, tau, s, tok_s in _own_points(sweep):
+            extra = tau - float(s.get("accept_length") or 1.0)
+            if batch < TOKEN_COST_MIN_BATCH or extra < TOKEN_COST_MIN_EXTRA or tok_s <= 0:
+                continue
+            real_ms = batch * tau * 1000.0 / tok_s
+            per_t.setdefault(t, []).append((real_ms - s["ms_per_step"]) / (batch * extra))
+    return {t: statistics.median(v) for t, v in sorted(per_t.items())}
+
+
+def predict(sweep: dict, table: dict, costs: Optional[dict] = None) -> list[dict]:
+    """Per (shape, ctx, batch, temperature): predicted tokens/s of every config with both inputs
+    (each step charged ``costs``' per-token host work: ``token_costs``)."""
     tau = tau_table(sweep)
     points = sorted({k[:3] for k in table})
     temps = sorted({k[2] for k in tau})
@@ -141,8 +204,10 @@ def predict(sweep: dict, table: dict) -> list[dict]:
                 s = step_ms(table, shape, ctx, batch, config)
                 if s is None:
                     continue
-                configs[config] = {"tau": x["tau"], "ms_per_step": s["ms_per_step"], "interpolated": s["interpolated"],
-                                   "source": s["source"], "tok_s": batch * x["tau"] * 1000.0 / s["ms_per_step"]}
+                ms = charged_ms(s["ms_per_step"], batch, x["tau"], s.get("accept_length", 1.0), costs, t)
+                configs[config] = {"tau": x["tau"], "ms_per_step": ms, "measured_ms_per_step": s["ms_per_step"],
+                                   "interpolated": s["interpolated"], "source": s["source"],
+                                   "tok_s": batch * x["tau"] * 1000.0 / ms}
                 if x["from"] != config:
                     configs[config]["tau_from"] = x["from"]
             if not configs:
@@ -160,27 +225,24 @@ def predict(sweep: dict, table: dict) -> list[dict]:
     return out
 
 
-def own_shape(sweep: dict) -> list[dict]:
-    """The model at the learned pair's own shape: its e2e-style step times x its tau, against the
-    tokens/s the sweep measured (same servers, same run)."""
-    tau = taus(sweep)
-    measured = {(r["config"], int(r["batch"]), float(r["temperature"])): r["throughput_tok_s"]
-                for r in sweep["rows"] if r.get("top_p", 1.0) == 1.0 and r.get("top_k", 0) <= 0}
-    steps = {(s["config"], int(s["batch"]), float(s.get("temperature", 0.0))): s for s in sweep.get("steps", [])
-             if s.get("top_p", 1.0) == 1.0 and s.get("top_k", 0) <= 0}
+def own_shape(sweep: dict, costs: Optional[dict] = None) -> list[dict]:
+    """The model at the learned pair's own shape: its e2e-style step times (charged ``costs``'
+    per-token host work) x its tau, against the tokens/s the sweep measured (same servers, same
+    run)."""
     out = []
-    for (config, batch, t), x in sorted(tau.items()):
-        # The step measured at the point's own temperature; a sweep that measured greedy steps
-        # only is charged those (marked: a sampled step costs more).
-        s = steps.get((config, batch, t)) or steps.get((config, batch, 0.0))
-        if s is None or (config, batch, t) not in measured:
-            continue
-        pred = batch * x * 1000.0 / s["ms_per_step"]
-        out.append({"config": config, "batch": batch, "temperature": t, "tau": x, "ms_per_step": s["ms_per_step"],
-                    "step_temperature": float(s.get("temperature", 0.0)),
-                    "predicted_tok_s": pred, "measured_tok_s": measured[(config, batch, t)],
-                    "error": pred / measured[(config, batch, t)] - 1.0})
+    for config, batch, t, x, s, tok_s in _own_points(sweep):
+        ms = charged_ms(s["ms_per_step"], batch, x, float(s.get("accept_length") or 1.0), costs, t)
+        pred = batch * x * 1000.0 / ms
+        out.append({"config": config, "batch": batch, "temperature": t, "tau": x, "ms_per_step": ms,
+                    "measured_ms_per_step": s["ms_per_step"], "step_temperature": float(s.get("temperature", 0.0)),
+                    "predicted_tok_s": pred, "measured_tok_s": tok_s, "error": pred / tok_s - 1.0})
     return out
+
+
+def error_summary(own: list[dict]) -> Optional[dict]:
+    """Mean and largest |predicted / measured - 1| of own-shape points."""
+    errs = [abs(o["error"]) for o in own]
+    return {"max_abs": max(errs), "mean_abs": sum(errs) / len(errs)} if errs else None
 
 
 def markdown(pred: list[dict], temperature: float = 0.0) -> str:
@@ -264,10 +326,13 @@ def main(argv=None) -> int:
     ap.add_argument("--verify", default=",".join(SERVED_VERIFY), help="e2e_step verify strategies to use")
     ap.add_argument("--routing", help="only e2e_step runs with this expert routing (model / uniform)")
     ap.add_argument("--backend", default="triton", help="e2e_step attention backend to use")
+    ap.add_argument("--token-cost-from", type=Path, nargs="+", default=[],
+                    help="budget_sweep JSONs to fit the host cost per committed token from (other runs "
+                         "than --sweep, so its own-shape error stays a check)")
     ap.add_argument("--tag", default="run")
     ap.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
     args = ap.parse_args(argv)
-    for p in [args.sweep, *args.e2e]:
+    for p in [args.sweep, *args.e2e, *args.token_cost_from]:
         if not p.is_file():
             raise SystemExit(f"{p}: no such file")
     sweep = json.loads(args.sweep.read_text())
@@ -276,25 +341,34 @@ def main(argv=None) -> int:
     table = load_step_rows(args.e2e, tuple(args.verify.split(",")), args.routing, args.backend)
     if not table:
         raise SystemExit("no usable e2e_step rows (check --verify / --routing)")
+    costs = token_costs([json.loads(p.read_text()) for p in args.token_cost_from]) or None
+    if args.token_cost_from and not costs:
+        raise SystemExit(f"--token-cost-from: no batch >= {TOKEN_COST_MIN_BATCH} point with step rows in "
+                         f"{', '.join(map(str, args.token_cost_from))} to fit a per-token cost from")
     result = {
         "what": "cost model: learned-pair accept length x e2e_step step time (benchmarks/cost_model.py)",
         "date": time.strftime("%Y-%m-%d"),
         "sweep": {"file": str(args.sweep), "date": sweep.get("date"), "device": sweep.get("device")},
         "e2e_step_files": [str(p) for p in args.e2e],
         "filters": {"verify": args.verify, "routing": args.routing, "backend": args.backend},
-        "predictions": predict(sweep, table),
-        "own_shape": own_shape(sweep),
+        "token_cost_ms": {str(t): c for t, c in (costs or {}).items()},
+        "token_cost_from": [str(p) for p in args.token_cost_from],
+        "predictions": predict(sweep, table, costs),
+        "own_shape": own_shape(sweep, costs),
     }
-    errs = [abs(o["error"]) for o in result["own_shape"]]
-    result["own_shape_error"] = {"max_abs": max(errs), "mean_abs": sum(errs) / len(errs)} if errs else None
+    result["own_shape_error"] = error_summary(result["own_shape"])
+    result["own_shape_error_without_token_cost"] = error_summary(own_shape(sweep)) if costs else None
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"cost_model_{args.tag}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     plot(result, out.with_suffix(".png"))
     print(markdown(result["predictions"]))
-    if result["own_shape_error"]:
-        print(f"own shape: |predicted / measured - 1| mean {result['own_shape_error']['mean_abs']:.1%}, "
-              f"max {result['own_shape_error']['max_abs']:.1%}")
+    if costs:
+        print("host cost per committed token (ms): " + ", ".join(f"T={t:g} {c:.3f}" for t, c in costs.items()))
+    for key, what in (("own_shape_error", "own shape"), ("own_shape_error_without_token_cost", "  without it")):
+        if result[key]:
+            print(f"{what}: |predicted / measured - 1| mean {result[key]['mean_abs']:.1%}, "
+                  f"max {result[key]['max_abs']:.1%}")
     print(f"wrote {out}")
     return 0
 

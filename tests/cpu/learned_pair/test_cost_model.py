@@ -144,3 +144,69 @@ def test_reads_the_repository_e2e_step_results(tmp_path):
         cm.main(["--sweep", str(tmp_path / "missing.json"), "--e2e", str(files[0])])
     with pytest.raises(SystemExit, match="no usable"):
         cm.main(["--sweep", str(sweep), "--e2e", str(files[0]), "--verify", "nothing"])
+
+
+def _step_row(config, batch, ms, accept, t=0.0):
+    return {"config": config, "batch": batch, "temperature": t, "top_p": 1.0, "top_k": 0, "ms_per_step": ms,
+            "accept_length": accept}
+
+
+def test_token_costs_fit_the_host_work_per_committed_token():
+    """At batch 8 a DDTREE server committing 4 tokens per request and step runs 8 x 4 / 8,000
+    s = 4.0 ms a step, where the step measured on random prompts (1 token) took 2.5: 1.5 ms for
+    8 x 3 more tokens, 0.0625 ms each. Batch-1 points and points that commit about what the
+    measurement did are left out; each temperature gets its own fit."""
+    sweep = _sweep([_row("ddtree16", 8, 0.0, 4.0, 8000.0), _row("dflash", 8, 0.0, 3.0, 8 * 3.0 * 1000 / 3.5),
+                    _row("ddtree16", 8, 1.0, 2.0, 8 * 2.0 * 1000 / 4.0),
+                    _row("ddtree16", 1, 0.0, 4.0, 100.0), _row("nospec", 8, 0.0, None, 5000.0)],
+                   steps=[_step_row("ddtree16", 8, 2.5, 1.0), _step_row("dflash", 8, 2.5, 1.0),
+                          _step_row("ddtree16", 8, 3.0, 1.0, t=1.0), _step_row("ddtree16", 1, 2.0, 1.0),
+                          _step_row("nospec", 8, 1.5, 1.0)])
+    costs = cm.token_costs([sweep])
+    # T=0: DDTREE 0.0625 and DFLASH (3.5 - 2.5) / (8 x 2) = 0.0625; the batch-1 point (which
+    # would give 20 ms a token) and no speculation (no extra token) are not fitted.
+    assert costs[0.0] == pytest.approx(0.0625)
+    assert costs[1.0] == pytest.approx((4.0 - 3.0) / 8)
+    own = {(o["config"], o["batch"], o["temperature"]): o for o in cm.own_shape(sweep, costs)}
+    assert own[("ddtree16", 8, 0.0)]["ms_per_step"] == pytest.approx(4.0)
+    assert own[("ddtree16", 8, 0.0)]["measured_ms_per_step"] == 2.5
+    assert own[("ddtree16", 8, 0.0)]["error"] == pytest.approx(0.0)
+    assert own[("nospec", 8, 0.0)]["ms_per_step"] == 1.5  # commits what it was measured committing
+    # Without the fit the same point is predicted from the random-prompt step alone.
+    assert {(o["config"], o["batch"], o["temperature"]): o for o in cm.own_shape(sweep)}[
+        ("ddtree16", 8, 0.0)]["error"] == pytest.approx(4.0 / 2.5 - 1)
+    assert cm.token_cost(costs, 0.7) == costs[0.0]  # no fit at T=0.7: the greedy one
+    assert cm.token_cost(None, 0.0) == 0.0
+
+
+def test_predictions_charge_the_token_cost_beyond_each_step_rows_accept_length(tmp_path):
+    sweep = _sweep([_row("nospec", 8, 0.0, None, 100.0), _row("ddtree16", 8, 0.0, 5.0, 300.0)])
+    rows = [_step("nospec", 1024, 8, 5.0), {**_step("ddtree16", 1024, 8, 10.0), "accept_length": 1.5}]
+    table = cm.load_step_rows([_e2e(tmp_path, "a.json", rows)])
+    c = cm.predict(sweep, table, {0.0: 0.1})[0]["configs"]
+    assert c["ddtree16"]["ms_per_step"] == pytest.approx(10.0 + 0.1 * 8 * (5.0 - 1.5))
+    assert c["ddtree16"]["measured_ms_per_step"] == 10.0
+    assert c["nospec"]["ms_per_step"] == 5.0
+    assert c["ddtree16"]["tok_s"] == pytest.approx(8 * 5.0 * 1000 / 12.8)
+
+
+def test_token_cost_from_on_the_command_line(tmp_path):
+    """--token-cost-from fits the cost from other sweeps, records it and both own-shape errors;
+    sweeps without a batch >= 2 point to fit from are refused."""
+    fit = tmp_path / "fit.json"
+    fit.write_text(json.dumps(_sweep([_row("ddtree16", 8, 0.0, 4.0, 8000.0)], steps=[_step_row("ddtree16", 8, 2.5, 1.0)])))
+    checked = tmp_path / "checked.json"
+    checked.write_text(json.dumps(_sweep([_row("nospec", 8, 0.0, None, 5000.0), _row("ddtree16", 8, 0.0, 3.0, 6000.0)],
+                                         steps=[_step_row("nospec", 8, 1.6, 1.0), _step_row("ddtree16", 8, 2.8, 1.0)])))
+    e2e = _e2e(tmp_path, "e.json", [_step("nospec", 1024, 8, 5.0), _step("ddtree16", 1024, 8, 10.0)])
+    assert cm.main(["--sweep", str(checked), "--e2e", str(e2e), "--token-cost-from", str(fit), "--tag", "t",
+                    "--out-dir", str(tmp_path)]) == 0
+    out = json.loads((tmp_path / "cost_model_t.json").read_text())
+    assert out["token_cost_ms"] == {"0.0": pytest.approx(0.0625)}
+    ddtree = [o for o in out["own_shape"] if o["config"] == "ddtree16"][0]
+    assert ddtree["ms_per_step"] == pytest.approx(2.8 + 0.0625 * 8 * 2.0)
+    assert out["own_shape_error"]["mean_abs"] < out["own_shape_error_without_token_cost"]["mean_abs"]
+    batch1 = tmp_path / "batch1.json"
+    batch1.write_text(json.dumps(_sweep([_row("ddtree16", 1, 0.0, 4.0, 800.0)], steps=[_step_row("ddtree16", 1, 2.5, 1.0)])))
+    with pytest.raises(SystemExit, match="no batch >= 2 point"):
+        cm.main(["--sweep", str(checked), "--e2e", str(e2e), "--token-cost-from", str(batch1), "--out-dir", str(tmp_path)])
