@@ -67,6 +67,8 @@ def shape_of(result: dict) -> str:
     for key in ("model", "shape"):
         if result.get(key):
             return str(result[key])
+    if result.get("target"):  # e2e_step's --target (v2lite, qwen3-8b, ...)
+        return f"{result['target']}-shape"
     what = result.get("what", "")
     return "v2lite-shape" if "V2-Lite" in what else (what or "unknown")
 

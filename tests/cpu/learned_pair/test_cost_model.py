@@ -94,6 +94,9 @@ def test_no_extrapolation_and_later_files_win(tmp_path):
     # a file that names its shape keeps its rows apart
     c = _e2e(tmp_path, "c.json", [_step("ddtree16", 1024, 1, 3.0)], model="qwen3-8b-shape")
     assert ("qwen3-8b-shape", 1024, 1, "ddtree16") in cm.load_step_rows([a, c])
+    # e2e_step records its --target
+    d = _e2e(tmp_path, "d.json", [_step("ddtree16", 1024, 1, 4.0)], target="gptoss-20b")
+    assert ("gptoss-20b-shape", 1024, 1, "ddtree16") in cm.load_step_rows([d])
 
 
 def test_own_shape_check():
