@@ -71,7 +71,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = re.compile(r"^(nospec|dflash|ddtree([1-9][0-9]*))(-transitions)?(-adaptive(-graphs[1-9][0-9]*(?:\.[1-9][0-9]*)*)?)?$")
+CONFIG = re.compile(r"^(nospec|dflash|ddtree([1-9][0-9]*))(-transitions)?(-adaptive(-graphs[1-9][0-9]*(?:\.[1-9][0-9]*)*)?)?"
+                    r"(-with-([a-z0-9_]+))?$")
 #: A DDTREE label's suffix for a tree grown from a DFlash 2 drafter's selector transitions
 #: (``--speculative-ddtree-tree transitions``), e.g. ``ddtree16-transitions``.
 TRANSITIONS = "-transitions"
@@ -81,6 +82,10 @@ ADAPTIVE = "-adaptive"
 #: After ``-adaptive``: its graph budgets (``--speculative-ddtree-graph-budgets``, dots for
 #: commas), e.g. ``ddtree64-adaptive-graphs16`` or ``ddtree64-adaptive-graphs4.16``.
 GRAPHS = "-graphs"
+#: Last: the drafter a speculative server loads when it is not ``--draft-model-path``, one
+#: named by ``--extra-drafter NAME=PATH`` (``dflash-with-dflash1``: a second drafter of the
+#: same target measured beside the first in one sweep).
+WITH = "-with-"
 WARMUP_TOKENS = 64  # dflash's warm-up length
 #: DDTREE's Prometheus counters (``speculative/ddtree/metrics.py``): drafts accepted had the
 #: budget been ``budget``, and the request steps they are counted over (per budget; a server
@@ -173,16 +178,24 @@ def load_prompts(path: Path) -> list[dict]:
 
 def parse_config(label: str) -> tuple[str, Optional[int]]:
     m = CONFIG.match(label)
-    if not m or ((m.group(3) or m.group(4)) and not m.group(2)):
+    if not m or ((m.group(3) or m.group(4)) and not m.group(2)) or (m.group(6) and m.group(1) == "nospec"):
         raise SystemExit(f"server label {label!r}: expected nospec, dflash or ddtree<budget>[{TRANSITIONS}]"
-                         f"[{ADAPTIVE}[{GRAPHS}<b>[.<b>...]]] (e.g. ddtree32, ddtree16{TRANSITIONS}, "
-                         f"ddtree64{ADAPTIVE}, ddtree64{ADAPTIVE}{GRAPHS}16)")
+                         f"[{ADAPTIVE}[{GRAPHS}<b>[.<b>...]]], a speculative one optionally ending in "
+                         f"{WITH}<drafter> (e.g. ddtree32, ddtree16{TRANSITIONS}, ddtree64{ADAPTIVE}, "
+                         f"ddtree64{ADAPTIVE}{GRAPHS}16, dflash{WITH}dflash1)")
     return ("ddtree", int(m.group(2))) if m.group(2) else (m.group(1), None)
+
+
+def drafter_name(label: str) -> Optional[str]:
+    """The ``--extra-drafter`` a label's server loads, or None for ``--draft-model-path``."""
+    m = CONFIG.match(label)
+    return m.group(7) if m else None
 
 
 def config_order(label: str) -> tuple:
     kind, budget = parse_config(label)
-    return ({"nospec": 0, "dflash": 1, "ddtree": 2}[kind], ADAPTIVE in label, budget or 0, TRANSITIONS in label)
+    return ({"nospec": 0, "dflash": 1, "ddtree": 2}[kind], ADAPTIVE in label, budget or 0, TRANSITIONS in label,
+            drafter_name(label) or "")
 
 
 def label_from_server_info(info: dict) -> str:
@@ -572,12 +585,19 @@ def summary_lines(result: dict) -> list[str]:
 # Servers started here (launch mode)
 
 
-def launch_args(label: str, drafter: Optional[str], batches: list[int], extra: list[str]) -> list[str]:
+def launch_args(label: str, drafter: Optional[str], batches: list[int], extra: list[str],
+                drafters: Optional[dict] = None) -> list[str]:
     """The served configuration: triton attention, decode CUDA graphs for exactly the measured
     batch sizes and none for prefill (a speculative server captures 58 of them before it serves;
     a sweep measures decode),
-    the overlap scheduler on (the default); KV pools capped so servers can share a GPU."""
+    the overlap scheduler on (the default); KV pools capped so servers can share a GPU.
+    ``drafters``: the ``--extra-drafter`` paths a ``-with-NAME`` label picks from."""
     kind, budget = parse_config(label)
+    name = drafter_name(label)
+    if name is not None:
+        if name not in (drafters or {}):
+            raise SystemExit(f"{label} loads the drafter {name!r}: give it as --extra-drafter {name}=PATH")
+        drafter = drafters[name]
     args = ["--attention-backend", "triton", "--mem-fraction-static", "0.85", "--max-total-tokens", "65536",
             "--max-running-requests", "128", "--cuda-graph-bs-decode", *[str(b) for b in sorted(set(batches))],
             "--cuda-graph-backend-prefill", "disabled", *extra]
@@ -750,6 +770,9 @@ def main(argv=None) -> int:
     lg.add_argument("--launch", action="store_true")
     lg.add_argument("--model-path")
     lg.add_argument("--draft-model-path")
+    lg.add_argument("--extra-drafter", action="append", default=[], metavar="NAME=PATH",
+                    help="another drafter of the same target, loaded by the configs ending in -with-NAME "
+                    "(e.g. --extra-drafter dflash1=/tmp/learned-pair/drafter --configs dflash,dflash-with-dflash1)")
     lg.add_argument("--configs", default="nospec,dflash,ddtree4,ddtree8,ddtree16,ddtree32,ddtree64,ddtree128")
     lg.add_argument("--server-args", default="", help="extra arguments for every server")
     lg.add_argument("--log-dir", type=Path, default=Path(os.environ.get("DDTREE_GPU_LOG_DIR", "/tmp/budget-sweep-logs")))
@@ -797,6 +820,13 @@ def main(argv=None) -> int:
         ap.error(f"--sampling: {e} is not T[/top_k[/top_p]] with T >= 0, top_k >= 0, top_p in (0, 1]")
     if not args.sampling:
         ap.error("--sampling: no setting given")
+    drafters = {}
+    for item in args.extra_drafter:
+        name, sep, path = item.partition("=")
+        if not sep or not path or not re.fullmatch(r"[a-z0-9_]+", name) or name in drafters:
+            ap.error(f"--extra-drafter {item!r}: expected NAME=PATH, NAME of a-z, 0-9 and _, each NAME once")
+        drafters[name] = path
+    args.extra_drafter = drafters
     if args.sampling_check:
         try:
             sc_module = _sibling("sampling_check", REPO / "benchmarks" / "sampling_check.py")
@@ -930,13 +960,16 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
 
     result["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else result["device"]
     result["model_path"], result["draft_model_path"] = args.model_path, args.draft_model_path
+    if args.extra_drafter:
+        result["extra_drafters"] = dict(args.extra_drafter)
     args.log_dir.mkdir(parents=True, exist_ok=True)
     extra = shlex.split(args.server_args)
     procs = {}
     try:
         for c in labels:  # all at once: starts overlap (the harness relaunches one whose port was taken)
             procs[c] = harness.ServerProcess(f"sweep-{c}", args.model_path,
-                                             launch_args(c, args.draft_model_path, args.batch, extra), args.log_dir,
+                                             launch_args(c, args.draft_model_path, args.batch, extra,
+                                                         args.extra_drafter), args.log_dir,
                                              env={"SGLANG_DDTREE_STATS_INTERVAL": str(LAUNCH_STATS_INTERVAL)})
         for c in list(labels):
             try:

@@ -393,6 +393,34 @@ def test_launch_args():
             bs.parse_config(bad)
 
 
+def test_a_second_drafter_by_label():
+    """``-with-NAME`` servers load ``--extra-drafter NAME=PATH``: a DFlash and a DFlash 2
+    drafter of one target measured in one sweep."""
+    drafters = {"dflash1": "/d1"}
+    assert bs.launch_args("dflash", "/d2", [1], [], drafters)[-2:] == ["--speculative-draft-model-path", "/d2"]
+    assert bs.launch_args("dflash-with-dflash1", "/d2", [1], [], drafters)[-2:] == [
+        "--speculative-draft-model-path", "/d1"]
+    t = bs.launch_args("ddtree16-transitions-with-dflash1", "/d2", [1], [], drafters)
+    assert t[t.index("--speculative-draft-model-path") + 1] == "/d1" and t[-1] == "transitions"
+    assert bs.parse_config("ddtree64-adaptive-graphs16-with-d_1") == ("ddtree", 64)
+    assert bs.drafter_name("ddtree16") is None and bs.drafter_name("dflash-with-dflash1") == "dflash1"
+    assert sorted(["dflash-with-dflash1", "ddtree16", "dflash"], key=bs.config_order) == [
+        "dflash", "dflash-with-dflash1", "ddtree16"]
+    with pytest.raises(SystemExit, match="--extra-drafter other=PATH"):
+        bs.launch_args("dflash-with-other", "/d2", [1], [], drafters)
+    for bad in ("nospec-with-dflash1", "dflash-with-", "dflash-with-D1", "ddtree16-with-d1-transitions"):
+        with pytest.raises(SystemExit, match="expected nospec, dflash or ddtree<budget>"):
+            bs.parse_config(bad)
+
+
+@pytest.mark.parametrize("item", ["dflash1", "=/d", "D1=/d", "d1="])
+def test_extra_drafter_refuses_what_is_not_name_equals_path(item, prompts, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bs.main(["--prompts", str(prompts), "--launch", "--model-path", "/t", "--extra-drafter", item,
+                 "--out-dir", str(tmp_path)])
+    assert "expected NAME=PATH" in capsys.readouterr().err
+
+
 def test_trees_from_transitions_sweep_beside_marginal_trees(fakes, prompts, tmp_path):
     """A DDTREE server growing its tree from a DFlash 2 selector's transitions is labelled
     ddtree<B>-transitions from /server_info, compared with the marginal tree of its budget,
