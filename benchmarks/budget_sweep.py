@@ -848,6 +848,11 @@ def main(argv=None) -> int:
     prompts = load_prompts(args.prompts)
     if args.launch == bool(args.server):
         ap.error("give running servers (--server) or --launch, not both or neither")
+    configs = [c for c in args.configs.split(",") if c]
+    if (args.launch and args.sampling_check and args.sampling_max_s > 0 and args.sampling_ddtree not in configs
+            and any(parse_config(c)[0] == "ddtree" for c in configs)):
+        ap.error(f"--sampling-ddtree {args.sampling_ddtree} is not among --configs, so the sampling check would "
+                 "leave DDTREE out: name one of the DDTREE configs")
     result = {
         "what": "DDTREE budget sweep through the OpenAI API (benchmarks/budget_sweep.py)",
         "date": time.strftime("%Y-%m-%d"),

@@ -421,6 +421,14 @@ def test_extra_drafter_refuses_what_is_not_name_equals_path(item, prompts, tmp_p
     assert "expected NAME=PATH" in capsys.readouterr().err
 
 
+def test_sampling_check_refuses_a_ddtree_server_it_would_not_start(prompts, tmp_path, capsys):
+    """A sampling check whose --sampling-ddtree is not launched would compare no DDTREE server."""
+    with pytest.raises(SystemExit):
+        bs.main(["--prompts", str(prompts), "--launch", "--model-path", "/t", "--draft-model-path", "/d",
+                 "--configs", "nospec,dflash,ddtree16-transitions", "--sampling-check", "--out-dir", str(tmp_path)])
+    assert "--sampling-ddtree ddtree16 is not among --configs" in capsys.readouterr().err
+
+
 def test_trees_from_transitions_sweep_beside_marginal_trees(fakes, prompts, tmp_path):
     """A DDTREE server growing its tree from a DFlash 2 selector's transitions is labelled
     ddtree<B>-transitions from /server_info, compared with the marginal tree of its budget,
