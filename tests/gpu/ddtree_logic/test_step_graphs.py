@@ -2,7 +2,8 @@
 """``step_graphs.SegmentGraphs`` on a real GPU, with the worker's own segments: the tree's build
 and compile (``DDTreeWorker._build_and_compile``) and the step tail
 (``DDTreeWorker._step_tail``: the argmax, the acceptance kernel, the commit launch), the
-drafter's context write stood in for by a row copy at the committed slots. Every replay must
+drafter's context write stood in for by a row copy at the committed slots, and the tree from a
+DFlash 2 selector (``DDTreeWorker._build_selector_and_compile``). Every replay must
 return and write what the eager segments do on the same inputs, with the tree read where its
 graph left it; a new shape or guard captures anew; a segment that cannot be captured runs
 eagerly. A sampled tail's draw, keyed by a seed drawn on the device inside the graph, draws
@@ -155,6 +156,53 @@ def test_a_smaller_tree_from_the_wider_head_replays_what_the_eager_narrow_head_b
         for name in _TREE_TENSORS:
             assert torch.equal(getattr(got, name), getattr(want, name)), (seed, name)
     assert (trees.captures, trees.replays) == (1, 3) and trees.disabled_reason is None
+
+
+def _selector_worker(state, k=8, rank=8):
+    """A worker whose drafter is DFlash 2's own selector code (``DFlash2DraftModel``'s
+    candidates and lattice over a ``CandidateSelector`` with random tables) on a random LM head."""
+    import types
+
+    from sglang.srt.models.dflash2 import DFlash2DraftModel
+    from sglang.srt.speculative.dflash2.selector import CandidateSelector
+
+    g = torch.Generator(device=DEV).manual_seed(7)
+    selector = CandidateSelector(hidden_size=HIDDEN, vocab_size=VOCAB, rank=rank, top_k=k).to(DEV)
+    with torch.no_grad():
+        for p in selector.parameters():
+            p.copy_(torch.randn(p.shape, device=DEV, generator=g) * 0.5)
+    drafter = SimpleNamespace(candidate_selector=selector, lm_head=None,
+                              dflash2=SimpleNamespace(output_multiplier=1.25, final_logit_softcapping=30.0))  # fmt: skip
+    drafter.compute_candidates = types.MethodType(DFlash2DraftModel.compute_candidates, drafter)
+    drafter.selector_lattice = types.MethodType(DFlash2DraftModel.selector_lattice, drafter)
+    head = SimpleNamespace(weight=torch.randn(VOCAB, HIDDEN, device=DEV, generator=g, dtype=torch.bfloat16))
+    w = _worker(state)
+    w.draft_model = drafter
+    w._target_worker = SimpleNamespace(model_runner=SimpleNamespace(model=SimpleNamespace(lm_head=head)))
+    return w
+
+
+@pytest.mark.parametrize("bs,budget", [(1, 16), (4, 64)])
+def test_a_tree_from_the_selector_replays_what_the_eager_segment_builds(bs, budget):
+    """The tree from a DFlash 2 selector's transitions as the worker replays it: the draft
+    graph's hidden states read in place (new values at the same address every step), the
+    bonus, prefix lengths and rows fed; every replay equals the eager segment."""
+    state = _State(bs, budget)
+    w = _selector_worker(state)
+    block = DEPTHS + 1
+    draft_out = torch.empty(bs, block, HIDDEN, device=DEV, dtype=torch.bfloat16)  # the draft graph's buffer
+    trees = SegmentGraphs("selector tree", w._build_selector_and_compile)
+    max_depth = max_tree_depth(budget, DEPTHS)
+    for seed in range(5):  # eager, captured, replayed three times
+        _, (bonus, prefix, rows), _ = _new_step(state, bs, budget, 300 + seed)
+        draft_out.normal_(generator=torch.Generator(device=DEV).manual_seed(400 + seed))
+        slots = draft_out[:, 1:, :]
+        want = w._build_selector_and_compile(budget, max_depth, slots, state.req_to_token, bonus, prefix, rows)
+        got = trees.run((budget, max_depth), (slots, state.req_to_token), (bonus, prefix, rows))
+        for name in _TREE_TENSORS:
+            assert torch.equal(getattr(got, name), getattr(want, name)), (seed, name)
+        assert int(want.tokens.shape[1]) == budget + 1
+    assert (trees.captures, trees.replays) == (1, 4) and trees.disabled_reason is None
 
 
 def test_a_new_batch_size_or_guard_is_a_new_graph():

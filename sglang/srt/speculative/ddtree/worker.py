@@ -109,7 +109,7 @@ class DDTreeWorker(DFlashWorkerV2):
         # The tree's build and compile, and the tail of a step (greedy or sampled, apart so
         # that a sampled batch's capture failing leaves the greedy graphs be), each one CUDA
         # graph per batch size (step_graphs).
-        self._tree_graphs = self._tail_graphs = self._sampled_tail_graphs = None
+        self._tree_graphs = self._selector_tree_graphs = self._tail_graphs = self._sampled_tail_graphs = None
         if (
             ddtree_envs.SGLANG_DDTREE_STEP_GRAPHS.get()
             and torch.cuda.is_available()
@@ -119,6 +119,9 @@ class DDTreeWorker(DFlashWorkerV2):
             # buckets), each small: room for every size up to 256, with some keys moving.
             limits = dict(max_graphs=256, max_captures=1024)
             self._tree_graphs = SegmentGraphs("DDTREE tree build", self._build_and_compile, **limits)
+            self._selector_tree_graphs = SegmentGraphs(
+                "DDTREE tree build from the selector", self._build_selector_and_compile, **limits
+            )
             self._tail_graphs = SegmentGraphs("DDTREE greedy step tail", self._step_tail, **limits)
             self._sampled_tail_graphs = SegmentGraphs("DDTREE sampled step tail", self._step_tail, **limits)
         self.tree_from_transitions = server_args.speculative_ddtree_tree == "transitions"
@@ -250,16 +253,13 @@ class DDTreeWorker(DFlashWorkerV2):
             stage_verify_prefix_lens(target_backend, prefix_lens)
 
         # 1-3) draft, then the tree: from each depth's top-K, or from a DFlash 2
-        # drafter's selector lattice (candidates per slot and their transitions).
+        # drafter's selector lattice (candidates per slot and their transitions), which the
+        # tree's segment computes from the drafter's hidden states.
         head_read = False
         with phase("draft"):
             draft_hidden, draft_replayed = self._draft_block_hidden(batch, draft_input, bs)
             if self.tree_from_transitions:
-                candidate_ids, scores = self.draft_model.selector_lattice(
-                    draft_hidden[:, 1:, :],
-                    draft_input.bonus_tokens.view(bs),
-                    self.target_worker.model_runner.model.lm_head,
-                )
+                logprobs = token_ids = None
             elif draft_replayed and self._dflash.draft_graph_head is not None:
                 # The draft graph's replay scored each depth (``DraftTopKHead``): its buffers at
                 # their full width, of which a smaller tree takes the leading columns.
@@ -274,10 +274,18 @@ class DDTreeWorker(DFlashWorkerV2):
         with phase("tree"):
             tree_args = (draft_input.bonus_tokens.view(bs), prefix_lens.view(bs), batch.req_pool_indices)
             if self.tree_from_transitions:
-                compiled = self._compile(
-                    build_selector_tree(candidate_ids, scores, tree_budget.budget),
-                    tree_budget.max_depth, req_to_token, *tree_args,
-                )  # fmt: skip
+                # The block's mask slots, where the draft graph's replay left them.
+                slots = draft_hidden[:, 1:, :]
+                graphs = self._selector_tree_graphs
+                if draft_replayed and graphs is not None and get_tp_group().world_size == 1:
+                    compiled = graphs.run((tree_budget.budget, tree_budget.max_depth), (slots, req_to_token), tree_args)
+                    if graphs.last_replayed:
+                        tree_replayed = True
+                        step_rows = graphs.last_fed[1:]
+                else:  # eagerly (a drafter that ran eagerly, or the selector's all-gathers under TP)
+                    compiled = self._build_selector_and_compile(
+                        tree_budget.budget, tree_budget.max_depth, slots, req_to_token, *tree_args
+                    )  # fmt: skip
             elif head_read and self._tree_graphs is not None:
                 # The head's buffers hold the top-K at the same addresses every replay.
                 compiled = self._tree_graphs.run(
@@ -432,6 +440,21 @@ class DDTreeWorker(DFlashWorkerV2):
         return self._compile(
             build_tree(logprobs, token_ids, budget), max_depth, req_to_token, bonus, prefix_lens, req_pool_indices
         )
+
+    def _build_selector_and_compile(
+        self, budget, max_depth, slot_hidden, req_to_token, bonus, prefix_lens, req_pool_indices
+    ) -> CompiledTree:
+        """The tree from a DFlash 2 drafter's selector (each slot's top-K through the target's
+        LM head, their transition scores, the ``budget`` best paths), compiled with its KV
+        window: no host sync, so it replays as one graph (``SegmentGraphs``) where the draft
+        graph left the hidden states at the same address."""
+        candidate_ids, scores = self.draft_model.selector_lattice(
+            slot_hidden, bonus, self.target_worker.model_runner.model.lm_head
+        )
+        return self._compile(
+            build_selector_tree(candidate_ids, scores, budget), max_depth, req_to_token, bonus, prefix_lens,
+            req_pool_indices,
+        )  # fmt: skip
 
     @staticmethod
     def _compile(tree, max_depth, req_to_token, bonus, prefix_lens, req_pool_indices) -> CompiledTree:

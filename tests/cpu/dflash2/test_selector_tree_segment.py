@@ -1,0 +1,48 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DDTREE's tree from a DFlash 2 selector as the one segment the worker replays as a CUDA
+graph (``DDTreeWorker._build_selector_and_compile``): on the recorded case's hidden states,
+with the drafter the server builds, it is the selector's lattice, the best-first tree over its
+transitions and the compile, with the verified bonus as the lattice's anchor. The replay
+against eager on a GPU: ``tests/gpu/ddtree_logic/test_step_graphs.py``; through servers: the
+``dflash2`` GPU tier."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.cpu.dflash2 import harness
+
+
+@pytest.mark.parametrize("budget", [1, 5, 16])
+def test_the_segment_is_lattice_tree_and_compile(drafter, reference, reference_inputs, budget):
+    from sglang.srt.speculative.ddtree.selector_tree import build_selector_tree
+    from sglang.srt.speculative.ddtree.tree_compile import compile_tree, max_tree_depth
+    from sglang.srt.speculative.ddtree.worker import _TREE_TENSORS, DDTreeWorker
+
+    bs, block = len(harness.PREFIX_LENS), harness.block_size()
+    slots = reference["output.hidden"].view(bs, block, -1)[:, 1:]
+    head = harness.LMHead(reference_inputs["lm_head"])
+    bonus = reference_inputs["anchor_ids"]
+    prefix = torch.tensor(harness.PREFIX_LENS, dtype=torch.int64)
+    rows = torch.tensor([1, 0], dtype=torch.int64)
+    req_to_token = torch.arange(2 * 64, dtype=torch.int32).view(2, 64)
+    max_depth = max_tree_depth(budget, block - 1)
+
+    w = object.__new__(DDTreeWorker)
+    w.draft_model = drafter
+    w._target_worker = SimpleNamespace(model_runner=SimpleNamespace(model=SimpleNamespace(lm_head=head)))
+    with torch.no_grad():
+        got = w._build_selector_and_compile(budget, max_depth, slots, req_to_token, bonus, prefix, rows)
+        ids, scores = drafter.selector_lattice(slots, bonus, head)
+        want = compile_tree(build_selector_tree(ids, scores, budget), bonus=bonus.to(torch.int64),
+                            committed_len=prefix, max_depth=max_depth, req_to_token=req_to_token,
+                            req_pool_indices=rows)  # fmt: skip
+    for name in _TREE_TENSORS:
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    # The tree's first node is the first slot's best candidate after this anchor, by its
+    # transition score (not the LM head's order of the candidates).
+    best = torch.gather(ids[:, 0], 1, scores[:, 0, 0].argmax(-1, keepdim=True)).squeeze(1)
+    assert torch.equal(got.tokens[:, 1], best), (got.tokens[:, 1], best)
