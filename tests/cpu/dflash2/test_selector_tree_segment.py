@@ -46,3 +46,22 @@ def test_the_segment_is_lattice_tree_and_compile(drafter, reference, reference_i
     # transition score (not the LM head's order of the candidates).
     best = torch.gather(ids[:, 0], 1, scores[:, 0, 0].argmax(-1, keepdim=True)).squeeze(1)
     assert torch.equal(got.tokens[:, 1], best), (got.tokens[:, 1], best)
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 3, 64])
+def test_candidates_in_chunks_of_rows_are_the_whole_matmuls(monkeypatch, rows_per_chunk):
+    """The selector's LM-head top-K scores at most ``_CHUNK_ELEMS`` logits per matmul (what a
+    graph of it keeps in its pool); every chunking gives the candidates of the one matmul,
+    padding rows past ``num_valid`` never among them."""
+    from sglang.srt.speculative.dflash2 import selector
+
+    g = torch.Generator().manual_seed(rows_per_chunk)
+    vocab, k = 300, 8
+    weight, hidden = torch.randn(vocab + 4, 16, generator=g), torch.randn(7, 16, generator=g)
+    logits = hidden @ weight[:vocab].T
+    want = torch.topk(logits, k, dim=-1)
+    monkeypatch.setattr(selector, "_CHUNK_ELEMS", rows_per_chunk * vocab)
+    ids, values = selector.head_topk(hidden, weight, k, num_valid=vocab)
+    assert torch.equal(ids, want.indices)  # random logits: no ties
+    torch.testing.assert_close(values, want.values, atol=1e-5, rtol=0)
+    assert int(ids.max()) < vocab and ids.dtype == torch.int64

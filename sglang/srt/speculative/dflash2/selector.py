@@ -80,6 +80,11 @@ def transform_unary_logits(
     return out
 
 
+# Rows scored per LM-head matmul: bounds the ``rows x vocabulary`` logits, which a CUDA graph
+# of the selector (DDTREE's tree from transitions) keeps in its memory pool.
+_CHUNK_ELEMS = 1 << 26
+
+
 def head_topk(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -98,8 +103,16 @@ def head_topk(
     values sorted descending.
     """
     rows = weight if num_valid is None else weight[: int(num_valid)]
-    logits = torch.matmul(hidden.to(weight.dtype), rows.T)
-    values, ids = torch.topk(logits, k, dim=-1)
+    hidden = hidden.to(weight.dtype)
+    chunk = max(1, _CHUNK_ELEMS // max(1, rows.shape[0]))
+    if hidden.shape[0] <= chunk:
+        values, ids = torch.topk(torch.matmul(hidden, rows.T), k, dim=-1)
+    else:
+        values = hidden.new_empty((hidden.shape[0], k))
+        ids = torch.empty((hidden.shape[0], k), dtype=torch.int64, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk):
+            part = torch.topk(torch.matmul(hidden[start : start + chunk], rows.T), k, dim=-1)
+            values[start : start + chunk], ids[start : start + chunk] = part.values, part.indices
     ids = ids.long()
     if gather is None:
         return ids + int(id_offset) if id_offset else ids, values
