@@ -72,7 +72,8 @@ with _declaring_fields():
         # DDTREE step: replay the tree's build and compile, and the tail of a step (the
         # target's token at every node, argmax or draw, the acceptance walk, the commit and the
         # drafter's context KV), each as one CUDA graph per batch size
-        # (speculative/ddtree/step_graphs.py). False runs them eagerly (A/B runs).
+        # (speculative/ddtree/step_graphs.py); likewise DFLASH's DFlash 2 selector path
+        # (speculative/dflash2/dflash_step.py). False runs them eagerly (A/B runs).
         SGLANG_DDTREE_STEP_GRAPHS = EnvBool(True)
 
         # DDTree metrics: verify steps between two logged summaries.

@@ -65,3 +65,44 @@ def test_candidates_in_chunks_of_rows_are_the_whole_matmuls(monkeypatch, rows_pe
     assert torch.equal(ids, want.indices)  # random logits: no ties
     torch.testing.assert_close(values, want.values, atol=1e-5, rtol=0)
     assert int(ids.max()) < vocab and ids.dtype == torch.int64
+
+
+def _dflash_worker(disable_cuda_graph=False):
+    return SimpleNamespace(server_args=SimpleNamespace(disable_cuda_graph=disable_cuda_graph))
+
+
+@pytest.mark.parametrize(
+    "cuda,env,disabled,tp,graphs",
+    [(True, True, False, 1, True), (False, True, False, 1, False), (True, False, False, 1, False),
+     (True, True, True, 1, False), (True, True, False, 2, False)],
+    ids=["one-rank-graphs", "no-cuda", "step-graphs-off", "cuda-graphs-off", "tensor-parallel"],
+)  # fmt: skip
+def test_which_dflash_servers_replay_the_selector_path(monkeypatch, cuda, env, disabled, tp, graphs):
+    """DFLASH's selector path replays as a graph on one rank with CUDA graphs on, and is made
+    once per worker; anything else runs it eagerly."""
+    from sglang.srt.ddtree_environ import ddtree_envs
+    from sglang.srt.speculative.ddtree.step_graphs import SegmentGraphs
+    from sglang.srt.speculative.dflash2 import dflash_step
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(dflash_step, "_tp_size", lambda: tp)
+    monkeypatch.setenv("SGLANG_DDTREE_STEP_GRAPHS", "1" if env else "0")
+    assert ddtree_envs.SGLANG_DDTREE_STEP_GRAPHS.get() is env
+    worker = _dflash_worker(disabled)
+    first = dflash_step._path_graphs(worker, object(), object())
+    assert isinstance(first, SegmentGraphs) if graphs else first is None
+    assert dflash_step._path_graphs(worker, object(), object()) is first
+
+
+def test_the_greedy_path_is_the_lattice_walk(drafter, reference, reference_inputs):
+    """What DFLASH verifies with a DFlash 2 drafter, as the graph captures it: the selector's
+    greedy walk over its lattice after the anchor (the recorded greedy walk of upstream's
+    selector on these hidden states)."""
+    from sglang.srt.speculative.dflash2.dflash_step import greedy_path
+
+    bs, block = len(harness.PREFIX_LENS), harness.block_size()
+    slots = reference["output.hidden"].view(bs, block, -1)[:, 1:]
+    head = harness.LMHead(reference_inputs["lm_head"])
+    with torch.no_grad():
+        got = greedy_path(drafter, head, slots, reference_inputs["anchor_ids"])
+    assert torch.equal(got, reference["output.walk.greedy_tokens"]) and got.shape == (bs, block - 1)

@@ -3,7 +3,8 @@
 and compile (``DDTreeWorker._build_and_compile``) and the step tail
 (``DDTreeWorker._step_tail``: the argmax, the acceptance kernel, the commit launch), the
 drafter's context write stood in for by a row copy at the committed slots, and the tree from a
-DFlash 2 selector (``DDTreeWorker._build_selector_and_compile``). Every replay must
+DFlash 2 selector (``DDTreeWorker._build_selector_and_compile``) and DFLASH's selector path
+(``dflash_step.greedy_path``). Every replay must
 return and write what the eager segments do on the same inputs, with the tree read where its
 graph left it; a new shape or guard captures anew; a segment that cannot be captured runs
 eagerly. A sampled tail's draw, keyed by a seed drawn on the device inside the graph, draws
@@ -203,6 +204,31 @@ def test_a_tree_from_the_selector_replays_what_the_eager_segment_builds(bs, budg
             assert torch.equal(getattr(got, name), getattr(want, name)), (seed, name)
         assert int(want.tokens.shape[1]) == budget + 1
     assert (trees.captures, trees.replays) == (1, 4) and trees.disabled_reason is None
+
+
+def test_dflash_selector_path_replays_what_it_computes_eagerly():
+    """DFLASH with a DFlash 2 drafter (``dflash_step.propose``): the greedy path over the
+    selector's lattice replays as the worker's graph, reading the draft graph's hidden states in
+    place; every step equals the eager path, at two batch sizes."""
+    from sglang.srt.speculative.dflash2 import dflash_step
+
+    state = _State(4, 16)
+    w = _selector_worker(state)
+    block = DEPTHS + 1
+    worker = SimpleNamespace(draft_model=w.draft_model, block_size=block,
+                             server_args=SimpleNamespace(disable_cuda_graph=False))  # fmt: skip
+    head = w.target_worker.model_runner.model.lm_head
+    buffers = {bs: torch.empty(bs * block, HIDDEN, device=DEV, dtype=torch.bfloat16) for bs in (1, 4)}
+    for seed, bs in enumerate([1, 1, 1, 4, 4, 4, 1]):
+        g = torch.Generator(device=DEV).manual_seed(500 + seed)
+        buffers[bs].normal_(generator=g)
+        anchors = torch.randint(0, VOCAB, (bs,), device=DEV, generator=g)
+        got = dflash_step.propose(worker, SimpleNamespace(hidden_states=buffers[bs]), bs=bs, anchor_ids=anchors,
+                                  lm_head=head)  # fmt: skip
+        want = dflash_step.greedy_path(w.draft_model, head, buffers[bs].view(bs, block, -1)[:, 1:], anchors)
+        assert torch.equal(got, want), seed
+    graphs = worker._dflash2_path_graphs
+    assert graphs.captures == 2 and graphs.replays == 5 and graphs.disabled_reason is None
 
 
 def test_a_new_batch_size_or_guard_is_a_new_graph():

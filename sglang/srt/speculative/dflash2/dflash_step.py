@@ -16,19 +16,25 @@ deterministic function of the context.
 
 The draft folded into the draft CUDA graph (upstream's greedy head) is not used
 with a DFlash 2 drafter: the draft graph returns hidden states and the selector
-runs after it.
+runs after it, as a CUDA graph of its own on one rank (``step_graphs.SegmentGraphs``,
+keyed by where the hidden states lie: the draft graph's output buffer once it replays).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Optional
 
 import torch
 
+from sglang.srt.ddtree_environ import ddtree_envs
+from sglang.srt.speculative.ddtree.step_graphs import SegmentGraphs
 from sglang.srt.speculative.dflash2.selector import greedy_walk
 
 logger = logging.getLogger(__name__)
+
+_UNSET = object()
 
 
 def is_selector_drafter(model) -> bool:
@@ -66,5 +72,40 @@ def propose(
         raise RuntimeError("DFLASH: the DFlash 2 draft forward returned no hidden states.")
     block = int(worker.block_size)
     slots = hidden.view(bs, block, -1)[:, 1:, :]
-    ids, scores = model.selector_lattice(slots, anchor_ids.view(bs), lm_head)
+    graphs = _path_graphs(worker, model, lm_head)
+    if graphs is None:
+        return greedy_path(model, lm_head, slots, anchor_ids.view(bs))
+    # A replay's output lives in the graph's memory until its next replay.
+    return graphs.run((), (slots,), (anchor_ids.view(bs),)).clone()
+
+
+def greedy_path(model, lm_head, slots: torch.Tensor, anchor_ids: torch.Tensor) -> torch.Tensor:
+    """The selector's greedy path ``[bs, S]`` from the block's mask slots: the candidates
+    through the target's LM head, their lattice after ``anchor_ids``, the argmax walk."""
+    ids, scores = model.selector_lattice(slots, anchor_ids, lm_head)
     return greedy_walk(ids, scores)
+
+
+def _path_graphs(worker, model, lm_head) -> Optional[SegmentGraphs]:
+    """The worker's graphs of ``greedy_path``, made on first use; None where it runs eagerly:
+    no CUDA, CUDA graphs off, ``SGLANG_DDTREE_STEP_GRAPHS=0``, or tensor parallelism (the
+    candidates are all-gathered across the vocabulary shards)."""
+    graphs = getattr(worker, "_dflash2_path_graphs", _UNSET)
+    if graphs is _UNSET:
+        graphs = None
+        if (
+            torch.cuda.is_available()
+            and ddtree_envs.SGLANG_DDTREE_STEP_GRAPHS.get()
+            and not getattr(worker.server_args, "disable_cuda_graph", False)
+            and _tp_size() == 1
+        ):
+            path = functools.partial(greedy_path, model, lm_head)
+            graphs = SegmentGraphs("DFLASH selector path", path, max_graphs=256, max_captures=1024)
+        worker._dflash2_path_graphs = graphs
+    return graphs
+
+
+def _tp_size() -> int:
+    from sglang.srt.distributed import get_tp_group
+
+    return get_tp_group().world_size
