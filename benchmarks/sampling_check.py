@@ -219,8 +219,15 @@ def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, posi
                 continue
             t = time.monotonic()
             base = draw_from(servers["nospec"], prompt, setting)
+            per_draw = time.monotonic() - t
+            # The first draw is the estimate: a prompt that cannot finish in time is left out
+            # with what it would need, not run past the deadline.
+            rest = (2 + len(others)) * per_draw
+            if deadline_s is not None and time.monotonic() - t0 + rest > deadline_s:
+                skipped.append({"setting": setting["name"], "prompt": pi,
+                                "reason": f"deadline: one draw took {per_draw:.0f} s, the prompt needs {rest:.0f} s more"})
+                continue
             control = draw_from(servers["nospec"], prompt, setting)
-            per_draw = (time.monotonic() - t) / 2
             biased = {**setting, "temperature": setting["temperature"] * BIASED}
             pairs = [("nospec (second sample)", control),
                      (BIASED_LABEL, draw_from(servers["nospec"], prompt, biased))]

@@ -195,9 +195,15 @@ def test_run_check_needs_a_baseline_and_respects_the_deadline():
     with pytest.raises(ValueError, match="no-speculation"):
         sc.run_check({"ddtree16": FakeServer(logits, 1)}, [[1]])
     r = sc.run_check({"nospec": FakeServer(logits, 1), "dflash": FakeServer(logits, 2)}, [[1], [2]], samples=500,
-                     deadline_s=0.0, log=lambda m: None)
-    # the first draw always runs (its time is the estimate); what would not fit is listed
-    assert r["skipped"] and len(r["comparisons"]) + 3 * len(r["skipped"]) == 2 * 2 * 3
+                     deadline_s=1e-3, log=lambda m: None)
+    # the first draw runs (its time is the estimate); a prompt that would not fit is
+    # listed with what it needs, not run past the deadline
+    assert r["comparisons"] == [] and len(r["skipped"]) == 2 * 2
+    assert all(x["reason"].startswith("deadline") for x in r["skipped"])
+    assert "one draw took" in r["skipped"][0]["reason"]
+    r = sc.run_check({"nospec": FakeServer(logits, 1), "dflash": FakeServer(logits, 2)}, [[1], [2]], samples=500,
+                     deadline_s=600.0, log=lambda m: None)
+    assert not r["skipped"] and len(r["comparisons"]) == 2 * 2 * 3
 
 
 def test_detectable_shift_shrinks_with_the_sample():
