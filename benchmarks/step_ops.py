@@ -400,6 +400,8 @@ class StepWorld:
             model_runner=target_runner,
             draft_model_runner=SimpleNamespace(forward=self._draft_forward),
             ps=SimpleNamespace(tp_rank=0, attn_tp_rank=0),
+            # Eager throughout: the counts are of the eager step (no CUDA graphs, no step graphs).
+            server_args=SimpleNamespace(disable_cuda_graph=True),
             device="cpu",
             block_size=block,
             _mask_token_id=vocab - 1,
@@ -436,7 +438,7 @@ class StepWorld:
                 _dflash=DFlashInternals(w), _linear_state=False, tree=tree, tree_from_transitions=False,
                 budget_policy=None,
                 # The step graphs (step_graphs.SegmentGraphs) need CUDA: these are the eager counts.
-                _tree_graphs=None, _tail_graphs=None, _sampled_tail_graphs=None,
+                _tree_graphs=None, _selector_tree_graphs=None, _tail_graphs=None, _sampled_tail_graphs=None,
                 _verify_graphs=VerifyGraphs(target_runner),  # no graph budgets: the runner's own
                 _algo=SpeculativeAlgorithm.from_string("DDTREE"), _context_len=self.CONTEXT,
                 stats=DDTreeStepStats(budget, interval=1 << 30),

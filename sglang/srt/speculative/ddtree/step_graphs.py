@@ -27,7 +27,23 @@ from typing import Any, Callable, Hashable, Optional, Sequence, Tuple
 
 import torch
 
+from sglang.srt.ddtree_environ import ddtree_envs
+
 logger = logging.getLogger(__name__)
+
+#: A server's segments: a graph per raw batch size met (they are not padded to the model
+#: graphs' buckets), each small, so room for every size up to 256 with some keys moving.
+SERVER_LIMITS = dict(max_graphs=256, max_captures=1024)
+
+
+def enabled(server_args) -> bool:
+    """Whether a server replays its step segments as CUDA graphs: on CUDA, with the model's
+    CUDA graphs on and ``SGLANG_DDTREE_STEP_GRAPHS`` not 0."""
+    return (
+        ddtree_envs.SGLANG_DDTREE_STEP_GRAPHS.get()
+        and torch.cuda.is_available()
+        and not getattr(server_args, "disable_cuda_graph", False)
+    )
 
 
 @dataclass

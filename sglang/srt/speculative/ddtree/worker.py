@@ -29,7 +29,6 @@ from typing import Optional, Tuple
 import torch
 
 from sglang.srt.configs.hybrid_arch import mambaish_config
-from sglang.srt.ddtree_environ import ddtree_envs
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.tree_verify.hook import stage_verify_prefix_lens
@@ -55,6 +54,7 @@ from sglang.srt.speculative.ddtree.info import (
 )
 from sglang.srt.speculative.ddtree.metrics import DDTreeStepStats, budget_tiers
 from sglang.srt.speculative.ddtree.selector_tree import build_selector_tree
+from sglang.srt.speculative.ddtree import step_graphs
 from sglang.srt.speculative.ddtree.step_graphs import SegmentGraphs
 from sglang.srt.speculative.ddtree.step_phases import phase
 from sglang.srt.speculative.ddtree.tree_build import build_tree
@@ -110,18 +110,9 @@ class DDTreeWorker(DFlashWorkerV2):
         # that a sampled batch's capture failing leaves the greedy graphs be), each one CUDA
         # graph per batch size (step_graphs).
         self._tree_graphs = self._selector_tree_graphs = self._tail_graphs = self._sampled_tail_graphs = None
-        if (
-            ddtree_envs.SGLANG_DDTREE_STEP_GRAPHS.get()
-            and torch.cuda.is_available()
-            and not getattr(server_args, "disable_cuda_graph", False)
-        ):
-            # A graph per raw batch size met (the segments are not padded to the model graphs'
-            # buckets), each small: room for every size up to 256, with some keys moving.
-            limits = dict(max_graphs=256, max_captures=1024)
+        if step_graphs.enabled(server_args):
+            limits = step_graphs.SERVER_LIMITS
             self._tree_graphs = SegmentGraphs("DDTREE tree build", self._build_and_compile, **limits)
-            self._selector_tree_graphs = SegmentGraphs(
-                "DDTREE tree build from the selector", self._build_selector_and_compile, **limits
-            )
             self._tail_graphs = SegmentGraphs("DDTREE greedy step tail", self._step_tail, **limits)
             self._sampled_tail_graphs = SegmentGraphs("DDTREE sampled step tail", self._step_tail, **limits)
         self.tree_from_transitions = server_args.speculative_ddtree_tree == "transitions"
@@ -130,6 +121,13 @@ class DDTreeWorker(DFlashWorkerV2):
                 "--speculative-ddtree-tree transitions grows the tree from a DFlash 2 drafter's "
                 f"candidate selector, and {server_args.speculative_draft_model_path} has none. "
                 "Use --speculative-ddtree-tree marginals (the default) with this drafter."
+            )
+        if self.tree_from_transitions and self._tree_graphs is not None and get_tp_group().world_size == 1:
+            # Not under tensor parallelism: the selector all-gathers its candidates.
+            self._selector_tree_graphs = SegmentGraphs(
+                "DDTREE tree build from the selector",
+                self._build_selector_and_compile,
+                **step_graphs.SERVER_LIMITS,
             )
         if self.ps.tp_rank == 0:
             logger.info(
@@ -277,12 +275,12 @@ class DDTreeWorker(DFlashWorkerV2):
                 # The block's mask slots, where the draft graph's replay left them.
                 slots = draft_hidden[:, 1:, :]
                 graphs = self._selector_tree_graphs
-                if draft_replayed and graphs is not None and get_tp_group().world_size == 1:
+                if draft_replayed and graphs is not None:
                     compiled = graphs.run((tree_budget.budget, tree_budget.max_depth), (slots, req_to_token), tree_args)
                     if graphs.last_replayed:
                         tree_replayed = True
                         step_rows = graphs.last_fed[1:]
-                else:  # eagerly (a drafter that ran eagerly, or the selector's all-gathers under TP)
+                else:  # eagerly (a drafter that ran eagerly, no step graphs, or tensor parallel)
                     compiled = self._build_selector_and_compile(
                         tree_budget.budget, tree_budget.max_depth, slots, req_to_token, *tree_args
                     )  # fmt: skip

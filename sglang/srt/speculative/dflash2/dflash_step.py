@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.ddtree_environ import ddtree_envs
+from sglang.srt.speculative.ddtree import step_graphs
 from sglang.srt.speculative.ddtree.step_graphs import SegmentGraphs
 from sglang.srt.speculative.dflash2.selector import greedy_walk
 
@@ -93,14 +93,9 @@ def _path_graphs(worker, model, lm_head) -> Optional[SegmentGraphs]:
     graphs = getattr(worker, "_dflash2_path_graphs", _UNSET)
     if graphs is _UNSET:
         graphs = None
-        if (
-            torch.cuda.is_available()
-            and ddtree_envs.SGLANG_DDTREE_STEP_GRAPHS.get()
-            and not getattr(worker.server_args, "disable_cuda_graph", False)
-            and _tp_size() == 1
-        ):
+        if step_graphs.enabled(worker.server_args) and _tp_size() == 1:
             path = functools.partial(greedy_path, model, lm_head)
-            graphs = SegmentGraphs("DFLASH selector path", path, max_graphs=256, max_captures=1024)
+            graphs = SegmentGraphs("DFLASH selector path", path, **step_graphs.SERVER_LIMITS)
         worker._dflash2_path_graphs = graphs
     return graphs
 
