@@ -787,6 +787,9 @@ def main(argv=None) -> int:
     lg.add_argument("--sampling-concurrency", type=int, default=1000,
                     help="continuations in flight per server in the sampling check (the batch the servers decode)")
     lg.add_argument("--sampling-ddtree", default="ddtree16", help="the DDTREE server the sampling check uses")
+    lg.add_argument("--sampling-configs", help="the speculative servers the sampling check compares with nospec, "
+                    "comma-separated (default: dflash and --sampling-ddtree), e.g. "
+                    "dflash,ddtree16,dflash-with-dflash2: one check, its controls drawn once")
     lg.add_argument("--sampling-max-s", type=float, default=120.0, help="time the sampling check may take (0 leaves it out)")
     lg.add_argument("--sampling-boundary-delta", type=float, default=0.0625,
                     help="the sampling check's verdict only where no change of the target's logits by this much moves "
@@ -849,7 +852,14 @@ def main(argv=None) -> int:
     if args.launch == bool(args.server):
         ap.error("give running servers (--server) or --launch, not both or neither")
     configs = [c for c in args.configs.split(",") if c]
-    if (args.launch and args.sampling_check and args.sampling_max_s > 0 and args.sampling_ddtree not in configs
+    checking = args.launch and args.sampling_check and args.sampling_max_s > 0
+    if args.sampling_configs is not None:
+        args.sampling_configs = [c for c in args.sampling_configs.split(",") if c]
+        missing = [c for c in args.sampling_configs if c not in configs or c == "nospec"]
+        if checking and (missing or not args.sampling_configs):
+            ap.error(f"--sampling-configs {','.join(missing) or '(none)'}: the sampling check compares launched "
+                     "speculative servers with nospec; name configs of --configs other than nospec")
+    elif (checking and args.sampling_ddtree not in configs
             and any(parse_config(c)[0] == "ddtree" for c in configs)):
         ap.error(f"--sampling-ddtree {args.sampling_ddtree} is not among --configs, so the sampling check would "
                  "leave DDTREE out: name one of the DDTREE configs")
@@ -1018,7 +1028,8 @@ def run_launched(args, prompts: list[dict], result: dict, out: Path, deadline: D
             result["skipped"].append({"what": "sampling check", "reason": "--sampling-max-s 0"})
         elif args.sampling_check:
             sc = _sibling("sampling_check", REPO / "benchmarks" / "sampling_check.py")
-            chosen = [c for c in ("nospec", "dflash", args.sampling_ddtree) if c in procs]
+            compared = args.sampling_configs or ["dflash", args.sampling_ddtree]
+            chosen = [c for c in ["nospec", *compared] if c in procs]
             src = args.sampling_prompts
             sprompts = json.loads(src.read_text()) if src else [p for p in prompts if p["prompt_ids"]][:2]
             budget = min(args.sampling_max_s, deadline.left() - 30)

@@ -191,11 +191,15 @@ def draw(server, prompt_ids: list[int], n: int, new_tokens: int, setting: dict, 
 def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, positions: int = 8,
               alpha: float = 0.01, settings: Optional[list[dict]] = None, deadline_s: Optional[float] = None,
               log=print, concurrency: int = 1000, decided: Optional[Callable] = None,
-              samples_out: Optional[Path] = None) -> dict:
+              samples_out: Optional[Path] = None, controls_every_prompt: bool = False) -> dict:
     """``servers``: label -> object with ``post(path, body)``; must include ``nospec``.
     ``concurrency``: continuations in flight per server (the batch the servers decode).
     ``decided``: see ``judge``. ``samples_out``: where the drawn samples are kept
-    (``save_samples``), so that ``main --replay`` can judge them again."""
+    (``save_samples``), so that ``main --replay`` can judge them again.
+    The two controls (a second no-speculation sample and the biased one) are drawn with the
+    first prompt of each setting only, unless ``controls_every_prompt``: they show that the
+    test holds its level and can fail, which one prompt shows as well as many, and they are
+    two of the draws a prompt costs."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be positive, got {concurrency}")
     chunk = min(250, concurrency)
@@ -212,8 +216,10 @@ def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, posi
     drawn, skipped = [], []
     per_draw = None
     for setting in settings:
+        with_controls = True  # until a prompt of this setting has drawn them
         for pi, prompt in enumerate(prompts):
-            need = (2 + len(others)) * (per_draw or 0)
+            controls = 2 if with_controls or controls_every_prompt else 0
+            need = (1 + controls + len(others)) * (per_draw or 0)
             if deadline_s is not None and time.monotonic() - t0 + need > deadline_s:
                 skipped.append({"setting": setting["name"], "prompt": pi, "reason": "deadline"})
                 continue
@@ -222,15 +228,17 @@ def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, posi
             per_draw = time.monotonic() - t
             # The first draw is the estimate: a prompt that cannot finish in time is left out
             # with what it would need, not run past the deadline.
-            rest = (2 + len(others)) * per_draw
+            rest = (controls + len(others)) * per_draw
             if deadline_s is not None and time.monotonic() - t0 + rest > deadline_s:
                 skipped.append({"setting": setting["name"], "prompt": pi,
                                 "reason": f"deadline: one draw took {per_draw:.0f} s, the prompt needs {rest:.0f} s more"})
                 continue
-            control = draw_from(servers["nospec"], prompt, setting)
-            biased = {**setting, "temperature": setting["temperature"] * BIASED}
-            pairs = [("nospec (second sample)", control),
-                     (BIASED_LABEL, draw_from(servers["nospec"], prompt, biased))]
+            pairs = []
+            if controls:
+                biased = {**setting, "temperature": setting["temperature"] * BIASED}
+                pairs += [("nospec (second sample)", draw_from(servers["nospec"], prompt, setting)),
+                          (BIASED_LABEL, draw_from(servers["nospec"], prompt, biased))]
+                with_controls = False
             for label in others:
                 pairs.append((label, draw_from(servers[label], prompt, setting)))
             drawn.append({"setting": setting, "prompt": pi, "base": base, "pairs": pairs})
@@ -238,6 +246,7 @@ def run_check(servers: dict, prompts: list[list[int]], samples: int = 3000, posi
         save_samples(drawn, samples_out, positions)
     out = {"samples": samples, "positions": positions, "alpha": alpha, "prompts": len(prompts),
            "concurrency": chunk * threads, "settings": settings,
+           "controls": "every prompt" if controls_every_prompt else "first prompt of each setting",
            **judge(drawn, samples, positions, alpha, decided, log), "skipped": skipped}
     out["wall_s"] = time.monotonic() - t0
     return out
@@ -336,6 +345,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sampling-backend", default="flashinfer", help="with --target: the servers' sampling backend "
                     "(the order of the filters)")
     ap.add_argument("--samples-out", type=Path, help="keep the drawn samples here (.npz) for --replay")
+    ap.add_argument("--controls-every-prompt", action="store_true", help="draw the two controls with every prompt "
+                    "(default: with the first prompt of each setting)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if bool(args.server) == bool(args.replay):
@@ -388,7 +399,8 @@ def main(argv=None) -> int:
                 ap.error(f"--server {item!r}: expected LABEL=URL")
             servers[label] = budget_sweep.Server(label, url)
         result = run_check(servers, prompts, args.samples, args.positions, args.alpha, settings,
-                           concurrency=args.concurrency, decided=decided, samples_out=args.samples_out)
+                           concurrency=args.concurrency, decided=decided, samples_out=args.samples_out,
+                           controls_every_prompt=args.controls_every_prompt)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 1 if result["verdict"]["reject"] or not result["biased_rejected"] else 0
 

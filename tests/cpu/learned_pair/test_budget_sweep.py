@@ -429,6 +429,16 @@ def test_sampling_check_refuses_a_ddtree_server_it_would_not_start(prompts, tmp_
     assert "--sampling-ddtree ddtree16 is not among --configs" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("given, named", [("dflash,ddtree64", "ddtree64"), ("nospec,dflash", "nospec"),
+                                          (",", "(none)")])
+def test_sampling_configs_must_be_launched_speculative_servers(given, named, prompts, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        bs.main(["--prompts", str(prompts), "--launch", "--model-path", "/t", "--draft-model-path", "/d",
+                 "--configs", "nospec,dflash,ddtree16", "--sampling-check", "--sampling-configs", given,
+                 "--out-dir", str(tmp_path)])
+    assert f"--sampling-configs {named}: the sampling check compares launched" in capsys.readouterr().err
+
+
 def test_trees_from_transitions_sweep_beside_marginal_trees(fakes, prompts, tmp_path):
     """A DDTREE server growing its tree from a DFlash 2 selector's transitions is labelled
     ddtree<B>-transitions from /server_info, compared with the marginal tree of its budget,
@@ -583,6 +593,7 @@ def test_launch_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, pro
             "--configs", "nospec,dflash,ddtree4,ddtree16", "--prompts", str(prompts), "--batch", "1,2",
             "--temperature", "0,1", "--num-prompts", "3", "--max-new-tokens", "24", "--step-ctx", "64",
             "--sampling-check", "--sampling-prompts", str(sp), "--sampling-samples", "300",
+            "--sampling-configs", "dflash,ddtree4,ddtree16",
             "--sampling-boundary-delta", "0", "--deadline-s", "900", "--start-timeout-s", "240", "--log-dir", str(tmp_path / "logs"),
             "--tag", "launch", "--out-dir", str(tmp_path)]
     assert bs.main(argv) == 0
@@ -611,8 +622,9 @@ def test_launch_mode_end_to_end_with_stand_in_servers(tmp_path, monkeypatch, pro
                 for b in [1, 2, 4, 8, 16] if b <= b_max}
         assert at == pytest.approx(want), x["config"]
     sc = r["sampling_check"]
+    # every server --sampling-configs names, in one check
     assert not sc["verdict"]["reject"] and {c["server"] for c in sc["comparisons"]} == {
-        "nospec (second sample)", "nospec at 1.1x temperature (must differ)", "dflash", "ddtree16"}
+        "nospec (second sample)", "nospec at 1.1x temperature (must differ)", "dflash", "ddtree4", "ddtree16"}
     assert (tmp_path / "budget_sweep_launch_sampling_samples.npz").stat().st_size > 0  # kept for --replay
     assert all(e["identical"] == 3 for e in r["lossless"])
     # batch 1 came first (and its lossless check), then the step times, batch 2, the sampling check

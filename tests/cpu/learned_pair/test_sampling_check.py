@@ -203,7 +203,35 @@ def test_run_check_needs_a_baseline_and_respects_the_deadline():
     assert "one draw took" in r["skipped"][0]["reason"]
     r = sc.run_check({"nospec": FakeServer(logits, 1), "dflash": FakeServer(logits, 2)}, [[1], [2]], samples=500,
                      deadline_s=600.0, log=lambda m: None)
-    assert not r["skipped"] and len(r["comparisons"]) == 2 * 2 * 3
+    # per setting: the first prompt with the two controls, the second without
+    assert not r["skipped"] and len(r["comparisons"]) == 2 * (3 + 1)
+
+
+def test_controls_are_drawn_with_the_first_prompt_of_each_setting():
+    """The control and the biased control show the test's level and power once per setting;
+    the later prompts cost only their speculative servers' draws (and the base sample)."""
+    logits = _chain()
+
+    def run(**kw):
+        servers = {"nospec": FakeServer(logits, 1), "dflash": FakeServer(logits, 2), "ddtree16": FakeServer(logits, 3)}
+        r = sc.run_check(servers, [[5], [6], [7]], samples=400, positions=2, log=lambda m: None,
+                         settings=sc.parse_settings("temperature=0.7:top_k=20,temperature=1"), **kw)
+        return r, {label: srv.calls for label, srv in servers.items()}
+
+    r, calls = run()
+    assert r["controls"] == "first prompt of each setting"
+    by = {}
+    for c in r["comparisons"]:
+        by.setdefault((c["setting"], c["prompt"]), set()).add(c["server"])
+    controls = {"nospec (second sample)", sc.BIASED_LABEL}
+    for setting in ("temperature0.7-top_k20", "temperature1.0"):
+        assert by[(setting, 0)] == controls | {"dflash", "ddtree16"}
+        assert by[(setting, 1)] == by[(setting, 2)] == {"dflash", "ddtree16"}
+    # draws of 400 in chunks of 250: two requests each; nospec draws base x 3 prompts + 2 controls per setting
+    assert calls == {"nospec": 2 * 2 * (3 + 2), "dflash": 2 * 2 * 3, "ddtree16": 2 * 2 * 3}
+    r, calls = run(controls_every_prompt=True)
+    assert r["controls"] == "every prompt" and len(r["comparisons"]) == 2 * 3 * 4
+    assert calls["nospec"] == 2 * 2 * 3 * 3
 
 
 def test_detectable_shift_shrinks_with_the_sample():
