@@ -15,7 +15,10 @@ temperature) it sends the prompts ``batch`` at a time to ``/v1/chat/completions`
 ``meta_info`` is read at the top level of the response (where the dflash client reads it)
 or, as upstream SGLang returns it, inside the choice. Before each run ``batch`` warm-up
 requests of at most 64 tokens go out (as dflash does). With ``--repeats N`` each run is
-repeated and the median throughput kept. Ratios per (batch, temperature): speed-up over no
+repeated and the median throughput kept; the repeats take turns across the servers (one run
+of each server, then the next round: ``--order interleaved``, the default), so a host that
+slows down or speeds up during a point weighs on every server alike, where ``--order grouped``
+runs one server's repeats back to back. Ratios per (batch, temperature): speed-up over no
 speculation and over DFLASH, accept length over DFLASH, and the budget with the highest
 throughput. At T=0 the outputs of every speculative server are compared with no
 speculation's, prompt by prompt (``--token-ids`` asks SGLang for the token ids, so a
@@ -342,17 +345,15 @@ def repeat_stats(run: dict, batch: int) -> dict:
     }  # fmt: skip
 
 
-def measure_point(server: Server, prompts, warmup, batch, max_new_tokens, temperature, top_p, top_k,
-                  repeats: int, token_ids: bool) -> dict:
-    runs = [run_once(server, prompts, warmup, batch, max_new_tokens, temperature, top_p, top_k, token_ids)
-            for _ in range(repeats)]
+def point_row(server: Server, prompts, batch, max_new_tokens, temperature, top_p, top_k, runs: list[dict]) -> dict:
+    """One (server, point) row from its runs (``run_once``): the median throughput and its spread."""
     tps = [r["throughput_tok_s"] for r in runs]
     first = runs[0]
     kind, budget = parse_config(server.label)
     return {
         "config": server.label, "kind": kind, "budget": budget,
         "batch": batch, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-        "num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "repeats": repeats,
+        "num_prompts": len(prompts), "max_new_tokens": max_new_tokens, "repeats": len(runs),
         "throughput_tok_s": statistics.median(tps),
         "throughput_runs": tps,
         # (max - min) / median of the runs: the spread a ratio between two configs must beat
@@ -369,12 +370,30 @@ def measure_point(server: Server, prompts, warmup, batch, max_new_tokens, temper
     }
 
 
+def point_rounds(servers: list, repeats: int, order: str) -> list:
+    """The order of a point's runs: ``interleaved`` takes one run of each server per round,
+    ``grouped`` runs each server's repeats back to back."""
+    if order == "grouped":
+        return [s for s in servers for _ in range(repeats)]
+    return [s for _ in range(repeats) for s in servers]
+
+
 # ---------------------------------------------------------------------------------------------
 # Analysis
 
 
 def _key(row) -> tuple:
     return (row["batch"], row["temperature"], row.get("top_p", 1.0), row.get("top_k", 0))
+
+
+def round_ratios(row: dict, other: dict) -> Optional[list]:
+    """Per round, ``row``'s tokens/s over ``other``'s when both ran interleaved with as many
+    runs (the runs of a round met the same host): the ratio's own spread, beside the ratio of
+    the medians."""
+    a, b = row.get("throughput_runs") or [], other.get("throughput_runs") or []
+    if row.get("order") != "interleaved" or other.get("order") != "interleaved" or len(a) != len(b) or len(a) < 2:
+        return None
+    return [x / y for x, y in zip(a, b)]
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -394,8 +413,12 @@ def ratios(rows: list[dict]) -> list[dict]:
                 e["accept_length_at_budget"] = r["accept_length_at_budget"]
             if base:
                 e["speedup_vs_nospec"] = r["throughput_tok_s"] / base["throughput_tok_s"]
+                if c != "nospec" and (rounds := round_ratios(r, base)):
+                    e["speedup_vs_nospec_rounds"] = rounds
             if chain and c != "dflash":
                 e["speedup_vs_dflash"] = r["throughput_tok_s"] / chain["throughput_tok_s"]
+                if rounds := round_ratios(r, chain):
+                    e["speedup_vs_dflash_rounds"] = rounds
                 if r["accept_length"] and chain["accept_length"]:
                     e["accept_vs_dflash"] = r["accept_length"] / chain["accept_length"]
             point["configs"][c] = e
@@ -688,30 +711,39 @@ def run_points(servers: list[Server], prompts: list[dict], args, result: dict, o
     if len(prompts) < n:
         raise SystemExit(f"--num-prompts {n}: the prompt file has only {len(prompts)}")
     warm = (prompts[n:] + prompts)[: max(args.batch)]
-    seen = result.setdefault("_point_s", {})
+    seen = result.setdefault("_run_s", {})  # the longest run per point so far, its warm-up included
     for b, sampling in points:
         t, top_p, top_k = sampling
-        for s in servers:
-            est = (seen.get((b, sampling)) or 10.0) * 1.2
+        measured = point_prompts(prompts, n, b, args.min_waves)
+        runs: dict[str, list] = {s.label: [] for s in servers}
+        why: dict[str, str] = {}
+        for s in point_rounds(servers, args.repeats, args.order):
+            if s.label in why:
+                continue
+            est = (seen.get((b, sampling)) or 10.0 / args.repeats) * 1.2
             if deadline.left() < est:
-                result["skipped"].append({"config": s.label, "batch": b, "temperature": t, "top_p": top_p,
-                                          "top_k": top_k,
-                                          "reason": f"{deadline.left():.0f} s left < {est:.0f} s estimated"})
+                why[s.label] = f"{deadline.left():.0f} s left < {est:.0f} s estimated"
                 continue
             t0 = time.monotonic()
             try:
-                measured = point_prompts(prompts, n, b, args.min_waves)
-                row = measure_point(s, measured, warm, b, args.max_new_tokens, t, top_p, top_k,
-                                    args.repeats, args.token_ids and t == 0)
+                runs[s.label].append(run_once(s, measured, warm, b, args.max_new_tokens, t, top_p, top_k,
+                                              args.token_ids and t == 0))
             except Exception as e:
-                result["skipped"].append({"config": s.label, "batch": b, "temperature": t, "top_p": top_p,
-                                          "top_k": top_k, "reason": f"failed: {e}"[:2000]})
+                why[s.label] = f"failed: {e}"[:2000]
+                runs[s.label] = []
                 print(f"[{s.label}] bs {b} T={t} top_p={top_p} top_k={top_k} failed: {e}", flush=True)
                 continue
             seen[(b, sampling)] = max(seen.get((b, sampling), 0.0), time.monotonic() - t0)
+        for s in servers:
+            if not runs[s.label]:
+                result["skipped"].append({"config": s.label, "batch": b, "temperature": t, "top_p": top_p,
+                                          "top_k": top_k, "reason": why.get(s.label, "not run")})
+                continue
+            row = point_row(s, measured, b, args.max_new_tokens, t, top_p, top_k, runs[s.label])
+            row["order"] = args.order
             result["rows"].append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "records"}), flush=True)
-            write(_public(finish(result)), out)
+        write(_public(finish(result)), out)
 
 
 def check_lossless(servers: list[Server], result: dict, out: Path) -> None:
@@ -758,6 +790,9 @@ def main(argv=None) -> int:
                          "prompts again in order if it has fewer: a shorter closed-loop tail")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=1, help="runs per point; the median throughput is kept")
+    ap.add_argument("--order", choices=("interleaved", "grouped"), default="interleaved",
+                    help="a point's runs: one of each server per round (interleaved), or each server's repeats "
+                    "back to back (grouped)")
     ap.add_argument("--token-ids", action=argparse.BooleanOptionalAction, default=True,
                     help="ask for output token ids at T=0 (SGLang's return_token_ids) for the lossless check")
     ap.add_argument("--deadline-s", type=float)

@@ -67,6 +67,8 @@ class FakeOpenAI(BaseHTTPRequestHandler):
         c = self.cfg
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         c.setdefault("requests", []).append(body)
+        if c.get("log") is not None:  # shared by the servers of a test: the order they were asked in
+            c["log"].append((c["who"], body.get("max_tokens")))
         if self.path == "/generate":  # the margin question of the lossless check
             self._send({"meta_info": {"output_top_logprobs": [[[-0.60, 111, None], [-0.62, 222, None]]]}})
             return
@@ -285,6 +287,37 @@ def test_repeats_keep_the_median_and_deadline_skips(fakes, prompts, tmp_path, ca
     assert "no point was measured" in capsys.readouterr().err
     d = json.loads((tmp_path / "budget_sweep_d.json").read_text())
     assert not d["rows"] and d["skipped"] and "estimated" in d["skipped"][0]["reason"]
+
+
+@pytest.mark.parametrize("order", ["interleaved", "grouped"])
+def test_repeats_take_turns_across_the_servers(order, fakes, prompts, tmp_path):
+    """Interleaved (the default), a point's repeats go one run per server per round, so drift on
+    the host during a point weighs on every server alike; grouped, one server's runs go back to
+    back. Each run is the batch's warm-up (at most 64 tokens) and then the measured prompts."""
+    start, _ = fakes
+    log = []
+    a = start("a", algo="NONE", who="a", log=log)
+    b = start("b", algo="DFLASH", tau=2.0, who="b", log=log)
+    argv = ["--prompts", str(prompts), "--server", f"nospec={a}", "--server", f"dflash={b}", "--batch", "1",
+            "--temperature", "0", "--num-prompts", "2", "--max-new-tokens", "80", "--repeats", "3",
+            "--tag", order, "--out-dir", str(tmp_path)] + (["--order", order] if order == "grouped" else [])
+    assert bs.main(argv) == 0
+    measured = [name for name, tokens in log if tokens == 80]
+    runs = ["a", "b"] * 3 if order == "interleaved" else ["a"] * 3 + ["b"] * 3
+    assert measured == [name for name in runs for _ in range(2)]
+    assert [tokens for _, tokens in log].count(64) == 6  # one warm-up request per run
+    rows = json.loads((tmp_path / f"budget_sweep_{order}.json").read_text())["rows"]
+    assert [(x["config"], x["repeats"], len(x["throughput_runs"]), x["order"]) for x in rows] == [
+        ("nospec", 3, 3, order), ("dflash", 3, 3, order)]
+    # interleaved, each round's ratio is kept beside the ratio of the medians
+    point = json.loads((tmp_path / f"budget_sweep_{order}.json").read_text())["ratios"][0]["configs"]["dflash"]
+    runs = {x["config"]: x["throughput_runs"] for x in rows}
+    if order == "interleaved":
+        assert point["speedup_vs_nospec_rounds"] == pytest.approx([x / y for x, y in zip(runs["dflash"], runs["nospec"])])
+    else:
+        assert "speedup_vs_nospec_rounds" not in point
+    assert bs.point_rounds(["a", "b"], 2, "interleaved") == ["a", "b", "a", "b"]
+    assert bs.point_rounds(["a", "b"], 2, "grouped") == ["a", "a", "b", "b"]
 
 
 def test_report_merges_runs(fakes, prompts, tmp_path):
