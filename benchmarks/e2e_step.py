@@ -34,7 +34,10 @@ FlashInfer's fa2 kernels), labelled ``sm120-proxy`` in every row. Without a suff
 largest context at batch 1) is traced with the server's profiler (benchmarks/e2e_profile.py)
 to measure the verify attention's share of the step. ``--expert-routing uniform`` spreads the
 MoE routing the way a trained router does (dummy routers send near-identical tokens, such as a
-dummy DFLASH block, to the same few experts); a run and its merges keep one routing.
+dummy DFLASH block, to the same few experts); ``--expert-routing tree`` spreads it the same way
+except that a DDTREE tree's siblings share their experts (``layers/moe/tree_routing.py``: the
+other end of what a trained router may do with alternatives for one position); a run and its
+merges keep one routing.
 ``--moe-tile-rule upstream`` runs upstream's fused-MoE default tile switch instead of patch
 0060's (the rule is recorded; runs of different rules do not merge either).
 
@@ -358,7 +361,8 @@ def server_args(spec: Spec, drafter: str, max_ctx: int, batches: list[int], targ
 #: trained router does on real text. With dummy weights a DFLASH block of nearly
 #: identical draft tokens reaches only a few experts, so "model" flatters a narrow
 #: verify against a wide DDTREE tree on an MoE target.
-EXPERT_ROUTING = {"model": {}, "uniform": {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"}}
+EXPERT_ROUTING = {"model": {}, "uniform": {"SGLANG_SIMULATE_UNIFORM_EXPERTS": "1"},
+                  "tree": {"SGLANG_DDTREE_SIMULATE_TREE_ROUTING": "1"}}
 #: Fused-MoE default row-tile rule (patch 0060, default_row_tile.py): the fork's, or upstream's.
 MOE_TILE_RULES = {"rows_per_expert": {}, "upstream": {"SGLANG_MOE_DEFAULT_TILE_RULE": "upstream"}}
 #: What a run holds fixed, with the value of runs that predate the option: runs that differ
@@ -772,7 +776,8 @@ def plot(result: dict, path: Path) -> None:
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     ax.set_xlabel("context tokens")
     ax.set_ylabel("ms per decode/verify step (median)")
-    routing = "" if result.get("expert_routing", "model") == "model" else ", uniform expert routing"
+    routing = {"model": "", "uniform": ", uniform expert routing",
+               "tree": ", uniform expert routing, tree siblings together"}[result.get("expert_routing", "model")]
     routing += ", upstream's MoE tiles" if result.get("moe_tile_rule", "upstream") == "upstream" else ""
     target = TARGETS[result.get("target", "v2lite")]["title"]
     ax.set_title(f"{target} shape, dummy weights{routing}, {result.get('device', '')}")
@@ -1013,7 +1018,8 @@ def main(argv=None) -> int:
                     help="model shape: DeepSeek-V2-Lite (MLA), Qwen3-8B (GQA), Qwen3.6-35B-A3B (Gated DeltaNet "
                          "hybrid, MoE) or gpt-oss-20b (sliding windows, sinks, MoE); config-only, dummy weights")
     ap.add_argument("--expert-routing", choices=list(EXPERT_ROUTING), default="model",
-                    help="MoE routing of the dummy target: its router (model) or spread over the experts (uniform)")
+                    help="MoE routing of the dummy target: its router (model), spread over the experts (uniform), "
+                    "or spread with a DDTREE tree's siblings sent to the same experts (tree)")
     args = ap.parse_args(argv)
     try:
         args.sampling = parse_sampling(args.sampling)

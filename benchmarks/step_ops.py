@@ -440,7 +440,7 @@ class StepWorld:
                 # The step graphs (step_graphs.SegmentGraphs) need CUDA: these are the eager counts.
                 _tree_graphs=None, _selector_tree_graphs=None, _tail_graphs=None, _sampled_tail_graphs=None,
                 _verify_graphs=VerifyGraphs(target_runner),  # no graph budgets: the runner's own
-                _algo=SpeculativeAlgorithm.from_string("DDTREE"), _context_len=self.CONTEXT,
+                _algo=SpeculativeAlgorithm.from_string("DDTREE"), _context_len=self.CONTEXT, _tree_routing=False,
                 stats=DDTreeStepStats(budget, interval=1 << 30),
             )  # fmt: skip
             # The draft graph's top-K head (``DraftTopKHead``): its ops are in the graph.

@@ -79,6 +79,11 @@ with _declaring_fields():
         # DDTree metrics: verify steps between two logged summaries.
         SGLANG_DDTREE_STATS_INTERVAL = EnvInt(256)
 
+        # Benchmark-only MoE routing (patch 0061, layers/moe/tree_routing.py): uniform routing
+        # (upstream's SGLANG_SIMULATE_UNIFORM_EXPERTS) in which a DDTREE tree's siblings share
+        # their experts. Never in production.
+        SGLANG_DDTREE_SIMULATE_TREE_ROUTING = EnvBool(False)
+
         # Fused-MoE default row tile (patch 0060): "rows_per_expert" (the fork's
         # rule, default) or "upstream" (upstream's M <= E switch).
         SGLANG_MOE_DEFAULT_TILE_RULE = EnvStr("")

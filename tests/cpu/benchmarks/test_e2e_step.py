@@ -243,6 +243,18 @@ def test_uniform_expert_routing_is_upstreams_switch(tmp_path, monkeypatch):
     assert "SGLANG_SIMULATE_UNIFORM_EXPERTS" not in es.server_env(es.parse_spec("dflash"), tmp_path)
 
 
+def test_tree_expert_routing_is_the_overlays_switch(tmp_path, monkeypatch):
+    """The variable must be the one the patched MoE top-k reads (patch 0061, tree_routing.py)."""
+    from sglang.srt.layers.moe import tree_routing
+
+    env = es.server_env(es.parse_spec("ddtree16@auto"), tmp_path, "tree")
+    assert set(env) == {"TRITON_CACHE_DIR", "SGLANG_DDTREE_SIMULATE_TREE_ROUTING"}
+    assert not tree_routing.enabled()
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert tree_routing.enabled()
+
+
 def test_upstreams_moe_tile_rule_is_the_overlays_switch(tmp_path, monkeypatch):
     """The variable and value must be what default_row_tile.py reads."""
     from sglang.srt.layers.moe.moe_runner.triton_utils import default_row_tile

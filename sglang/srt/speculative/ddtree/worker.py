@@ -22,6 +22,7 @@ for them, copied before the draft, that is for the previous step's work only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from typing import Optional, Tuple
@@ -32,6 +33,7 @@ from sglang.srt.configs.hybrid_arch import mambaish_config
 from sglang.srt.distributed import get_tp_group
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.tree_verify.hook import stage_verify_prefix_lens
+from sglang.srt.layers.moe import tree_routing
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import (
@@ -88,6 +90,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self.tree = TreeBudget.of(server_args)
         self._algo = SpeculativeAlgorithm.from_string("DDTREE")
         self._context_len = int(self.model_runner.model_config.context_len)
+        self._tree_routing = tree_routing.enabled()  # benchmark-only (layers/moe/tree_routing.py)
         # Each step's budget: the configured one, or chosen per step among 1, 2, 4, ... up to
         # it, or among the graph budgets and it (their verifies replay graphs of their own
         # width, captured in ``init_cuda_graphs``).
@@ -673,12 +676,15 @@ class DDTreeWorker(DFlashWorkerV2):
             finally:
                 batch.seq_lens_cpu = seq_lens_cpu_backup
                 batch.seq_lens_sum = seq_lens_sum_backup
-            out = self.target_worker.forward_batch_generation(
-                batch=None,
-                forward_batch=verify_forward_batch,
-                is_verify=True,
-                skip_attn_backend_init=True,
-            )
+            # A benchmark's MoE routing may send each node's siblings to its experts.
+            routing = tree_routing.siblings_share(compiled.parent) if self._tree_routing else contextlib.nullcontext()
+            with routing:
+                out = self.target_worker.forward_batch_generation(
+                    batch=None,
+                    forward_batch=verify_forward_batch,
+                    is_verify=True,
+                    skip_attn_backend_init=True,
+                )
         return out.logits_output, out.can_run_cuda_graph
 
     def _commit_linear_state(self, batch: ScheduleBatch, res, prefix_lens: torch.Tensor) -> None:
