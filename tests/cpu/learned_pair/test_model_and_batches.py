@@ -179,12 +179,14 @@ def test_a_soft_label_step_trains_toward_the_targets_distribution():
     """``drafter_step_loss(soft_labels=1)`` is the cross-entropy against the target's own logits:
     with the target's soft labels the loss is the distillation loss, above the target's entropy."""
     m, d = _target(), _drafter()
-    seqs = torch.randint(3, SHAPE.vocab_size, (2, 48))
+    # Seeded: on random tokens and an untrained drafter the two losses lie close together, and
+    # the global generator's state (whatever ran before) once put them within the tolerance.
+    seqs = torch.randint(3, SHAPE.vocab_size, (2, 48), generator=torch.Generator().manual_seed(7))
     g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     with torch.no_grad():
         hard, _ = train.drafter_step_loss(d, m, seqs, 8, 3, MASK, g1)
         soft, _ = train.drafter_step_loss(d, m, seqs, 8, 3, MASK, g2, soft_labels=1.0)
-    assert torch.isfinite(soft) and soft.item() != pytest.approx(hard.item(), rel=1e-3)
+    assert torch.isfinite(soft) and soft.item() != pytest.approx(hard.item(), rel=1e-2)
 
 
 def test_multi_anchor_forward_equals_one_forward_per_block():
